@@ -1,0 +1,25 @@
+# Two entry points (see README.md): `make run` and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+.PHONY: run test lint bench
+run: $(VENV)/.installed
+	$(VENV)/bin/threadline serve
+
+test: $(VENV)/.installed
+	bash scripts/ensure-services.sh
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python bench/runtime.py
+	$(VENV)/bin/python bench/fanout.py

@@ -1,0 +1,39 @@
+"""The bus interface: fire-and-forget pub/sub of bytes on named channels, plus replay buffers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+
+class Subscription(Protocol):
+    """Messages of one channel in publish order. Iteration ends when the bus closes."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+
+class Bus(Protocol):
+    """Implemented by `MemoryBus` (one process) and `RedisBus` (redis-py asyncio pub/sub).
+
+    Delivery is at-most-once and live only: storage is the source of truth, and clients refetch
+    snapshots after an invalidation, a gap or a reconnect.
+    """
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def publish(self, channel: str, data: bytes) -> None: ...
+
+    def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]: ...
+
+    # Bounded replay buffer (the in-flight step's chunks, for late joiners), shared by every
+    # process on the bus. `append_replay` keeps at most `limit` newest entries per key.
+    async def append_replay(self, key: str, data: bytes, limit: int) -> None: ...
+    async def read_replay(self, key: str) -> list[bytes]: ...
+    async def clear_replay(self, key: str) -> None: ...
+
+    @property
+    def healthy(self) -> bool:
+        """False while the connection to the bus is lost (gateways then poll versions)."""
+        ...

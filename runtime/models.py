@@ -1,0 +1,389 @@
+"""Domain model: threads, messages and parts, runs, queued items, leases, principals, snapshots."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from runtime.errors import IllegalTransition
+
+# Documented limits (docs/architecture.md). Larger input is refused with `too_large`.
+MAX_TEXT_CHARS = 64 * 1024
+MAX_TITLE_CHARS = 500
+MAX_METADATA_BYTES = 64 * 1024
+MAX_PARTS_PER_MESSAGE = 256
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Role(StrEnum):
+    """Principal role. `backend` and `admin` are trusted actors."""
+
+    USER = "user"
+    BACKEND = "backend"
+    ADMIN = "admin"
+
+
+class Principal(_Frozen):
+    subject: str
+    role: Role
+    scopes: frozenset[str]
+
+    def can_access(self, scope: str) -> bool:
+        return scope in self.scopes
+
+
+class Visibility(StrEnum):
+    VISIBLE = "visible"
+    HIDDEN = "hidden"
+
+
+class MessageRole(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    SYSTEM = "system"
+
+
+# --- tool-call part state machine -------------------------------------------------------
+
+
+class ToolState(StrEnum):
+    INPUT_AVAILABLE = "input-available"
+    AWAITING_ACTION = "awaiting-action"
+    RUNNING = "running"
+    OUTPUT_AVAILABLE = "output-available"
+    OUTPUT_ERROR = "output-error"
+    SKIPPED = "skipped"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL_TOOL_STATES
+
+
+_FINAL_TOOL_STATES = frozenset(
+    {
+        ToolState.OUTPUT_AVAILABLE,
+        ToolState.OUTPUT_ERROR,
+        ToolState.SKIPPED,
+        ToolState.REJECTED,
+        ToolState.CANCELLED,
+    }
+)
+_TOOL_TRANSITIONS: dict[ToolState, frozenset[ToolState]] = {
+    ToolState.INPUT_AVAILABLE: frozenset(
+        {ToolState.AWAITING_ACTION, ToolState.RUNNING} | _FINAL_TOOL_STATES
+    ),
+    # A resolved action re-enters the pipeline (before_tool_call runs again) or ends directly
+    # (client-tool / manual results, refusal, cancellation).
+    ToolState.AWAITING_ACTION: frozenset({ToolState.RUNNING} | _FINAL_TOOL_STATES),
+    ToolState.RUNNING: frozenset(
+        {ToolState.OUTPUT_AVAILABLE, ToolState.OUTPUT_ERROR, ToolState.CANCELLED}
+    ),
+}
+
+
+def check_tool_transition(current: ToolState, target: ToolState) -> None:
+    if target not in _TOOL_TRANSITIONS.get(current, frozenset()):
+        raise IllegalTransition(f"tool part cannot go from {current} to {target}")
+
+
+class WaitKind(StrEnum):
+    APPROVAL = "approval"
+    CLIENT_TOOL = "client-tool"
+    MANUAL_RESULT = "manual-result"
+
+
+class Resolution(_Frozen):
+    """Who resolved a pending action, and with what payload."""
+
+    subject: str
+    role: Role
+    payload: dict[str, Any]
+    at: float
+
+
+class Waiting(_Frozen):
+    """What a suspended tool part waits for. Projected as a PendingAction while unresolved."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    action_id: str
+    kind: WaitKind
+    payload_schema: dict[str, Any] = Field(alias="schema")
+    allowed_roles: tuple[Role, ...]
+    resolution: Resolution | None = None
+
+
+class TextPart(_Frozen):
+    type: Literal["text"] = "text"
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+
+
+class ToolCallPart(_Frozen):
+    type: Literal["tool-call"] = "tool-call"
+    tool_call_id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any] = Field(default_factory=dict)
+    state: ToolState = ToolState.INPUT_AVAILABLE
+    output: Any = None
+    error: str | None = None
+    waiting: Waiting | None = None
+
+    def transition(self, target: ToolState, **changes: Any) -> ToolCallPart:
+        """A copy in state `target`; raises IllegalTransition for an out-of-order change."""
+        check_tool_transition(self.state, target)
+        return self.model_copy(update={"state": target, **changes})
+
+    @property
+    def is_pending(self) -> bool:
+        return (
+            self.state is ToolState.AWAITING_ACTION
+            and self.waiting is not None
+            and self.waiting.resolution is None
+        )
+
+
+Part = Annotated[TextPart | ToolCallPart, Field(discriminator="type")]
+PartsAdapter: TypeAdapter[list[Part]] = TypeAdapter(list[Part])
+
+
+class Message(_Frozen):
+    id: str
+    thread_id: str
+    position: int
+    role: MessageRole
+    parts: tuple[Part, ...] = Field(max_length=MAX_PARTS_PER_MESSAGE)
+    visibility: Visibility = Visibility.VISIBLE
+    run_id: str | None = None
+    client_request_id: str | None = None
+    created_at: float
+    updated_at: float
+
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+
+class NewMessage(_Frozen):
+    """A message to append; the store assigns id, position and timestamps."""
+
+    role: MessageRole
+    parts: tuple[Part, ...] = Field(max_length=MAX_PARTS_PER_MESSAGE)
+    run_id: str | None = None
+    client_request_id: str | None = None
+    id: str | None = None
+
+
+class Thread(_Frozen):
+    id: str
+    scope: str
+    title: str
+    version: int
+    metadata: dict[str, Any]
+    private_metadata: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+
+# --- runs ------------------------------------------------------------------------------
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+    @property
+    def is_active(self) -> bool:
+        return not self.is_terminal
+
+
+_RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.WAITING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+    ),
+    # waiting -> running happens when every pending action of the run is resolved.
+    RunStatus.WAITING: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
+}
+
+
+def check_run_transition(current: RunStatus, target: RunStatus) -> None:
+    if target not in _RUN_TRANSITIONS.get(current, frozenset()):
+        raise IllegalTransition(f"run cannot go from {current} to {target}")
+
+
+class RunTrigger(StrEnum):
+    MESSAGE = "message"
+    QUEUED = "queued"
+    REGENERATE = "regenerate"
+
+
+class Run(_Frozen):
+    id: str
+    thread_id: str
+    scope: str
+    status: RunStatus
+    trigger: RunTrigger
+    started_by: str
+    input_message_id: str | None
+    episode: int = 0
+    # Chunks [0, next_seq) of this run are committed; live chunks continue from here.
+    next_seq: int = 0
+    stop_requested: bool = False
+    error: str | None = None
+    # Frontend-defined client tools captured with the request that started the run.
+    client_tools: tuple[dict[str, Any], ...] = ()
+    created_at: float
+    updated_at: float
+
+
+class QueuedItemStatus(StrEnum):
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    CANCELLED = "cancelled"
+
+
+class QueuedItem(_Frozen):
+    id: str
+    thread_id: str
+    text: str
+    submitted_by: str
+    client_request_id: str | None
+    status: QueuedItemStatus
+    interrupt: bool = False
+    client_tools: tuple[dict[str, Any], ...] = ()
+    position: int
+    created_at: float
+
+
+class InputPolicy(StrEnum):
+    ENQUEUE = "enqueue"
+    REJECT = "reject"
+    INTERRUPT = "interrupt"
+
+
+class Admission(_Frozen):
+    """Outcome of queue admission for one input."""
+
+    thread_id: str
+    version: int
+    run_id: str | None = None
+    message_id: str | None = None
+    queued_item_id: str | None = None
+    duplicate: bool = False
+    # With policy `interrupt`, the active run that must be stopped before the input is admitted.
+    interrupted_run_id: str | None = None
+
+
+# --- leases ----------------------------------------------------------------------------
+
+
+class LeaseKind(StrEnum):
+    RUN = "run"
+    ADMIN = "admin"
+
+
+class Lease(_Frozen):
+    """Exclusive expiring ownership. `resource_id` is a run id (run lease) or thread id (admin)."""
+
+    kind: LeaseKind
+    resource_id: str
+    thread_id: str
+    owner: str
+    token: int
+    expires_at: float
+
+
+# --- projections -----------------------------------------------------------------------
+
+
+class PendingAction(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    id: str
+    kind: WaitKind
+    run_id: str | None
+    message_id: str
+    tool_call_id: str
+    tool_name: str
+    input: dict[str, Any]
+    payload_schema: dict[str, Any] = Field(alias="schema")
+    allowed_roles: tuple[Role, ...]
+
+
+class ThreadView(_Frozen):
+    id: str
+    scope: str
+    title: str
+    version: int
+    metadata: dict[str, Any]
+
+
+class MessageView(_Frozen):
+    id: str
+    role: MessageRole
+    visibility: Visibility
+    parts: tuple[Part, ...]
+    run_id: str | None = None
+
+
+class RunView(_Frozen):
+    id: str
+    status: RunStatus
+    error: str | None = None
+    started_by: str | None = None
+    next_seq: int = 0
+
+
+class QueuedItemView(_Frozen):
+    id: str
+    text: str
+    submitted_by: str
+    interrupt: bool = False
+
+
+class Snapshot(_Frozen):
+    """Projected thread state read from committed storage at exactly one version."""
+
+    thread: ThreadView
+    messages: tuple[MessageView, ...]
+    pending_actions: tuple[PendingAction, ...]
+    run: RunView | None
+    queue: tuple[QueuedItemView, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def pending_actions_of(message: Message) -> list[PendingAction]:
+    """Project the unresolved suspended tool parts of a (tail) message."""
+    actions = []
+    for part in message.parts:
+        if isinstance(part, ToolCallPart) and part.is_pending and part.waiting is not None:
+            actions.append(
+                PendingAction(
+                    id=part.waiting.action_id,
+                    kind=part.waiting.kind,
+                    run_id=message.run_id,
+                    message_id=message.id,
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.name,
+                    input=part.input,
+                    schema=part.waiting.payload_schema,
+                    allowed_roles=part.waiting.allowed_roles,
+                )
+            )
+    return actions

@@ -1,0 +1,208 @@
+"""The durable store interface: the source of truth for threads, messages, runs, queue and leases."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from runtime.models import (
+    Admission,
+    InputPolicy,
+    Lease,
+    Message,
+    MessageRole,
+    NewMessage,
+    Part,
+    Principal,
+    QueuedItem,
+    Resolution,
+    Role,
+    Run,
+    RunStatus,
+    Snapshot,
+    Thread,
+    Visibility,
+)
+
+Scopes = Collection[str]
+
+
+class TailUpdate(BaseModel):
+    """Replace the parts of the thread's tail message. Rejected unless `message_id` is the tail."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    message_id: str
+    parts: tuple[Part, ...]
+
+
+class RunChange(BaseModel):
+    """A guarded run transition committed with a fenced write."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    status: RunStatus
+    error: str | None = None
+
+
+class StepCommit(BaseModel):
+    """Everything one fenced runtime write changes, committed in one transaction.
+
+    Order inside the transaction: tail update, appends, run transition, queue admission.
+    A terminal run transition admits the thread's next queued item (a new user message and a new
+    queued run) in the same transaction when `admit_next` is set.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    update_tail: TailUpdate | None = None
+    append: tuple[NewMessage, ...] = ()
+    run: RunChange | None = None
+    # Stored on the run: chunks below it are part of committed state (clients drop them).
+    next_seq: int | None = None
+    admit_next: bool = True
+
+
+class Truncate(BaseModel):
+    """Regenerate: delete `from_message_id` and every later message, then start a new run
+    from the last remaining user message (in the same transaction)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    from_message_id: str
+    started_by: str
+
+
+class SetVisibility(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    message_id: str
+    visibility: Visibility
+
+
+class RewriteResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    thread_id: str
+    version: int
+    run_id: str | None = None
+    removed_message_ids: tuple[str, ...] = ()
+
+
+class ResolveResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    thread_id: str
+    version: int
+    run_id: str | None
+    # True when this resolution was the last pending one of the run: the run is runnable again.
+    run_resumed: bool
+
+
+class StopResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    thread_id: str
+    version: int
+    run_id: str
+    status: RunStatus
+
+
+class Store(Protocol):
+    """One async interface implemented by `SqliteStore` and `PostgresStore`.
+
+    Rules every implementation enforces itself (callers cannot break them):
+    - every committed change bumps the thread's version by exactly one and returns it;
+    - methods taking `scopes` find nothing outside them (`NotFound`, same as an unknown id);
+    - fenced writes (`lease`) fail with `LeaseLost`, changing nothing, when the lease expired by
+      the database clock or a newer token exists for the resource;
+    - tail-message invariant: only the tail is updated; nothing is appended after a tail that
+      still holds a pending action; input during an active run is queued, never appended;
+    - transient connection errors are retried with backoff, each retry counted.
+    """
+
+    # lifecycle
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    async def migrate(self) -> list[str]: ...
+
+    # threads and snapshots
+    async def create_thread(
+        self,
+        scope: str,
+        title: str = "",
+        metadata: dict[str, Any] | None = None,
+        private_metadata: dict[str, Any] | None = None,
+    ) -> Thread: ...
+    async def get_thread(self, thread_id: str, scopes: Scopes) -> Thread: ...
+    async def list_threads(self, scopes: Scopes, limit: int = 100) -> list[Thread]: ...
+    async def snapshot(self, thread_id: str, scopes: Scopes) -> Snapshot: ...
+    async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]: ...
+
+    # input and queue admission
+    async def submit_input(
+        self,
+        thread_id: str,
+        scopes: Scopes,
+        *,
+        text: str,
+        submitted_by: str,
+        client_request_id: str | None = None,
+        policy: InputPolicy = InputPolicy.ENQUEUE,
+        client_tools: Sequence[dict[str, Any]] = (),
+    ) -> Admission: ...
+    async def cancel_queued_item(self, thread_id: str, scopes: Scopes, item_id: str) -> int: ...
+    async def list_queue(self, thread_id: str) -> list[QueuedItem]: ...
+
+    # runs (internal: the worker is not a principal)
+    async def get_run(self, run_id: str) -> Run: ...
+    async def active_run(self, thread_id: str) -> Run | None: ...
+    async def find_runnable_runs(self, limit: int = 10) -> list[Run]: ...
+    async def list_messages(self, thread_id: str, up_to_position: int | None = None) -> list[Message]: ...
+    async def request_stop(self, thread_id: str, scopes: Scopes, run_id: str) -> StopResult: ...
+
+    # leases (database clock)
+    async def acquire_run_lease(self, run_id: str, owner: str, ttl: float) -> Lease | None: ...
+    async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None: ...
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease: ...
+    async def release_lease(self, lease: Lease) -> None: ...
+    async def start_episode(self, lease: Lease) -> tuple[Run, int]: ...
+
+    # fenced runtime writes
+    async def commit(self, lease: Lease, commit: StepCommit) -> int: ...
+
+    # pending actions
+    async def resolve_action(
+        self,
+        thread_id: str,
+        scopes: Scopes,
+        action_id: str,
+        resolution: Resolution,
+        expected_version: int | None = None,
+    ) -> ResolveResult: ...
+
+    # history rewrites (admin lease)
+    async def rewrite_history(
+        self,
+        lease: Lease,
+        op: Truncate | SetVisibility,
+        public_patch: dict[str, Any] | None = None,
+        private_patch: dict[str, Any] | None = None,
+    ) -> RewriteResult: ...
+
+    # principals
+    async def create_token(
+        self, token_hash: str, subject: str, role: Role, scopes: Collection[str]
+    ) -> None: ...
+    async def principal_for_token(self, token_hash: str) -> Principal | None: ...
+
+    async def db_time(self) -> float: ...
+
+
+__all__ = [
+    "MessageRole",
+    "ResolveResult",
+    "RewriteResult",
+    "RunChange",
+    "Scopes",
+    "SetVisibility",
+    "StepCommit",
+    "StopResult",
+    "Store",
+    "TailUpdate",
+    "Truncate",
+]

@@ -1,0 +1,50 @@
+"""OpenTelemetry instruments shared by the runtime and storage; behaviour never depends on them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import metrics, trace
+
+tracer = trace.get_tracer("threadline.runtime")
+meter = metrics.get_meter("threadline.runtime")
+
+RUNS = meter.create_counter("threadline.runs", description="run events by outcome")
+MODEL_CALL_DURATION = meter.create_histogram(
+    "threadline.model_call.duration", unit="s", description="model call wall time"
+)
+TOKENS = meter.create_counter("threadline.tokens", description="model token usage by kind")
+TOOL_CALL_DURATION = meter.create_histogram(
+    "threadline.tool_call.duration", unit="s", description="tool execution wall time"
+)
+TOOL_ERRORS = meter.create_counter("threadline.tool_call.errors")
+QUEUE_EVENTS = meter.create_counter("threadline.queue.events", description="admissions etc.")
+LEASE_EVENTS = meter.create_counter("threadline.lease.events", description="acquire/lost/...")
+PUBLISHED = meter.create_counter("threadline.realtime.published", description="bus publishes")
+PUBLISH_ERRORS = meter.create_counter("threadline.realtime.publish_errors")
+STORAGE_RETRIES = meter.create_counter("threadline.storage.retries")
+PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
+
+
+def safe_add(counter: Any, amount: float, attributes: dict[str, Any] | None = None) -> None:
+    """Record a metric; a broken telemetry pipeline must never change execution."""
+    try:
+        counter.add(amount, attributes or {})
+    except Exception:  # noqa: BLE001 - telemetry is best effort by design
+        pass
+
+
+def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None = None) -> None:
+    try:
+        histogram.record(value, attributes or {})
+    except Exception:  # noqa: BLE001
+        pass
+
+
+@contextmanager
+def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
+    """A span whose own failures are swallowed; exceptions of the body propagate unchanged."""
+    with tracer.start_as_current_span(name, attributes=attributes) as current:
+        yield current

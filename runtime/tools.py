@@ -1,0 +1,135 @@
+"""Tools: async functions with a pydantic input model, optionally suspending for a typed payload."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict
+
+from runtime.models import Role, WaitKind
+from runtime.providers.base import ToolSpec
+
+ALL_ROLES: tuple[Role, ...] = (Role.USER, Role.BACKEND, Role.ADMIN)
+TRUSTED_ROLES: tuple[Role, ...] = (Role.BACKEND, Role.ADMIN)
+
+
+class ResultPayload(BaseModel):
+    """Resume payload of client-tool and manual-result actions: the tool's output or an error."""
+
+    model_config = ConfigDict(extra="forbid")
+    output: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SuspendStep:
+    """Declares that a tool waits for a human or a trusted actor before it executes.
+
+    `payload` is the pydantic model of the resume payload; `allowed_roles` may resolve it.
+    """
+
+    payload: type[BaseModel]
+    allowed_roles: tuple[Role, ...] = ALL_ROLES
+    kind: WaitKind = WaitKind.APPROVAL
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool sees: its call id, the run, and the validated resume payload if it waited."""
+
+    tool_call_id: str
+    run_id: str
+    thread_id: str
+    payload: BaseModel | None = None
+    state: Mapping[str, Any] = field(default_factory=dict)
+
+
+ToolFn = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_model: type[BaseModel]
+    fn: ToolFn | None
+    suspend: SuspendStep | None = None
+    takes_context: bool = False
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            parameters=self.input_model.model_json_schema(),
+        )
+
+    def validate_input(self, raw: Mapping[str, Any]) -> BaseModel:
+        return self.input_model.model_validate(dict(raw))
+
+    async def execute(self, args: BaseModel, ctx: ToolContext) -> Any:
+        if self.fn is None:
+            raise RuntimeError(f"tool {self.name} has no executor (manual-result tool)")
+        if self.takes_context:
+            return await self.fn(args, ctx)
+        return await self.fn(args)
+
+
+def tool(
+    fn: ToolFn | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    suspend: SuspendStep | None = None,
+) -> Any:
+    """Decorator: `@tool` or `@tool(suspend=SuspendStep(Approval))` on
+    `async def f(args: Model[, ctx: ToolContext])`."""
+
+    def wrap(f: ToolFn) -> Tool:
+        params = list(inspect.signature(f).parameters.values())
+        hints = get_type_hints(f)
+        if not params or not (
+            isinstance(hints.get(params[0].name), type)
+            and issubclass(hints[params[0].name], BaseModel)
+        ):
+            raise TypeError(f"tool {f.__name__}: first parameter must be a pydantic model")
+        return Tool(
+            name=name or f.__name__,
+            description=description or inspect.getdoc(f) or "",
+            input_model=hints[params[0].name],
+            fn=f,
+            suspend=suspend,
+            takes_context=len(params) > 1,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def manual_tool(
+    name: str, input_model: type[BaseModel], description: str = "",
+    allowed_roles: tuple[Role, ...] = TRUSTED_ROLES,
+) -> Tool:
+    """A tool whose output a trusted actor supplies (no executor runs here)."""
+    return Tool(
+        name=name,
+        description=description,
+        input_model=input_model,
+        fn=None,
+        suspend=SuspendStep(ResultPayload, allowed_roles, WaitKind.MANUAL_RESULT),
+    )
+
+
+class ClientToolDef(BaseModel):
+    """A frontend-defined tool captured with the request: a browser executes it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def client_tools_from(raw: Sequence[Mapping[str, Any]]) -> list[ClientToolDef]:
+    return [ClientToolDef.model_validate(dict(item)) for item in raw]

@@ -1,0 +1,68 @@
+"""Access to the Postgres and Redis services for tests: own database / key prefix, clean up after."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+PG_ADMIN_DSN = os.environ.get("THREADLINE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("THREADLINE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip when a service is missing, except under CI=true, where that is a failure."""
+    if _reachable(host, port):
+        return
+    message = f"{name} is not reachable on {host}:{port}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: services are required)")
+    pytest.skip(message)
+
+
+def require_postgres() -> None:
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+
+
+def require_redis() -> None:
+    require_service("Redis", "127.0.0.1", 6379)
+
+
+@asynccontextmanager
+async def temporary_postgres_database() -> AsyncIterator[str]:
+    """Create a database of our own, yield its DSN, drop it (and only it) afterwards."""
+    import asyncpg
+
+    require_postgres()
+    name = f"threadline_test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+    finally:
+        admin = await asyncpg.connect(PG_ADMIN_DSN)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+def unique_prefix() -> str:
+    """A Redis key/channel prefix of our own, so parallel tests never see each other."""
+    return f"threadline-test-{uuid.uuid4().hex[:10]}:"
