@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
@@ -88,9 +89,10 @@ def tool(
     """Decorator: `@tool` or `@tool(suspend=SuspendStep(Approval))` on
     `async def f(args: Model[, ctx: ToolContext])`."""
 
-    def wrap(f: ToolFn) -> Tool:
+    def wrap(f: ToolFn, localns: dict[str, Any] | None = None) -> Tool:
         params = list(inspect.signature(f).parameters.values())
-        hints = get_type_hints(f)
+        # Annotations may name models defined next to the tool inside a function body.
+        hints = get_type_hints(f, localns=localns or sys._getframe(1).f_locals)
         if not params or not (
             isinstance(hints.get(params[0].name), type)
             and issubclass(hints[params[0].name], BaseModel)
@@ -105,7 +107,7 @@ def tool(
             takes_context=len(params) > 1,
         )
 
-    return wrap(fn) if fn is not None else wrap
+    return wrap(fn, sys._getframe(1).f_locals) if fn is not None else wrap
 
 
 def manual_tool(

@@ -6,3 +6,5 @@ import os
 
 # The demo agent streams without delay in tests.
 os.environ.setdefault("THREADLINE_DEMO_DELAY_MS", "0")
+
+pytest_plugins = ["tests.conformance.runtime_fixtures"]

@@ -1,4 +1,4 @@
-"""Access to the Postgres and Redis services for tests: own database / key prefix, clean up after."""
+"""Postgres and Redis for tests: a database or key prefix of our own, cleaned up afterwards."""
 
 from __future__ import annotations
 

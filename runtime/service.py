@@ -1,0 +1,313 @@
+"""Thread commands on behalf of a principal: the runtime's public face for HTTP and websocket."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jsonschema
+from pydantic import ValidationError
+
+from realtime.publisher import Publisher
+from runtime.agent import Agent
+from runtime.compose import HistoryRewrittenErrors, compose_lifecycle
+from runtime.errors import Forbidden, InvalidInput, InvalidPayload, NotFound, RunActive
+from runtime.lifecycle import RewriteContext, RewriteOutcome
+from runtime.models import (
+    Admission,
+    InputPolicy,
+    MessageRole,
+    Principal,
+    Resolution,
+    Role,
+    Snapshot,
+    Thread,
+    ToolCallPart,
+    Visibility,
+    WaitKind,
+)
+from runtime.storage.base import (
+    ResolveResult,
+    RewriteResult,
+    SetVisibility,
+    StopResult,
+    Store,
+    Truncate,
+)
+from runtime.tools import client_tools_from
+
+log = logging.getLogger(__name__)
+
+ADMIN_LEASE_TTL = 10.0
+
+
+class ThreadService:
+    """Validates and applies commands; every write commits in storage, then publishes.
+
+    Deny by default: every call filters by the principal's scopes, so a foreign thread is
+    `NotFound`, exactly like a missing one.
+    """
+
+    def __init__(self, store: Store, publisher: Publisher, agent: Agent) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.agent = agent
+        self.lifecycle = compose_lifecycle(agent.lifecycle)
+        self.owner = f"svc-{uuid.uuid4().hex[:8]}"
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def create_thread(
+        self,
+        principal: Principal,
+        *,
+        title: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+    ) -> Snapshot:
+        target = scope or _default_scope(principal)
+        if not principal.can_access(target):
+            raise Forbidden(f"you may not create threads in scope {target!r}")
+        thread = await self.store.create_thread(target, title, dict(metadata or {}))
+        return await self.store.snapshot(thread.id, principal.scopes)
+
+    async def list_threads(self, principal: Principal, limit: int = 100) -> list[Thread]:
+        return await self.store.list_threads(principal.scopes, limit)
+
+    async def snapshot(self, principal: Principal, thread_id: str) -> Snapshot:
+        return await self.store.snapshot(thread_id, principal.scopes)
+
+    # --- input ---------------------------------------------------------------------------
+
+    async def send_message(
+        self,
+        principal: Principal,
+        thread_id: str,
+        text: str,
+        *,
+        client_request_id: str | None = None,
+        policy: InputPolicy = InputPolicy.ENQUEUE,
+        client_tools: Sequence[Mapping[str, Any]] = (),
+    ) -> Admission:
+        try:
+            tools = [t.model_dump() for t in client_tools_from(client_tools)]
+        except ValidationError as exc:
+            raise InvalidInput("invalid client tool definition", errors=_errors(exc)) from exc
+        admission = await self.store.submit_input(
+            thread_id,
+            principal.scopes,
+            text=text,
+            submitted_by=principal.subject,
+            client_request_id=client_request_id,
+            policy=policy,
+            client_tools=tools,
+        )
+        if admission.duplicate:
+            return admission
+        await self.publisher.invalidate(thread_id, admission.version)
+        if admission.interrupted_run_id:
+            await self.publisher.stop(admission.interrupted_run_id)
+        if admission.run_id:
+            await self.publisher.wakeup(admission.run_id)
+        return admission
+
+    async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int:
+        version = await self.store.cancel_queued_item(thread_id, principal.scopes, item_id)
+        await self.publisher.invalidate(thread_id, version)
+        return version
+
+    # --- pending actions -----------------------------------------------------------------
+
+    async def resume_action(
+        self,
+        principal: Principal,
+        thread_id: str,
+        action_id: str,
+        payload: Mapping[str, Any],
+        *,
+        expected_version: int | None = None,
+        kind: WaitKind | None = None,
+    ) -> ResolveResult:
+        """Validate `payload` against the action's schema, then compare-and-set its resolution.
+
+        `kind` restricts which kind of action the route may resolve (client/manual results).
+        """
+        part = await self._pending_part(principal, thread_id, action_id)
+        if part is not None and part.waiting is not None:
+            if kind is not None and part.waiting.kind is not kind:
+                raise InvalidInput(
+                    f"action {action_id} is a {part.waiting.kind} action, not {kind}"
+                )
+            if principal.role not in part.waiting.allowed_roles:
+                raise Forbidden(f"role {principal.role} may not resolve this action")
+            _validate_payload(part.waiting.payload_schema, payload)
+        resolution = Resolution(
+            subject=principal.subject,
+            role=principal.role,
+            payload=dict(payload),
+            at=await self.store.db_time(),
+        )
+        # The store re-checks everything atomically: a concurrent winner makes this a conflict.
+        result = await self.store.resolve_action(
+            thread_id, principal.scopes, action_id, resolution, expected_version
+        )
+        await self.publisher.invalidate(thread_id, result.version)
+        if result.run_resumed and result.run_id:
+            await self.publisher.wakeup(result.run_id)
+        return result
+
+    async def _pending_part(
+        self, principal: Principal, thread_id: str, action_id: str
+    ) -> ToolCallPart | None:
+        messages = await self._messages(principal, thread_id)
+        if not messages:
+            return None
+        for part in messages[-1].parts:
+            if (
+                isinstance(part, ToolCallPart)
+                and part.waiting is not None
+                and part.waiting.action_id == action_id
+                and part.is_pending
+            ):
+                return part
+        return None
+
+    async def _messages(self, principal: Principal, thread_id: str) -> list[Any]:
+        await self.store.get_thread(thread_id, principal.scopes)
+        return await self.store.list_messages(thread_id)
+
+    # --- stop ----------------------------------------------------------------------------
+
+    async def stop_run(self, principal: Principal, thread_id: str, run_id: str) -> StopResult:
+        result = await self.store.request_stop(thread_id, principal.scopes, run_id)
+        if result.status.is_terminal:
+            await self.publisher.invalidate(thread_id, result.version)
+        else:
+            # The worker owning the run (or the next one to lease it) finalises it.
+            await self.publisher.stop(run_id)
+            await self.publisher.wakeup(run_id)
+        return result
+
+    # --- history rewrites ----------------------------------------------------------------
+
+    async def regenerate(
+        self, principal: Principal, thread_id: str, message_id: str | None = None
+    ) -> RewriteResult:
+        messages = await self._messages(principal, thread_id)
+        if message_id is None:
+            target = _last_assistant_reply_start(messages)
+            if target is None:
+                raise InvalidInput("there is no assistant reply to regenerate")
+            message_id = target
+        elif not any(m.id == message_id for m in messages):
+            raise NotFound(f"message {message_id} not found")
+        result = await self._rewrite(
+            principal,
+            thread_id,
+            Truncate(from_message_id=message_id, started_by=principal.subject),
+            kind="regenerate",
+            message_id=message_id,
+            visibility=None,
+        )
+        if result.run_id:
+            await self.publisher.wakeup(result.run_id)
+        return result
+
+    async def set_visibility(
+        self, principal: Principal, thread_id: str, message_id: str, visibility: Visibility
+    ) -> RewriteResult:
+        return await self._rewrite(
+            principal,
+            thread_id,
+            SetVisibility(message_id=message_id, visibility=visibility),
+            kind="visibility",
+            message_id=message_id,
+            visibility=visibility,
+        )
+
+    async def _rewrite(
+        self,
+        principal: Principal,
+        thread_id: str,
+        op: Truncate | SetVisibility,
+        *,
+        kind: Any,
+        message_id: str,
+        visibility: Visibility | None,
+    ) -> RewriteResult:
+        thread = await self.store.get_thread(thread_id, principal.scopes)
+        if await self.store.active_run(thread_id) is not None:
+            raise RunActive("the thread has an active run; stop it before rewriting history")
+        ctx = RewriteContext(
+            thread_id=thread_id,
+            scope=thread.scope,
+            kind=kind,
+            message_id=message_id,
+            requested_by=principal.subject,
+            visibility=visibility,
+            metadata=thread.metadata,
+            private_metadata=thread.private_metadata,
+        )
+        patch = await self.lifecycle.prepare_history_rewrite(ctx)
+        lease = await self.store.acquire_admin_lease(thread_id, self.owner, ADMIN_LEASE_TTL)
+        if lease is None:
+            raise RunActive("another history rewrite of this thread is in progress")
+        try:
+            result = await self.store.rewrite_history(
+                lease,
+                op,
+                dict(patch.public) if patch else None,
+                dict(patch.private) if patch else None,
+            )
+        finally:
+            await self.store.release_lease(lease)
+        await self.publisher.invalidate(thread_id, result.version)
+        outcome = RewriteOutcome(
+            thread_id=thread_id,
+            version=result.version,
+            kind=kind,
+            message_id=message_id,
+            run_id=result.run_id,
+            removed_message_ids=result.removed_message_ids,
+        )
+        try:
+            await self.lifecycle.history_rewritten(ctx, outcome)
+        except HistoryRewrittenErrors as errors:
+            # Best effort after commit: reported, never undoing the rewrite.
+            log.warning("history_rewritten observers failed: %s", errors.exceptions)
+        return result
+
+
+def _default_scope(principal: Principal) -> str:
+    if len(principal.scopes) != 1:
+        raise InvalidInput("this token has several scopes: say which one with 'scope'")
+    return next(iter(principal.scopes))
+
+
+def _last_assistant_reply_start(messages: Sequence[Any]) -> str | None:
+    """The first message after the last user message, if it is the assistant's reply."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role is MessageRole.USER:
+            return messages[index + 1].id if index + 1 < len(messages) else None
+    return None
+
+
+def _validate_payload(schema: Mapping[str, Any], payload: Mapping[str, Any]) -> None:
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = sorted(validator.iter_errors(dict(payload)), key=lambda e: list(e.path))
+    if problems:
+        raise InvalidPayload(
+            "the payload does not match the action's schema",
+            errors=[
+                {"loc": [str(p) for p in e.absolute_path], "msg": e.message} for e in problems
+            ],
+        )
+
+
+def _errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
+
+
+__all__ = ["Role", "ThreadService"]

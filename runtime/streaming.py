@@ -1,0 +1,125 @@
+"""One model step's stream: provider deltas -> raw chunks -> transform_step_stream -> published."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from realtime.publisher import Publisher
+from runtime import telemetry
+from runtime.chunks import StreamChunk, TextDeltaChunk, ToolCallChunk
+from runtime.lifecycle import AgentLifecycle, StepContext
+from runtime.providers.base import Model, ModelDelta, ModelRequest, TextDelta, UsageDelta
+from runtime.providers.parts import StepAssembler
+
+
+@dataclass
+class StepOutput:
+    """Canonical output of one step so far. Read by stop/failure handling after cancellation,
+    so it always holds exactly what was already published."""
+
+    text: str = ""
+    tool_calls: list[ToolCallChunk] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+class ChunkSink:
+    """Assigns gap-free `seq` numbers per run and publishes canonical chunks live."""
+
+    def __init__(self, publisher: Publisher, thread_id: str, run_id: str, next_seq: int) -> None:
+        self.publisher = publisher
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.seq = next_seq
+
+    async def emit(self, chunk: StreamChunk) -> None:
+        seq = self.seq
+        self.seq += 1
+        await self.publisher.chunk(self.thread_id, self.run_id, seq, chunk.model_dump(mode="json"))
+
+
+async def primed(stream: AsyncIterator[ModelDelta]) -> AsyncIterator[ModelDelta]:
+    """Start a provider stream so setup failures raise here, where around_model_call can catch
+    them; later failures surface while the returned stream is consumed."""
+    iterator = aiter(stream)
+    try:
+        first = await anext(iterator)
+    except StopAsyncIteration:
+        return _empty()
+    return _prepend(first, iterator)
+
+
+async def _empty() -> AsyncIterator[ModelDelta]:
+    return
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def _prepend(first: ModelDelta, rest: AsyncIterator[ModelDelta]) -> AsyncIterator[ModelDelta]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+async def model_chunks(
+    deltas: AsyncIterator[ModelDelta], output: StepOutput, model_name: str
+) -> AsyncIterator[StreamChunk]:
+    """Normalise provider deltas into raw step chunks: text as it streams, tool calls complete."""
+    assembler = StepAssembler()
+    started = time.perf_counter()
+    try:
+        async for delta in deltas:
+            assembler.feed(delta)
+            if isinstance(delta, TextDelta) and delta.text:
+                yield TextDeltaChunk(delta=delta.text)
+            elif isinstance(delta, UsageDelta):
+                telemetry.safe_add(telemetry.TOKENS, delta.input_tokens, {"kind": "input"})
+                telemetry.safe_add(telemetry.TOKENS, delta.output_tokens, {"kind": "output"})
+    finally:
+        telemetry.safe_record(
+            telemetry.MODEL_CALL_DURATION, time.perf_counter() - started, {"model": model_name}
+        )
+    result = assembler.result()
+    output.finish_reason = result.finish_reason
+    for call in result.tool_calls:
+        yield ToolCallChunk(tool_call_id=call.id, name=call.name, input=_call_input(call))
+
+
+def _call_input(call: Any) -> dict[str, Any]:
+    # Arguments the model got wrong still become a call; the tool phase reports the error.
+    if getattr(call, "error", None):
+        return {"__invalid_arguments__": call.error}
+    return dict(call.input or {})
+
+
+async def text_chunks(text: str) -> AsyncIterator[StreamChunk]:
+    """A Respond decision's text as a raw stream, so it passes the canonical transform too."""
+    yield TextDeltaChunk(delta=text)
+
+
+async def run_stream(
+    lifecycle: AgentLifecycle,
+    ctx: StepContext,
+    raw: AsyncIterator[StreamChunk],
+    sink: ChunkSink,
+    output: StepOutput,
+) -> None:
+    """Drive the canonical stream: everything transform_step_stream yields is published and
+    recorded; nothing else is."""
+    async for chunk in lifecycle.transform_step_stream(ctx, raw):
+        await sink.emit(chunk)
+        if isinstance(chunk, TextDeltaChunk):
+            output.text += chunk.delta
+        elif isinstance(chunk, ToolCallChunk):
+            output.tool_calls.append(chunk)
+
+
+def model_call(model: Model) -> Any:
+    """The innermost call wrapped by around_model_call."""
+
+    async def call(request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        return await primed(model.stream(request))
+
+    return call

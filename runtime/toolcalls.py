@@ -1,0 +1,266 @@
+"""The tool phase of a step: before_tool_call for every call, parallel execution, suspension,
+resumption with a typed payload, and after_tool_result on every final model-visible result."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from runtime import telemetry
+from runtime.agent import Agent
+from runtime.chunks import ToolCallChunk, ToolStateChunk
+from runtime.lifecycle import (
+    AgentLifecycle,
+    Reject,
+    ReplaceInput,
+    Skip,
+    StepContext,
+    ToolCall,
+    ToolCallContext,
+    ToolResult,
+)
+from runtime.models import ToolCallPart, ToolState, Waiting, WaitKind
+from runtime.streaming import ChunkSink
+from runtime.tools import ALL_ROLES, ClientToolDef, ResultPayload, Tool, ToolContext
+
+
+class ToolPhase:
+    """Runs the tool calls of one step. `parts` always holds the latest state of every call in
+    the model's order, so a stop or failure can finalise whatever is still open."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        lifecycle: AgentLifecycle,
+        sink: ChunkSink,
+        step: StepContext,
+        client_tools: Sequence[ClientToolDef],
+    ) -> None:
+        self.agent = agent
+        self.lifecycle = lifecycle
+        self.sink = sink
+        self.step = step
+        self.client_tools = {t.name: t for t in client_tools}
+        self.parts: list[ToolCallPart] = []
+
+    # --- a fresh step ----------------------------------------------------------------------
+
+    async def run_calls(self, calls: Sequence[ToolCallChunk]) -> list[ToolCallPart]:
+        self.parts = [
+            ToolCallPart(tool_call_id=c.tool_call_id, name=c.name, input=c.input) for c in calls
+        ]
+        ready: list[tuple[int, Tool]] = []
+        finals: list[tuple[int, ToolResult]] = []
+        # Spec: before_tool_call runs for every call of the step before any tool starts.
+        for index, part in enumerate(list(self.parts)):
+            decision = await self.lifecycle.before_tool_call(
+                self._ctx(part), ToolCall(part.tool_call_id, part.name, part.input)
+            )
+            if isinstance(decision, ReplaceInput):
+                part = part.model_copy(update={"input": dict(decision.input)})
+                self.parts[index] = part
+            if isinstance(decision, Skip):
+                finals.append((index, ToolResult(ToolState.SKIPPED, output=decision.output)))
+            elif isinstance(decision, Reject):
+                finals.append((index, ToolResult(ToolState.REJECTED, error=decision.reason)))
+            else:
+                outcome = self._route(index, part)
+                if isinstance(outcome, ToolResult):
+                    finals.append((index, outcome))
+                elif outcome is not None:
+                    ready.append((index, outcome))
+        await asyncio.gather(
+            *(self._finish(index, result) for index, result in finals),
+            *(self._execute(index, tool_, None) for index, tool_ in ready),
+        )
+        return list(self.parts)
+
+    def _route(self, index: int, part: ToolCallPart) -> Tool | ToolResult | None:
+        """Classify a call: a ready tool, a suspension (None: part now waits) or a final error."""
+        if "__invalid_arguments__" in part.input:
+            problem = part.input["__invalid_arguments__"]
+            return ToolResult(ToolState.OUTPUT_ERROR, error=f"invalid arguments: {problem}")
+        client = self.client_tools.get(part.name)
+        tool_ = self.agent.tool(part.name)
+        if tool_ is None and client is None:
+            return ToolResult(ToolState.OUTPUT_ERROR, error=f"unknown tool {part.name!r}")
+        if tool_ is not None:
+            try:
+                tool_.validate_input(part.input)
+            except ValidationError as exc:
+                return ToolResult(ToolState.OUTPUT_ERROR, error=f"invalid input: {exc}")
+            if tool_.suspend is None:
+                return tool_
+            waiting = Waiting(
+                action_id=_action_id(),
+                kind=tool_.suspend.kind,
+                schema=tool_.suspend.payload.model_json_schema(),
+                allowed_roles=tool_.suspend.allowed_roles,
+            )
+        else:
+            waiting = Waiting(
+                action_id=_action_id(),
+                kind=WaitKind.CLIENT_TOOL,
+                schema=ResultPayload.model_json_schema(),
+                allowed_roles=ALL_ROLES,
+            )
+        self.parts[index] = part.transition(ToolState.AWAITING_ACTION, waiting=waiting)
+        return None
+
+    # --- resumption --------------------------------------------------------------------
+
+    async def resume(self, parts: Sequence[Any]) -> list[Any]:
+        """Continue resolved waiting parts of the tail message; returns all parts in order."""
+        all_parts = list(parts)
+        self.parts = [p for p in all_parts if isinstance(p, ToolCallPart)]
+        ready: list[tuple[int, Tool, BaseModel]] = []
+        finals: list[tuple[int, ToolResult]] = []
+        for index, part in enumerate(list(self.parts)):
+            waiting = part.waiting
+            if part.state is not ToolState.AWAITING_ACTION or waiting is None:
+                continue
+            if waiting.resolution is None:
+                continue
+            payload = waiting.resolution.payload
+            if waiting.kind is not WaitKind.APPROVAL:
+                finals.append((index, _submitted_result(payload)))
+                continue
+            tool_ = self.agent.tool(part.name)
+            if tool_ is None or tool_.suspend is None:
+                finals.append((index, ToolResult(ToolState.OUTPUT_ERROR, error="tool is gone")))
+                continue
+            # Spec: before_tool_call runs again on resume, before execution continues.
+            ctx = self._ctx(part, resumed=True)
+            decision = await self.lifecycle.before_tool_call(
+                ctx, ToolCall(part.tool_call_id, part.name, part.input)
+            )
+            if isinstance(decision, ReplaceInput):
+                part = part.model_copy(update={"input": dict(decision.input)})
+                self.parts[index] = part
+            if isinstance(decision, Skip):
+                finals.append((index, ToolResult(ToolState.SKIPPED, output=decision.output)))
+                continue
+            if isinstance(decision, Reject):
+                finals.append((index, ToolResult(ToolState.REJECTED, error=decision.reason)))
+                continue
+            try:
+                typed = tool_.suspend.payload.model_validate(payload)
+            except ValidationError as exc:
+                finals.append((index, ToolResult(ToolState.OUTPUT_ERROR, error=str(exc))))
+                continue
+            ready.append((index, tool_, typed))
+        await asyncio.gather(
+            *(self._finish(index, result) for index, result in finals),
+            *(self._execute(index, tool_, typed) for index, tool_, typed in ready),
+        )
+        return self._merge(all_parts)
+
+    async def cancel_open(self, parts: Sequence[Any]) -> list[Any]:
+        """Finalise every open tool part as cancelled (after_tool_result still runs)."""
+        all_parts = list(parts)
+        self.parts = [p for p in all_parts if isinstance(p, ToolCallPart)]
+        await asyncio.gather(
+            *(
+                self._finish(index, ToolResult(ToolState.CANCELLED, error="cancelled"))
+                for index, part in enumerate(self.parts)
+                if not part.state.is_final
+            )
+        )
+        return self._merge(all_parts)
+
+    def _merge(self, all_parts: list[Any]) -> list[Any]:
+        updated = {p.tool_call_id: p for p in self.parts}
+        return [
+            updated.get(p.tool_call_id, p) if isinstance(p, ToolCallPart) else p
+            for p in all_parts
+        ]
+
+    # --- execution and finalisation ----------------------------------------------------------
+
+    async def _execute(self, index: int, tool_: Tool, payload: BaseModel | None) -> None:
+        part = self.parts[index]
+        self.parts[index] = part = part.transition(ToolState.RUNNING)
+        await self.sink.emit(ToolStateChunk(tool_call_id=part.tool_call_id, state=part.state))
+        started = time.perf_counter()
+        context = ToolContext(
+            tool_call_id=part.tool_call_id,
+            run_id=self.step.run.run_id,
+            thread_id=self.step.run.thread_id,
+            payload=payload,
+            state=self.step.run.state,
+        )
+        try:
+            with telemetry.span("threadline.tool_call", tool=tool_.name):
+                output = await tool_.execute(tool_.validate_input(part.input), context)
+            if isinstance(output, BaseModel):
+                output = output.model_dump(mode="json")
+            result = ToolResult(ToolState.OUTPUT_AVAILABLE, output=output)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failing tool is a model-visible result, not a crash
+            telemetry.safe_add(telemetry.TOOL_ERRORS, 1, {"tool": tool_.name})
+            result = ToolResult(ToolState.OUTPUT_ERROR, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            telemetry.safe_record(
+                telemetry.TOOL_CALL_DURATION, time.perf_counter() - started, {"tool": tool_.name}
+            )
+        await self._finish(index, result)
+
+    async def _finish(self, index: int, result: ToolResult) -> None:
+        part = self.parts[index]
+        result = _validated(result)
+        changed = await self.lifecycle.after_tool_result(
+            self._ctx(part, resumed=part.waiting is not None), result
+        )
+        if changed is not None:
+            result = _validated(changed)
+        if not result.state.is_final:
+            raise ValueError(f"after_tool_result returned non-final state {result.state}")
+        self.parts[index] = part = part.transition(
+            result.state, output=result.output, error=result.error
+        )
+        await self.sink.emit(
+            ToolStateChunk(
+                tool_call_id=part.tool_call_id, state=part.state, output=part.output,
+                error=part.error,
+            )
+        )
+
+    def _ctx(self, part: ToolCallPart, *, resumed: bool = False) -> ToolCallContext:
+        return ToolCallContext(
+            step=self.step,
+            tool_call_id=part.tool_call_id,
+            tool_name=part.name,
+            resumed=resumed,
+            resolution=part.waiting.resolution if part.waiting else None,
+        )
+
+
+def _submitted_result(payload: Mapping[str, Any]) -> ToolResult:
+    """A client-tool or manual result; validated like any other result."""
+    try:
+        submitted = ResultPayload.model_validate(dict(payload))
+    except ValidationError as exc:
+        return ToolResult(ToolState.OUTPUT_ERROR, error=f"invalid submitted result: {exc}")
+    if submitted.error is not None:
+        return ToolResult(ToolState.OUTPUT_ERROR, output=submitted.output, error=submitted.error)
+    return ToolResult(ToolState.OUTPUT_AVAILABLE, output=submitted.output)
+
+
+def _validated(result: ToolResult) -> ToolResult:
+    """Outputs must be JSON: they are stored, published and shown to the next model step."""
+    try:
+        orjson.dumps(result.output)
+    except TypeError as exc:
+        return ToolResult(ToolState.OUTPUT_ERROR, error=f"tool output is not JSON: {exc}")
+    return result
+
+
+def _action_id() -> str:
+    return f"act_{uuid.uuid4().hex}"

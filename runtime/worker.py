@@ -1,0 +1,191 @@
+"""Worker: finds runnable runs, takes their leases, runs episodes, heartbeats, obeys stops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from types import TracebackType
+
+from realtime.bus import Bus
+from realtime.channels import CONTROL_CHANNEL
+from realtime.envelopes import StopEnvelope, WakeupEnvelope, decode_control
+from realtime.publisher import Publisher
+from runtime import telemetry
+from runtime.agent import Agent
+from runtime.compose import compose_lifecycle
+from runtime.episode import Episode
+from runtime.errors import LeaseLost
+from runtime.models import Lease, RunStatus
+from runtime.storage.base import Store
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """Executes runs. Wakeups arrive on the bus; a periodic poll of storage is the fallback, so
+    a lost wakeup delays a run by at most `poll_interval` and never strands it."""
+
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus,
+        agent: Agent,
+        *,
+        owner: str | None = None,
+        lease_ttl: float = 15.0,
+        poll_interval: float = 1.0,
+        max_concurrent_runs: int = 16,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.publisher = Publisher(bus)
+        self.agent = agent
+        self.lifecycle = compose_lifecycle(agent.lifecycle)
+        self.owner = owner or f"worker-{uuid.uuid4().hex[:10]}"
+        self.lease_ttl = lease_ttl
+        self.poll_interval = poll_interval
+        self.max_concurrent_runs = max_concurrent_runs
+        self.episodes: dict[str, Episode] = {}
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._loops = [
+            asyncio.create_task(self._control_loop(), name="worker-control"),
+            asyncio.create_task(self._poll_loop(), name="worker-poll"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop taking runs, then abandon running episodes without writing: their leases
+        expire and another worker takes them over (only an explicit stop cancels a run)."""
+        self._closing = True
+        for task in self._loops:
+            task.cancel()
+        for episode in self.episodes.values():
+            episode.lose_lease()
+        pending = [*self._loops, *self._tasks]
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # --- loops ----------------------------------------------------------------------------
+
+    async def _control_loop(self) -> None:
+        while not self._closing:
+            try:
+                async with self.bus.subscribe(CONTROL_CHANNEL) as subscription:
+                    async for data in subscription:
+                        self._on_control(data)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("worker control subscription failed; polling meanwhile", exc_info=True)
+            await asyncio.sleep(self.poll_interval)
+
+    def _on_control(self, data: bytes) -> None:
+        try:
+            envelope = decode_control(data)
+        except Exception:
+            log.warning("ignoring malformed control message")
+            return
+        if isinstance(envelope, WakeupEnvelope):
+            self._wake.set()
+        elif isinstance(envelope, StopEnvelope):
+            episode = self.episodes.get(envelope.run_id)
+            if episode is not None:
+                episode.stop_requested.set()
+            else:
+                self._wake.set()  # a waiting run with a stop request needs a worker
+
+    async def _poll_loop(self) -> None:
+        while not self._closing:
+            self._wake.clear()
+            try:
+                await self._claim()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("worker poll failed", exc_info=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def _claim(self) -> None:
+        free = self.max_concurrent_runs - len(self.episodes)
+        if free <= 0:
+            return
+        for run in await self.store.find_runnable_runs(limit=free):
+            if run.id in self.episodes or self._closing:
+                continue
+            lease = await self.store.acquire_run_lease(run.id, self.owner, self.lease_ttl)
+            if lease is None:
+                continue  # another worker won it
+            telemetry.safe_add(telemetry.LEASE_EVENTS, 1, {"event": "acquired"})
+            episode = Episode(self.store, self.publisher, self.agent, self.lifecycle, lease)
+            self.episodes[run.id] = episode
+            task = asyncio.create_task(self._run_episode(episode), name=f"episode-{run.id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_episode(self, episode: Episode) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat(episode))
+        try:
+            outcome = await episode.run()
+        except Exception:
+            log.exception("episode of run %s crashed", episode.run_id)
+            outcome = None
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            self.episodes.pop(episode.run_id, None)
+        if not episode.lease_lost or self._closing:
+            # On shutdown the lease is handed back so another worker takes over at once.
+            with contextlib.suppress(Exception):
+                await self.store.release_lease(episode.lease)
+        if outcome is not None and outcome.is_terminal:
+            # The terminal commit may have admitted a queued input as a new run.
+            await self.publisher.wakeup(None)
+            self._wake.set()
+
+    async def _heartbeat(self, episode: Episode) -> None:
+        """Renew the lease; notice stop requests that arrived while the bus was down."""
+        interval = max(self.lease_ttl / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                episode.lease = await self.store.renew_lease(episode.lease, self.lease_ttl)
+                run = await self.store.get_run(episode.run_id)
+            except LeaseLost:
+                telemetry.safe_add(telemetry.LEASE_EVENTS, 1, {"event": "lost"})
+                episode.lose_lease()
+                return
+            except Exception:
+                log.warning("lease renewal of run %s failed", episode.run_id, exc_info=True)
+                continue
+            if run.stop_requested or run.status is RunStatus.CANCELLED:
+                episode.stop_requested.set()
+
+
+async def run_worker_until(worker: Worker, stop: asyncio.Event) -> None:
+    """Run `worker` until `stop` is set (used by `threadline serve --role worker`)."""
+    async with worker:
+        await stop.wait()
+
+
+__all__ = ["Lease", "Worker", "run_worker_until"]

@@ -1,0 +1,174 @@
+"""Runtime end to end on each store: streaming, tools in parallel, queueing, failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import BaseModel
+
+from runtime.agent import Agent
+from runtime.errors import RunActive
+from runtime.lifecycle import AgentLifecycle
+from runtime.models import InputPolicy, RunStatus, TextPart, ToolCallPart, ToolState
+from runtime.providers.base import ProviderError
+from runtime.providers.scripted import (
+    FunctionModel,
+    ScriptedModel,
+    ScriptedToolCall,
+    fail_mid_stream,
+    text_response,
+    tool_calls_response,
+)
+from runtime.tools import tool
+from tests.conformance.runtime_harness import ALICE, BOB, SCOPE, settled
+
+
+async def test_text_run_streams_gap_free_chunks_and_commits(runtime_for) -> None:
+    model = ScriptedModel([text_response("Hello there, friend!", chunks=4)])
+    rt = await runtime_for(Agent(model=model))
+    thread_id = await rt.thread()
+    async with rt.record(thread_id) as rec:
+        admission = await rt.service.send_message(ALICE, thread_id, "hi")
+        snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED)
+    assert admission.run_id == snapshot.run.id
+    chunks = rec.chunks(admission.run_id)
+    assert [c["seq"] for c in chunks] == list(range(len(chunks)))
+    assert rec.text(admission.run_id) == "Hello there, friend!"
+    assert len([c for c in chunks if c["chunk"]["type"] == "text-delta"]) == 4
+    assert [m.role for m in snapshot.messages] == ["user", "assistant"]
+    assert snapshot.messages[1].parts == (TextPart(text="Hello there, friend!"),)
+    versions = rec.versions()
+    assert versions == sorted(versions) and versions[-1] == snapshot.thread.version
+    assert snapshot.run.next_seq == len(chunks)
+    model.assert_consumed()
+
+
+async def test_ready_tools_run_in_parallel_and_keep_model_order(runtime_for) -> None:
+    started: dict[str, asyncio.Event] = {"a": asyncio.Event(), "b": asyncio.Event()}
+
+    class Args(BaseModel):
+        name: str
+        other: str
+
+    @tool
+    async def rendezvous(args: Args) -> str:
+        # Each call waits for the other to start: only parallel execution can finish.
+        started[args.name].set()
+        await asyncio.wait_for(started[args.other].wait(), 5)
+        return f"done {args.name}"
+
+    model = ScriptedModel(
+        [
+            tool_calls_response(
+                ScriptedToolCall("rendezvous", {"name": "a", "other": "b"}, "c1"),
+                ScriptedToolCall("rendezvous", {"name": "b", "other": "a"}, "c2"),
+            ),
+            text_response("both done"),
+        ]
+    )
+    rt = await runtime_for(Agent(model=model, tools=[rendezvous]))
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "go")
+    snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED, RunStatus.FAILED)
+    assert snapshot.run.status is RunStatus.COMPLETED, snapshot.run.error
+    calls = [p for p in snapshot.messages[1].parts if isinstance(p, ToolCallPart)]
+    assert [(c.tool_call_id, c.state, c.output) for c in calls] == [
+        ("c1", ToolState.OUTPUT_AVAILABLE, "done a"),
+        ("c2", ToolState.OUTPUT_AVAILABLE, "done b"),
+    ]
+    # The next model step saw both results.
+    last = model.calls[-1].messages[-1]
+    assert [p.output for p in last.parts if isinstance(p, ToolCallPart)] == ["done a", "done b"]
+    model.assert_consumed()
+
+
+async def test_input_during_a_run_is_queued_and_admitted_in_order(runtime_for) -> None:
+    release = asyncio.Event()
+
+    async def slow(request):  # type: ignore[no-untyped-def]
+        text = request.messages[-1].parts[0].text
+        if text == "first":
+            await asyncio.wait_for(release.wait(), 10)
+        yield text_response(f"echo {text}")[0]
+
+    rt = await runtime_for(Agent(model=FunctionModel(slow)))
+    thread_id = await rt.thread()
+    first = await rt.service.send_message(ALICE, thread_id, "first")
+    await rt.wait_status(thread_id, RunStatus.RUNNING)
+    second = await rt.service.send_message(BOB, thread_id, "second")
+    third = await rt.service.send_message(ALICE, thread_id, "third")
+    assert first.run_id and second.queued_item_id and third.queued_item_id
+    queued = await rt.store.snapshot(thread_id, [SCOPE])
+    assert [q.text for q in queued.queue] == ["second", "third"]
+    with pytest.raises(RunActive):
+        await rt.service.send_message(ALICE, thread_id, "nope", policy=InputPolicy.REJECT)
+    release.set()
+    snapshot = await rt.wait_for(thread_id, settled)
+    texts = [m.parts[0].text for m in snapshot.messages]
+    assert texts == ["first", "echo first", "second", "echo second", "third", "echo third"]
+
+
+async def test_interrupt_policy_stops_the_active_run_first(runtime_for) -> None:
+    async def endless(request):  # type: ignore[no-untyped-def]
+        text = request.messages[-1].parts[0].text
+        if text == "long":
+            for i in range(1000):
+                yield text_response(f"w{i} ")[0]
+                await asyncio.sleep(0.01)
+        else:
+            yield text_response("short answer")[0]
+
+    rt = await runtime_for(Agent(model=FunctionModel(endless)))
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "long")
+    await rt.wait_for(thread_id, lambda s: s.run is not None and s.run.status is RunStatus.RUNNING)
+    await asyncio.sleep(0.1)
+    admission = await rt.service.send_message(
+        ALICE, thread_id, "now", policy=InputPolicy.INTERRUPT
+    )
+    assert admission.interrupted_run_id
+    snapshot = await rt.wait_for(thread_id, settled)
+    assert snapshot.messages[-1].parts[0].text == "short answer"
+    first_run = await rt.store.get_run(admission.interrupted_run_id)
+    assert first_run.status is RunStatus.CANCELLED
+
+
+async def test_a_thrown_hook_error_fails_the_run_visibly(runtime_for) -> None:
+    class Boom(AgentLifecycle):
+        async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
+            raise RuntimeError("after_step exploded")
+
+    model = ScriptedModel([text_response("partial answer")])
+    rt = await runtime_for(Agent(model=model, lifecycle=Boom()))
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "hi")
+    snapshot = await rt.wait_status(thread_id, RunStatus.FAILED)
+    assert "after_step exploded" in (snapshot.run.error or "")
+    # Canonical output committed before the failure stays.
+    assert snapshot.messages[-1].parts[0].text == "partial answer"
+
+
+async def test_a_provider_failure_mid_stream_fails_the_run_keeping_canonical_text(
+    runtime_for,
+) -> None:
+    model = ScriptedModel(
+        [fail_mid_stream(text_response("half of it", chunks=2)[:2], ProviderError("socket"))]
+    )
+    rt = await runtime_for(Agent(model=model))
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "hi")
+    snapshot = await rt.wait_status(thread_id, RunStatus.FAILED)
+    assert "socket" in (snapshot.run.error or "")
+    assert snapshot.messages[-1].parts[0].text == "half of it"
+
+
+async def test_idempotent_client_request_id(runtime_for) -> None:
+    rt = await runtime_for(Agent(model=ScriptedModel([text_response("once")])))
+    thread_id = await rt.thread()
+    first = await rt.service.send_message(ALICE, thread_id, "x", client_request_id="req-1")
+    again = await rt.service.send_message(ALICE, thread_id, "x", client_request_id="req-1")
+    assert again.duplicate and again.run_id == first.run_id
+    assert again.message_id == first.message_id
+    snapshot = await rt.wait_for(thread_id, settled)
+    assert len(snapshot.messages) == 2
