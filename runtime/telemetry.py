@@ -22,8 +22,6 @@ TOOL_CALL_DURATION = meter.create_histogram(
 TOOL_ERRORS = meter.create_counter("threadline.tool_call.errors")
 QUEUE_EVENTS = meter.create_counter("threadline.queue.events", description="admissions etc.")
 LEASE_EVENTS = meter.create_counter("threadline.lease.events", description="acquire/lost/...")
-PUBLISHED = meter.create_counter("threadline.realtime.published", description="bus publishes")
-PUBLISH_ERRORS = meter.create_counter("threadline.realtime.publish_errors")
 STORAGE_RETRIES = meter.create_counter("threadline.storage.retries")
 PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
 

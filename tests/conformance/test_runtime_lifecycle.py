@@ -296,3 +296,29 @@ async def test_demo_redaction_never_leaks_an_address(runtime_for) -> None:
         assert not EMAIL.search(str(frame["chunk"].get("delta", "")))
     assistant = [m for m in snapshot.messages if m.role == "assistant"]
     assert assistant and all(not EMAIL.search(m.parts[0].text) for m in assistant)
+
+
+async def test_redaction_split_across_chunks_reaches_no_chunk_store_or_next_step(
+    runtime_for,
+) -> None:
+    from runtime.demo.redact import RedactEmails
+
+    secret = "dana.lee@example.com"
+    # The address is cut into many small deltas so it straddles chunk boundaries.
+    model = ScriptedModel(
+        [text_response(f"Write to {secret} today.", chunks=12), text_response("noted")]
+    )
+    rt = await runtime_for(Agent(model=model, lifecycle=RedactEmails()))
+    thread_id = await rt.thread()
+    async with rt.record(thread_id) as rec:
+        await rt.service.send_message(ALICE, thread_id, "who?")
+        await rt.wait_for(thread_id, settled)
+        await rt.service.send_message(ALICE, thread_id, "thanks")
+        snapshot = await rt.wait_for(thread_id, lambda s: settled(s) and len(s.messages) == 4)
+    deltas = [c["chunk"].get("delta", "") for c in rec.chunks()]
+    assert all("@" not in d for d in deltas)
+    assert rec.text().startswith("Write to [redacted email] today.")
+    assert snapshot.messages[1].parts[0].text == "Write to [redacted email] today."
+    seen_by_model = [p.text for m in model.calls[1].messages for p in m.parts]
+    assert "Write to [redacted email] today." in seen_by_model
+    assert not any(secret in text for text in seen_by_model)
