@@ -16,11 +16,11 @@ import argparse
 import asyncio
 import contextlib
 import os
-import uuid
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,17 +30,17 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["THREADLINE_DEMO_DELAY_MS"] = "0"
 
-from realtime import open_bus  # noqa: E402
-from realtime.channels import thread_channel  # noqa: E402
-from realtime.publisher import Publisher  # noqa: E402
-from runtime.agent import Agent  # noqa: E402
-from runtime.demo import demo_agent  # noqa: E402
-from runtime.models import Principal, Role  # noqa: E402
-from runtime.providers.base import FinishDelta, ModelDelta, ModelRequest, TextDelta  # noqa: E402
-from runtime.providers.scripted import FunctionModel  # noqa: E402
-from runtime.service import ThreadService  # noqa: E402
-from runtime.storage import open_store  # noqa: E402
-from runtime.worker import Worker  # noqa: E402
+from realtime import open_bus
+from realtime.channels import thread_channel
+from realtime.publisher import Publisher
+from runtime.agent import Agent
+from runtime.demo import demo_agent
+from runtime.models import Principal, Role
+from runtime.providers.base import FinishDelta, ModelDelta, ModelRequest, TextDelta
+from runtime.providers.scripted import FunctionModel
+from runtime.service import ThreadService
+from runtime.storage import open_store
+from runtime.worker import Worker
 
 PRINCIPAL = Principal(subject="bench", role=Role.USER, scopes=frozenset({"bench"}))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,17 +29,13 @@ PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
 
 def safe_add(counter: Any, amount: float, attributes: dict[str, Any] | None = None) -> None:
     """Record a metric; a broken telemetry pipeline must never change execution."""
-    try:
+    with contextlib.suppress(Exception):
         counter.add(amount, attributes or {})
-    except Exception:  # noqa: BLE001 - telemetry is best effort by design
-        pass
 
 
 def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None = None) -> None:
-    try:
+    with contextlib.suppress(Exception):
         histogram.record(value, attributes or {})
-    except Exception:  # noqa: BLE001
-        pass
 
 
 @contextmanager
