@@ -58,9 +58,15 @@ async def _empty() -> AsyncIterator[ModelDelta]:
 
 
 async def _prepend(first: ModelDelta, rest: AsyncIterator[ModelDelta]) -> AsyncIterator[ModelDelta]:
-    yield first
-    async for item in rest:
-        yield item
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        # A stopped or failed step must close the provider stream (and its connection) now.
+        aclose = getattr(rest, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def model_chunks(
