@@ -1,0 +1,1 @@
+"""Conformance suites: one per interface, parametrised over every backend."""

@@ -1,0 +1,96 @@
+"""Builders shared by the store conformance suite: threads, started runs, pending tool parts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from runtime.models import (
+    Admission,
+    Lease,
+    MessageRole,
+    NewMessage,
+    Part,
+    Resolution,
+    Role,
+    RunStatus,
+    TextPart,
+    Thread,
+    ToolCallPart,
+    ToolState,
+    Waiting,
+    WaitKind,
+)
+from runtime.storage import SqlStore
+from runtime.storage.base import RunChange, StepCommit
+
+SCOPE = "acme"
+SCOPES = [SCOPE]
+FOREIGN = ["other"]
+SCHEMA = {"type": "object", "properties": {"approved": {"type": "boolean"}}}
+
+
+async def new_thread(store: SqlStore, title: str = "t", scope: str = SCOPE) -> Thread:
+    return await store.create_thread(scope, title)
+
+
+async def start_run(
+    store: SqlStore, thread_id: str, text: str = "hello", owner: str = "w1", ttl: float = 30.0
+) -> tuple[Admission, Lease]:
+    """Submit input on an idle thread, take the run lease and start the first episode."""
+    admission = await store.submit_input(thread_id, SCOPES, text=text, submitted_by="alice")
+    assert admission.run_id is not None
+    lease = await store.acquire_run_lease(admission.run_id, owner, ttl)
+    assert lease is not None
+    await store.start_episode(lease)
+    return admission, lease
+
+
+def pending_part(
+    action_id: str = "act-1",
+    roles: Iterable[Role] = (Role.USER, Role.BACKEND),
+    tool_call_id: str | None = None,
+) -> ToolCallPart:
+    return ToolCallPart(
+        tool_call_id=tool_call_id or f"call-{action_id}",
+        name="send_email",
+        input={"to": "a@example.com"},
+        state=ToolState.AWAITING_ACTION,
+        waiting=Waiting(
+            action_id=action_id, kind=WaitKind.APPROVAL, schema=SCHEMA, allowed_roles=tuple(roles)
+        ),
+    )
+
+
+def assistant(*parts: Part) -> NewMessage:
+    return NewMessage(role=MessageRole.ASSISTANT, parts=parts)
+
+
+def text(value: str) -> TextPart:
+    return TextPart(text=value)
+
+
+async def suspend(store: SqlStore, lease: Lease, *action_ids: str) -> int:
+    """Commit an assistant message with pending actions and move the run to waiting."""
+    parts = tuple(pending_part(action_id) for action_id in (action_ids or ("act-1",)))
+    return await store.commit(
+        lease,
+        StepCommit(
+            append=(assistant(text("need approval"), *parts),),
+            run=RunChange(status=RunStatus.WAITING),
+        ),
+    )
+
+
+async def finish(store: SqlStore, lease: Lease, status: RunStatus = RunStatus.COMPLETED) -> int:
+    return await store.commit(lease, StepCommit(run=RunChange(status=status)))
+
+
+def resolution(subject: str = "alice", role: Role = Role.USER, approved: bool = True) -> Resolution:
+    return Resolution(subject=subject, role=role, payload={"approved": approved}, at=0.0)
+
+
+def assert_contiguous(versions: Iterable[int], start: int) -> None:
+    """Versions returned by N committed writes are exactly start+1 .. start+N: none lost or
+    duplicated, no gap."""
+    ordered = sorted(versions)
+    assert ordered == list(range(start + 1, start + 1 + len(ordered))), ordered
