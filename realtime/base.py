@@ -1,0 +1,153 @@
+"""Building blocks shared by the bus backends: lifecycle state, bounded subscriptions, listeners."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Self
+from urllib.parse import urlsplit, urlunsplit
+
+from realtime.telemetry import DROPPED, safe_add
+
+log = logging.getLogger(__name__)
+
+ReconnectListener = Callable[[], Awaitable[None] | None]
+
+DEFAULT_MAX_QUEUE = 1000
+
+
+class BusState(enum.Enum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class AsyncResource:
+    """`async with` support for anything with `open()` and `close()`."""
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password masked, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class QueueSubscription:
+    """One local subscription to a channel: a bounded queue of messages, iterated in order.
+
+    A subscriber that falls more than `maxsize` messages behind loses its *oldest* queued message
+    and `dropped` grows. We drop rather than end the iteration because delivery is at-most-once
+    anyway and clients recover from gaps by refetching; ending the iteration would force every
+    consumer to resubscribe. Consumers that care (the hub) watch `dropped` and tell clients to
+    resync. Once closed, the messages already queued are still yielded, then iteration ends.
+    """
+
+    __slots__ = ("_closed", "_event", "_items", "_maxsize", "channel", "dropped")
+
+    def __init__(self, channel: str, maxsize: int = DEFAULT_MAX_QUEUE) -> None:
+        if maxsize < 1:
+            raise ValueError("maxsize must be at least 1")
+        self.channel = channel
+        self.dropped = 0
+        self._maxsize = maxsize
+        self._items: deque[bytes] = deque()
+        self._event = asyncio.Event()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, data: bytes) -> None:
+        if self._closed:
+            return
+        if len(self._items) >= self._maxsize:
+            self._items.popleft()
+            self.dropped += 1
+            safe_add(DROPPED, 1)
+        self._items.append(data)
+        self._event.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._event.set()
+
+    def __aiter__(self) -> QueueSubscription:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._items:
+            if self._closed:
+                raise StopAsyncIteration
+            self._event.clear()
+            await self._event.wait()
+        return self._items.popleft()
+
+
+class ReconnectListeners:
+    """Callbacks run after a bus re-established its connection (sync or async, errors logged)."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[ReconnectListener] = []
+
+    def add(self, callback: ReconnectListener) -> None:
+        self._callbacks.append(callback)
+
+    def remove(self, callback: ReconnectListener) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    async def notify(self) -> None:
+        for callback in list(self._callbacks):
+            try:
+                result = callback()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("reconnect listener %r failed", callback)
+
+
+async def cancel_and_wait(task: asyncio.Task[None], *, recancel_every: float = 0.1) -> None:
+    """Cancel a task and wait until it has really finished.
+
+    The cancellation is repeated until the task is done: on Python 3.11 `asyncio.wait_for` (used
+    inside libraries such as redis-py) can swallow a cancellation that races a completed
+    operation, and an orderly shutdown must not hang on that. `asyncio.wait` never raises on
+    the task's outcome, so only our own cancellation propagates.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=recancel_every)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("background task %s had failed", task.get_name(), exc_info=task.exception())

@@ -1,0 +1,263 @@
+"""Per-process fan-out of thread channels to local listeners, with version polling as fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Protocol, TypeAlias, runtime_checkable
+
+import orjson
+
+from realtime.base import AsyncResource, cancel_and_wait
+from realtime.bus import Bus
+from realtime.channels import replay_key, thread_channel
+from realtime.envelopes import InvalidateEnvelope, MessageKind, ResyncEnvelope, encode
+from realtime.errors import BusError
+
+log = logging.getLogger(__name__)
+
+VersionSource: TypeAlias = Callable[[Sequence[str]], Awaitable[Mapping[str, int]]]
+DeliverFn: TypeAlias = Callable[[bytes, MessageKind, "int | None"], None]
+
+
+@runtime_checkable
+class Listener(Protocol):
+    """A local receiver (typically one connection's outbox for one thread).
+
+    `deliver` is called synchronously from the hub's task with the very bytes object every other
+    listener gets; it must not block (queue and return). `kind` and `version` come from the one
+    parse the hub did, so listeners never parse: `version` is set for invalidations only.
+    """
+
+    def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None: ...
+
+
+ListenerLike: TypeAlias = Listener | DeliverFn
+
+
+@dataclass(eq=False)
+class _Watch:
+    thread_id: str
+    ready: asyncio.Future[None]
+    listeners: list[tuple[ListenerLike, DeliverFn]] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+    version: int | None = None  # newest invalidation seen (live or polled)
+    dropped: int = 0
+
+
+def _classify(data: bytes) -> tuple[MessageKind, int | None] | None:
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(message, dict):
+        return None
+    kind = message.get("type")
+    if kind == "chunk":
+        return "chunk", None
+    if kind == "invalidate":
+        version = message.get("version")
+        if isinstance(version, int) and not isinstance(version, bool):
+            return "invalidate", version
+    return None
+
+
+class Hub(AsyncResource):
+    """One bus subscription per watched thread, shared by every local listener of that thread.
+
+    While the bus is unhealthy, and once right after it reconnects, the hub asks
+    `version_source` (thread ids -> committed versions) for the watched threads every
+    `poll_interval` seconds and delivers a synthetic invalidation when a thread moved past the
+    newest version the hub has seen, so clients converge without the bus. After a reconnect, or
+    when the bus dropped messages for a slow hub, listeners get a `resync` message
+    (`{"type": "resync", "thread_id"}`): live chunks may be missing, refetch the snapshot.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        version_source: VersionSource | None = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self._bus = bus
+        self._version_source = version_source
+        self._poll_interval = poll_interval
+        self._watches: dict[str, _Watch] = {}
+        self._poll_task: asyncio.Task[None] | None = None
+        self._poll_wakeup = asyncio.Event()
+        self._resync_pending = False
+        self._open = False
+
+    @property
+    def healthy(self) -> bool:
+        return self._bus.healthy
+
+    @property
+    def watched_threads(self) -> list[str]:
+        return list(self._watches)
+
+    def listener_count(self, thread_id: str) -> int:
+        watch = self._watches.get(thread_id)
+        return 0 if watch is None else len(watch.listeners)
+
+    async def open(self) -> None:
+        if self._open:
+            return
+        self._open = True
+        add_listener = getattr(self._bus, "add_reconnect_listener", None)
+        if add_listener is not None:
+            add_listener(self._on_reconnect)
+        self._poll_task = asyncio.create_task(self._poll_forever(), name="hub-version-poll")
+
+    async def close(self) -> None:
+        """Stop polling and close every bus subscription (the bus itself stays open)."""
+        if not self._open:
+            return
+        self._open = False
+        remove_listener = getattr(self._bus, "remove_reconnect_listener", None)
+        if remove_listener is not None:
+            remove_listener(self._on_reconnect)
+        if self._poll_task is not None:
+            await cancel_and_wait(self._poll_task)
+            self._poll_task = None
+        watches, self._watches = list(self._watches.values()), {}
+        for watch in watches:
+            await self._stop(watch)
+
+    # -- listeners -------------------------------------------------------------------------
+
+    async def add(self, thread_id: str, listener: ListenerLike) -> None:
+        """Register `listener`; returns once the thread's bus subscription is established."""
+        if not self._open:
+            raise RuntimeError("Hub is not open")
+        deliver = listener.deliver if isinstance(listener, Listener) else listener
+        watch = self._watches.get(thread_id)
+        if watch is None:
+            watch = _Watch(thread_id, asyncio.get_running_loop().create_future())
+            self._watches[thread_id] = watch
+            watch.task = asyncio.create_task(self._pump(watch), name=f"hub-{thread_id}")
+        watch.listeners.append((listener, deliver))
+        try:
+            await asyncio.shield(watch.ready)
+        except BaseException:
+            await self.remove(thread_id, listener)
+            raise
+
+    async def remove(self, thread_id: str, listener: ListenerLike) -> None:
+        """Unregister one registration of `listener`; the last one closes the subscription."""
+        watch = self._watches.get(thread_id)
+        if watch is None:
+            return
+        for index, (registered, _) in enumerate(watch.listeners):
+            if registered is listener or registered == listener:
+                del watch.listeners[index]
+                break
+        if not watch.listeners:
+            del self._watches[thread_id]
+            await self._stop(watch)
+
+    @asynccontextmanager
+    async def watch(self, thread_id: str, listener: ListenerLike) -> AsyncIterator[None]:
+        await self.add(thread_id, listener)
+        try:
+            yield
+        finally:
+            await self.remove(thread_id, listener)
+
+    async def replay(self, thread_id: str) -> list[bytes]:
+        """The in-flight step's chunk frames, oldest first (empty if the bus cannot say)."""
+        try:
+            return await self._bus.read_replay(replay_key(thread_id))
+        except BusError as exc:
+            log.warning("replay of thread %s unavailable: %s", thread_id, exc)
+            return []
+
+    # -- delivery --------------------------------------------------------------------------
+
+    async def _stop(self, watch: _Watch) -> None:
+        if not watch.ready.done():
+            watch.ready.cancel()
+        if watch.task is not None:
+            await cancel_and_wait(watch.task)
+
+    async def _pump(self, watch: _Watch) -> None:
+        try:
+            async with self._bus.subscribe(thread_channel(watch.thread_id)) as subscription:
+                if not watch.ready.done():
+                    watch.ready.set_result(None)
+                async for data in subscription:
+                    dropped = getattr(subscription, "dropped", 0)
+                    if dropped != watch.dropped:
+                        watch.dropped = dropped
+                        self._resync(watch)
+                    self._dispatch(watch, data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if watch.ready.done():
+                log.exception("hub subscription of thread %s failed", watch.thread_id)
+            else:
+                watch.ready.set_exception(exc)
+
+    def _dispatch(self, watch: _Watch, data: bytes) -> None:
+        classified = _classify(data)
+        if classified is None:
+            log.warning("dropping unknown message on thread %s: %.80r", watch.thread_id, data)
+            return
+        kind, version = classified
+        if version is not None:
+            if watch.version is not None and version <= watch.version:
+                return  # a newer invalidation already went out; only the latest matters
+            watch.version = version
+        self._fan_out(watch, data, kind, version)
+
+    def _fan_out(self, watch: _Watch, data: bytes, kind: MessageKind, version: int | None) -> None:
+        for listener, deliver in tuple(watch.listeners):
+            try:
+                deliver(data, kind, version)
+            except Exception:
+                log.exception("hub listener %r failed", listener)
+
+    def _resync(self, watch: _Watch) -> None:
+        data = encode(ResyncEnvelope(thread_id=watch.thread_id))
+        self._fan_out(watch, data, "resync", None)
+
+    # -- resync and version polling --------------------------------------------------------
+
+    def _on_reconnect(self) -> None:
+        self._resync_pending = True
+        self._poll_wakeup.set()
+
+    async def _poll_forever(self) -> None:
+        while True:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(self._poll_interval):
+                    await self._poll_wakeup.wait()
+            self._poll_wakeup.clear()
+            resync, self._resync_pending = self._resync_pending, False
+            if resync:
+                for watch in list(self._watches.values()):
+                    self._resync(watch)
+            if resync or not self._bus.healthy:
+                await self.poll_versions()
+
+    async def poll_versions(self) -> None:
+        """One version check of every watched thread (the poll loop calls it while needed)."""
+        if self._version_source is None or not self._watches:
+            return
+        try:
+            versions = await self._version_source(list(self._watches))
+        except Exception as exc:
+            log.warning("version poll failed: %s", exc)
+            return
+        for thread_id, version in versions.items():
+            watch = self._watches.get(thread_id)
+            if watch is None or (watch.version is not None and version <= watch.version):
+                continue
+            watch.version = version
+            data = encode(InvalidateEnvelope(thread_id=thread_id, version=version))
+            self._fan_out(watch, data, "invalidate", version)

@@ -1,0 +1,146 @@
+"""In-process bus for the embedded single-process deployment."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from realtime.base import (
+    DEFAULT_MAX_QUEUE,
+    AsyncResource,
+    BusState,
+    QueueSubscription,
+    ReconnectListener,
+    ReconnectListeners,
+)
+from realtime.errors import BusClosedError
+
+DEFAULT_REPLAY_TTL = 3600.0
+_SWEEP_EVERY = 1024
+
+
+class _ReplayBuffer:
+    __slots__ = ("expires_at", "items")
+
+    def __init__(self, limit: int) -> None:
+        self.items: deque[bytes] = deque(maxlen=limit)
+        self.expires_at = 0.0
+
+
+class MemoryBus(AsyncResource):
+    """Implements `realtime.bus.Bus` inside one process.
+
+    Every subscription has its own bounded queue (`max_queue` messages; see `QueueSubscription`
+    for the drop-oldest policy). Subscribers receive the very bytes object that was published.
+    Replay buffers expire `replay_ttl` seconds after their last append, like the Redis keys, so
+    a run that died without clearing its buffer does not pin memory forever.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        replay_ttl: float = DEFAULT_REPLAY_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_queue = max_queue
+        self._replay_ttl = replay_ttl
+        self._clock = clock
+        self._state = BusState.NEW
+        self._subscriptions: dict[str, set[QueueSubscription]] = {}
+        self._replay: dict[str, _ReplayBuffer] = {}
+        self._appends = 0
+        self._listeners = ReconnectListeners()
+
+    async def open(self) -> None:
+        if self._state is BusState.CLOSED:
+            raise BusClosedError("a closed MemoryBus cannot be reopened")
+        self._state = BusState.OPEN
+
+    async def close(self) -> None:
+        self._state = BusState.CLOSED
+        for subscriptions in self._subscriptions.values():
+            for subscription in subscriptions:
+                subscription.close()
+        self._subscriptions.clear()
+        self._replay.clear()
+
+    @property
+    def healthy(self) -> bool:
+        return self._state is BusState.OPEN
+
+    def _require_open(self) -> None:
+        if self._state is not BusState.OPEN:
+            raise BusClosedError(f"MemoryBus is {self._state.value}, not open")
+
+    async def publish(self, channel: str, data: bytes) -> None:
+        self._require_open()
+        if not isinstance(data, bytes):
+            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        for subscription in self._subscriptions.get(channel, ()):
+            subscription.push(data)
+
+    @asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[QueueSubscription]:
+        self._require_open()
+        subscription = QueueSubscription(channel, self._max_queue)
+        self._subscriptions.setdefault(channel, set()).add(subscription)
+        try:
+            yield subscription
+        finally:
+            subscription.close()
+            subscriptions = self._subscriptions.get(channel)
+            if subscriptions is not None:
+                subscriptions.discard(subscription)
+                if not subscriptions:
+                    del self._subscriptions[channel]
+
+    def subscriber_count(self, channel: str) -> int:
+        """Local subscriptions of `channel` (the hub keeps this at one per thread)."""
+        return len(self._subscriptions.get(channel, ()))
+
+    async def append_replay(self, key: str, data: bytes, limit: int) -> None:
+        self._require_open()
+        if limit < 1:
+            raise ValueError("replay limit must be at least 1")
+        now = self._clock()
+        buffer = self._replay.get(key)
+        if buffer is None or buffer.expires_at <= now:
+            buffer = self._replay[key] = _ReplayBuffer(limit)
+        elif buffer.items.maxlen != limit:
+            resized = _ReplayBuffer(limit)
+            resized.items.extend(buffer.items)
+            buffer = self._replay[key] = resized
+        buffer.items.append(data)
+        buffer.expires_at = now + self._replay_ttl
+        self._appends += 1
+        if self._appends % _SWEEP_EVERY == 0:
+            self._sweep(now)
+
+    async def read_replay(self, key: str) -> list[bytes]:
+        self._require_open()
+        buffer = self._replay.get(key)
+        if buffer is None:
+            return []
+        if buffer.expires_at <= self._clock():
+            del self._replay[key]
+            return []
+        return list(buffer.items)
+
+    async def clear_replay(self, key: str) -> None:
+        self._require_open()
+        self._replay.pop(key, None)
+
+    def _sweep(self, now: float) -> None:
+        expired = [key for key, buffer in self._replay.items() if buffer.expires_at <= now]
+        for key in expired:
+            del self._replay[key]
+
+    def add_reconnect_listener(self, callback: ReconnectListener) -> None:
+        """Accepted for parity with `RedisBus`; an in-process bus never loses its connection."""
+        self._listeners.add(callback)
+
+    def remove_reconnect_listener(self, callback: ReconnectListener) -> None:
+        self._listeners.remove(callback)

@@ -1,0 +1,256 @@
+"""Sans-I/O per-connection send queue, bounded in bytes, that coalesces invalidations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from realtime.envelopes import MessageKind
+from realtime.telemetry import SLOW_CONSUMERS, safe_add
+
+# Websocket close code for a consumer that stayed over its outbox bound (4000-4999 are free for
+# applications; 4408 echoes HTTP 408 "timeout", next to 4401 for authentication).
+CLOSE_SLOW_CONSUMER = 4408
+
+# Kinds where only the newest queued message per thread matters.
+_COALESCING: frozenset[str] = frozenset({"invalidate", "resync"})
+
+
+class SlowConsumerError(Exception):
+    """The connection stayed over its outbox bound; close it with `close_code`."""
+
+    close_code = CLOSE_SLOW_CONSUMER
+
+
+class OutboxClosedError(Exception):
+    """The outbox was closed; nothing more will be sent."""
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    data: bytes
+    kind: str
+    thread_id: str
+    live: bool = True
+
+
+class Outbox:
+    """Frames waiting to be written to one websocket, bounded in bytes.
+
+    - Chunks (and unknown kinds) are sent in the order they were put.
+    - Invalidations coalesce per thread: a newer one replaces the queued one and moves to the
+      back, so it is never sent ahead of chunks published before it. Versions per thread never
+      decrease: an invalidation not newer than one already accepted is dropped. `resync`
+      notices coalesce the same way.
+    - Backpressure with high/low water marks, as in python-websockets: the connection is
+      "over" once queued bytes exceed `max_bytes` (high) and stays over until they drop to
+      `low_water`. Over for longer than `grace` seconds, or above `hard_limit` bytes at any
+      time, is an overflow: the queue is discarded, `get()` raises `SlowConsumerError`, `put()`
+      returns False and `on_overflow` is called once, so the gateway closes the connection with
+      `CLOSE_SLOW_CONSUMER`. Nothing checks the clock by itself; `put`, `get` and `check` do,
+      and a gateway whose sender is stuck in a write calls `check()` from a timer.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int = 1 << 20,
+        *,
+        low_water: int | None = None,
+        hard_limit: int | None = None,
+        grace: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_overflow: Callable[[], None] | None = None,
+    ) -> None:
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be positive")
+        self.max_bytes = max_bytes
+        self.low_water = max_bytes // 2 if low_water is None else low_water
+        self.hard_limit = 2 * max_bytes if hard_limit is None else hard_limit
+        if not 0 <= self.low_water <= max_bytes <= self.hard_limit:
+            raise ValueError("need 0 <= low_water <= max_bytes <= hard_limit")
+        self.grace = grace
+        self._clock = clock
+        self._on_overflow = on_overflow
+        self._entries: deque[_Entry] = deque()
+        self._coalesced: dict[tuple[str, str], _Entry] = {}
+        self._versions: dict[str, int] = {}
+        self._bytes = 0
+        self._live = 0
+        self._over_since: float | None = None
+        self._overflowed = False
+        self._closed = False
+        self._wakeup = asyncio.Event()
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def overflowed(self) -> bool:
+        return self._overflowed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def over_high_water(self) -> bool:
+        return self._over_since is not None
+
+    def __len__(self) -> int:
+        return self._live
+
+    def put(
+        self, data: bytes, kind: MessageKind | str, thread_id: str, version: int | None = None
+    ) -> bool:
+        """Queue a frame; False once the outbox overflowed or was closed (close the socket)."""
+        if self._closed or self._overflowed:
+            return False
+        if kind == "invalidate":
+            if version is None:
+                raise ValueError("an invalidation needs its version")
+            last = self._versions.get(thread_id)
+            if last is not None and version <= last:
+                return True
+            self._versions[thread_id] = version
+        entry = _Entry(data, kind, thread_id)
+        if kind in _COALESCING:
+            previous = self._coalesced.get((kind, thread_id))
+            if previous is not None:
+                self._kill(previous)
+            self._coalesced[(kind, thread_id)] = entry
+        self._entries.append(entry)
+        self._bytes += len(data)
+        self._live += 1
+        self._wakeup.set()
+        return self._evaluate()
+
+    def listener(self, thread_id: str) -> OutboxListener:
+        """An object to register with `Hub.add(thread_id, ...)` that feeds this outbox."""
+        return OutboxListener(self, thread_id)
+
+    def get_nowait(self) -> bytes | None:
+        """The next frame, or None if nothing is queued."""
+        self._raise_if_done()
+        while self._entries:
+            entry = self._entries.popleft()
+            if not entry.live:
+                continue
+            self._forget(entry)
+            self._evaluate()
+            return entry.data
+        return None
+
+    async def get(self) -> bytes:
+        """Wait for the next frame; raises `SlowConsumerError` or `OutboxClosedError`."""
+        while True:
+            data = self.get_nowait()
+            if data is not None:
+                return data
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    def __aiter__(self) -> Outbox:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self.get()
+        except OutboxClosedError:
+            raise StopAsyncIteration from None
+
+    def check(self) -> bool:
+        """Re-evaluate the grace period now; False if the outbox has overflowed."""
+        if self._closed or self._overflowed:
+            return not self._overflowed
+        return self._evaluate()
+
+    def discard_thread(self, thread_id: str) -> None:
+        """Drop queued frames of a thread (unsubscribed). Its version floor is kept."""
+        for entry in self._entries:
+            if entry.live and entry.thread_id == thread_id:
+                self._kill(entry)
+        self._evaluate()
+
+    def close(self) -> None:
+        """Discard everything; waiting `get()` calls raise `OutboxClosedError`."""
+        self._closed = True
+        self._clear()
+        self._wakeup.set()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _raise_if_done(self) -> None:
+        if self._overflowed:
+            raise SlowConsumerError("outbox stayed over its byte bound")
+        if self._closed:
+            raise OutboxClosedError("outbox closed")
+
+    def _forget(self, entry: _Entry) -> None:
+        entry.live = False
+        self._bytes -= len(entry.data)
+        self._live -= 1
+        key = (entry.kind, entry.thread_id)
+        if self._coalesced.get(key) is entry:
+            del self._coalesced[key]
+
+    def _kill(self, entry: _Entry) -> None:
+        self._forget(entry)
+        entry.data = b""  # release the payload now; the dead entry is skipped by `get`
+        if len(self._entries) > 2 * self._live + 64:
+            # Many replaced invalidations and a consumer that does not drain: compact, so dead
+            # entries cannot grow without bound either.
+            self._entries = deque(e for e in self._entries if e.live)
+
+    def _evaluate(self) -> bool:
+        if self._bytes > self.hard_limit:
+            return self._overflow()
+        now = self._clock()
+        if self._bytes > self.max_bytes and self._over_since is None:
+            self._over_since = now
+        elif self._bytes <= self.low_water:
+            self._over_since = None
+        if self._over_since is not None and now - self._over_since >= self.grace:
+            return self._overflow()
+        return True
+
+    def _overflow(self) -> bool:
+        self._overflowed = True
+        self._clear()
+        self._wakeup.set()
+        safe_add(SLOW_CONSUMERS, 1)
+        if self._on_overflow is not None:
+            self._on_overflow()
+        return False
+
+    def _clear(self) -> None:
+        self._entries.clear()
+        self._coalesced.clear()
+        self._bytes = 0
+        self._live = 0
+        self._over_since = None
+
+
+class OutboxListener:
+    """Adapts an outbox to the hub's `Listener` protocol for one thread."""
+
+    __slots__ = ("outbox", "thread_id")
+
+    def __init__(self, outbox: Outbox, thread_id: str) -> None:
+        self.outbox = outbox
+        self.thread_id = thread_id
+
+    def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
+        self.outbox.put(data, kind, self.thread_id, version)
+
+    # Equal by (outbox, thread) so `hub.remove(t, outbox.listener(t))` finds the registration.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, OutboxListener):
+            return NotImplemented
+        return self.outbox is other.outbox and self.thread_id == other.thread_id
+
+    def __hash__(self) -> int:
+        return hash((id(self.outbox), self.thread_id))

@@ -1,0 +1,88 @@
+"""Best-effort publishing of chunks, invalidations and control signals for the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from realtime.bus import Bus
+from realtime.channels import CONTROL_CHANNEL, replay_key, thread_channel
+from realtime.envelopes import (
+    ChunkEnvelope,
+    Envelope,
+    InvalidateEnvelope,
+    StopEnvelope,
+    WakeupEnvelope,
+    encode,
+)
+from realtime.telemetry import PUBLISH_ERRORS, PUBLISHED, safe_add
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REPLAY_LIMIT = 2000
+
+
+class Publisher:
+    """What the runtime publishes through. Never raises a bus failure to the runtime.
+
+    Storage is the source of truth: a lost chunk or invalidation costs a client a refetch, while
+    a raised error would fail a run whose commits already succeeded. Failures are counted and
+    logged once per streak (a dead Redis must not log once per streamed chunk).
+    Each method returns whether the bus accepted everything.
+    """
+
+    def __init__(self, bus: Bus, replay_limit: int = DEFAULT_REPLAY_LIMIT) -> None:
+        if replay_limit < 1:
+            raise ValueError("replay_limit must be at least 1")
+        self._bus = bus
+        self._replay_limit = replay_limit
+        self._failing = False
+
+    async def chunk(self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any]) -> bool:
+        """Publish a live chunk and keep it in the thread's replay buffer for late joiners."""
+        data = encode(ChunkEnvelope(thread_id=thread_id, run_id=run_id, seq=seq, chunk=chunk))
+        # Concurrent: two independent round trips; ordering across calls holds because each
+        # call finishes both before the runtime publishes the next chunk.
+        published, appended = await asyncio.gather(
+            self._attempt("chunk", self._bus.publish(thread_channel(thread_id), data)),
+            self._attempt(
+                "replay",
+                self._bus.append_replay(replay_key(thread_id), data, self._replay_limit),
+            ),
+        )
+        return published and appended
+
+    async def invalidate(self, thread_id: str, version: int) -> bool:
+        return await self._publish(
+            thread_channel(thread_id), InvalidateEnvelope(thread_id=thread_id, version=version)
+        )
+
+    async def clear_replay(self, thread_id: str) -> bool:
+        """Called after a step commit: its chunks are in the snapshot from now on."""
+        return await self._attempt("clear_replay", self._bus.clear_replay(replay_key(thread_id)))
+
+    async def wakeup(self, run_id: str | None = None) -> bool:
+        return await self._publish(CONTROL_CHANNEL, WakeupEnvelope(run_id=run_id))
+
+    async def stop(self, run_id: str) -> bool:
+        return await self._publish(CONTROL_CHANNEL, StopEnvelope(run_id=run_id))
+
+    async def _publish(self, channel: str, envelope: Envelope) -> bool:
+        return await self._attempt(envelope.type, self._bus.publish(channel, encode(envelope)))
+
+    async def _attempt(self, kind: str, operation: Awaitable[None]) -> bool:
+        try:
+            await operation
+        except Exception as exc:
+            safe_add(PUBLISH_ERRORS, 1, {"kind": kind})
+            if not self._failing:
+                log.warning("realtime %s failed (best effort, continuing): %s", kind, exc)
+            self._failing = True
+            return False
+        safe_add(PUBLISHED, 1, {"kind": kind})
+        if self._failing:
+            log.info("realtime publishing works again")
+            self._failing = False
+        return True

@@ -1,0 +1,32 @@
+"""OpenTelemetry instruments of the realtime layer; behaviour never depends on them."""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from typing import Any
+
+from opentelemetry import metrics
+
+meter = metrics.get_meter("threadline.realtime")
+
+PUBLISHED = meter.create_counter(
+    "threadline.realtime.published", description="bus publishes by envelope kind"
+)
+PUBLISH_ERRORS = meter.create_counter(
+    "threadline.realtime.publish_errors", description="failed best-effort bus operations by kind"
+)
+DROPPED = meter.create_counter(
+    "threadline.realtime.dropped", description="messages dropped for subscribers that fell behind"
+)
+RECONNECTS = meter.create_counter(
+    "threadline.realtime.reconnects", description="bus connections re-established after a loss"
+)
+SLOW_CONSUMERS = meter.create_counter(
+    "threadline.realtime.slow_consumers", description="connection outboxes that overflowed"
+)
+
+
+def safe_add(counter: Any, amount: float, attributes: dict[str, Any] | None = None) -> None:
+    """Record a metric; a broken telemetry pipeline must never change execution."""
+    with suppress(Exception):
+        counter.add(amount, attributes or {})

@@ -1,0 +1,416 @@
+"""One Bus suite for every backend (memory, Redis), plus the Redis connection-loss behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from realtime import open_bus
+from realtime.bus import Bus, Subscription
+from realtime.channels import CONTROL_CHANNEL, replay_key, thread_channel
+from realtime.envelopes import ChunkEnvelope, decode_control, decode_thread_message, encode
+from realtime.errors import BusClosedError, BusUnavailableError
+from realtime.memory import MemoryBus
+from realtime.publisher import Publisher
+from realtime.redis import RedisBus
+from tests.conformance.conftest_bus import (
+    BACKENDS,
+    TcpProxy,
+    admin_redis,
+    cleanup_prefix,
+    client_ids,
+    eventually,
+    make_redis_bus,
+    numsub,
+    open_test_bus,
+    within,
+)
+from tests.services import require_redis
+
+
+@pytest.fixture(params=BACKENDS)
+async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
+    async with open_test_bus(request.param) as opened:
+        yield opened
+
+
+async def take(subscription: Subscription, count: int) -> list[bytes]:
+    async def collect() -> list[bytes]:
+        received: list[bytes] = []
+        async for data in subscription:
+            received.append(data)
+            if len(received) == count:
+                break
+        return received
+
+    return await within(collect())
+
+
+async def assert_silent(subscription: Subscription, seconds: float = 0.1) -> None:
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await anext(aiter(subscription))
+
+
+async def ended(subscription: Subscription) -> bool:
+    return await within(anext(aiter(subscription), None)) is None
+
+
+# -- conformance: every backend ----------------------------------------------------------------
+
+
+async def test_healthy_while_open(bus: Bus) -> None:
+    assert bus.healthy
+
+
+async def test_messages_of_a_channel_arrive_in_publish_order(bus: Bus) -> None:
+    async with bus.subscribe("thread:order") as subscription:
+        sent = [f"message-{i}".encode() for i in range(200)]
+        for data in sent:
+            await bus.publish("thread:order", data)
+        assert await take(subscription, len(sent)) == sent
+
+
+async def test_every_subscriber_gets_every_message(bus: Bus) -> None:
+    async with (
+        bus.subscribe("thread:fan") as first,
+        bus.subscribe("thread:fan") as second,
+        bus.subscribe("thread:fan") as third,
+    ):
+        for i in range(10):
+            await bus.publish("thread:fan", b"%d" % i)
+        expected = [b"%d" % i for i in range(10)]
+        for subscription in (first, second, third):
+            assert await take(subscription, 10) == expected
+
+
+async def test_unsubscribed_subscription_gets_nothing_more(bus: Bus) -> None:
+    async with bus.subscribe("thread:u") as staying:
+        async with bus.subscribe("thread:u") as leaving:
+            await bus.publish("thread:u", b"both")
+            assert await take(leaving, 1) == [b"both"]
+        await bus.publish("thread:u", b"only-staying")
+        assert await take(staying, 2) == [b"both", b"only-staying"]
+        assert await ended(leaving)
+
+
+async def test_close_ends_iteration(bus: Bus) -> None:
+    async with bus.subscribe("thread:c") as subscription:
+
+        async def drain() -> list[bytes]:
+            return [data async for data in subscription]
+
+        consumer = asyncio.create_task(drain())
+        await bus.publish("thread:c", b"before-close")
+        await asyncio.sleep(0.05)
+        await bus.close()
+        assert await within(consumer) == [b"before-close"]
+    assert not bus.healthy
+    with pytest.raises(BusClosedError):
+        await bus.publish("thread:c", b"after-close")
+
+
+async def test_channels_are_isolated(bus: Bus) -> None:
+    async with bus.subscribe("thread:a") as a, bus.subscribe("thread:b") as b:
+        await bus.publish("thread:a", b"for-a")
+        await bus.publish("thread:b", b"for-b")
+        assert await take(b, 1) == [b"for-b"]
+        assert await take(a, 1) == [b"for-a"]
+        await assert_silent(a)
+        await assert_silent(b)
+
+
+async def test_bytes_arrive_unchanged(bus: Bus) -> None:
+    payloads = [b"", b"\x00\xff\xfe binary \r\n", "ünïcødé ✓".encode(), bytes(range(256)) * 64]
+    async with bus.subscribe("thread:bytes") as subscription:
+        for data in payloads:
+            await bus.publish("thread:bytes", data)
+        assert await take(subscription, len(payloads)) == payloads
+
+
+async def test_publish_without_subscribers_is_fine(bus: Bus) -> None:
+    await bus.publish("thread:nobody", b"lost")
+
+
+async def test_only_bytes_are_published(bus: Bus) -> None:
+    with pytest.raises(TypeError):
+        await bus.publish("thread:t", "text")  # type: ignore[arg-type]
+
+
+async def test_a_subscriber_that_falls_behind_loses_its_oldest_messages() -> None:
+    for kind in BACKENDS:
+        async with open_test_bus(kind, max_queue=5) as bus, bus.subscribe("t:slow") as sub:
+            for i in range(20):
+                await bus.publish("t:slow", b"%d" % i)
+
+            def dropped_15(sub: Subscription = sub) -> bool:
+                return getattr(sub, "dropped", 0) == 15
+
+            await eventually(dropped_15)
+            assert await take(sub, 5) == [b"%d" % i for i in range(15, 20)]
+
+
+async def test_replay_keeps_the_newest_entries_up_to_the_limit(bus: Bus) -> None:
+    key = replay_key("r1")
+    assert await bus.read_replay(key) == []
+    for i in range(5):
+        await bus.append_replay(key, b"chunk-%d" % i, limit=3)
+    assert await bus.read_replay(key) == [b"chunk-2", b"chunk-3", b"chunk-4"]
+    await bus.append_replay(key, b"chunk-5", limit=3)
+    assert await bus.read_replay(key) == [b"chunk-3", b"chunk-4", b"chunk-5"]
+
+
+async def test_replay_clear_and_isolation(bus: Bus) -> None:
+    await bus.append_replay(replay_key("x"), b"x0", limit=10)
+    await bus.append_replay(replay_key("y"), b"y0", limit=10)
+    await bus.clear_replay(replay_key("x"))
+    assert await bus.read_replay(replay_key("x")) == []
+    assert await bus.read_replay(replay_key("y")) == [b"y0"]
+    await bus.clear_replay(replay_key("never-written"))
+
+
+async def test_replay_rejects_a_non_positive_limit(bus: Bus) -> None:
+    with pytest.raises(ValueError):
+        await bus.append_replay(replay_key("bad"), b"x", limit=0)
+
+
+async def test_publisher_chunks_go_live_and_into_replay(bus: Bus) -> None:
+    publisher = Publisher(bus, replay_limit=2)
+    async with bus.subscribe(thread_channel("t1")) as subscription:
+        for seq in range(3):
+            assert await publisher.chunk("t1", "run-1", seq, {"type": "text-delta", "delta": "x"})
+        assert await publisher.invalidate("t1", 7)
+        frames = await take(subscription, 4)
+    assert [decode_thread_message(f).type for f in frames] == ["chunk"] * 3 + ["invalidate"]
+    assert await bus.read_replay(replay_key("t1")) == frames[1:3]
+    delta = {"type": "text-delta", "delta": "x"}
+    assert frames[2] == encode(ChunkEnvelope(thread_id="t1", run_id="run-1", seq=2, chunk=delta))
+    assert await publisher.clear_replay("t1")
+    assert await bus.read_replay(replay_key("t1")) == []
+
+
+async def test_publisher_control_signals(bus: Bus) -> None:
+    publisher = Publisher(bus)
+    async with bus.subscribe(CONTROL_CHANNEL) as control:
+        assert await publisher.wakeup()
+        assert await publisher.wakeup("run-9")
+        assert await publisher.stop("run-9")
+        messages = [decode_control(data) for data in await take(control, 3)]
+    assert [(m.type, m.run_id) for m in messages] == [
+        ("wakeup", None),
+        ("wakeup", "run-9"),
+        ("stop", "run-9"),
+    ]
+
+
+async def test_publisher_never_raises_bus_failures(bus: Bus) -> None:
+    publisher = Publisher(bus)
+    await bus.close()
+    assert not await publisher.chunk("t", "r", 0, {"type": "text-delta", "delta": "x"})
+    assert not await publisher.invalidate("t", 1)
+    assert not await publisher.clear_replay("t")
+    assert not await publisher.wakeup()
+    assert not await publisher.stop("r")
+
+
+# -- the in-process bus -------------------------------------------------------------------------
+
+
+async def test_memory_bus_delivers_the_published_object_itself() -> None:
+    async with MemoryBus() as bus, bus.subscribe("c") as one, bus.subscribe("c") as two:
+        data = b"shared"
+        await bus.publish("c", data)
+        assert (await take(one, 1))[0] is data
+        assert (await take(two, 1))[0] is data
+
+
+async def test_memory_replay_expires() -> None:
+    now = [0.0]
+    async with MemoryBus(replay_ttl=10, clock=lambda: now[0]) as bus:
+        await bus.append_replay("k", b"a", limit=5)
+        now[0] = 9.0
+        assert await bus.read_replay("k") == [b"a"]
+        await bus.append_replay("k", b"b", limit=5)  # refreshes the expiry
+        now[0] = 18.0
+        assert await bus.read_replay("k") == [b"a", b"b"]
+        now[0] = 20.0
+        assert await bus.read_replay("k") == []
+
+
+async def test_memory_bus_must_be_opened_and_cannot_reopen() -> None:
+    bus = MemoryBus()
+    with pytest.raises(BusClosedError):
+        await bus.publish("c", b"x")
+    await bus.open()
+    await bus.close()
+    with pytest.raises(BusClosedError):
+        await bus.open()
+
+
+def test_open_bus_picks_the_backend_by_url() -> None:
+    assert isinstance(open_bus(None), MemoryBus)
+    redis_bus = open_bus("redis://127.0.0.1:6379/0", prefix="p:")
+    assert isinstance(redis_bus, RedisBus)
+    assert redis_bus.prefix == "p:"
+    with pytest.raises(ValueError):
+        open_bus("amqp://elsewhere")
+
+
+# -- Redis: reference counting, connection loss, shutdown ---------------------------------------
+
+
+@pytest.fixture
+async def redis_bus() -> AsyncIterator[RedisBus]:
+    require_redis()
+    bus = make_redis_bus()
+    try:
+        async with bus:
+            yield bus
+    finally:
+        await cleanup_prefix(bus.prefix)
+
+
+async def test_redis_subscribes_a_channel_once_per_process(redis_bus: RedisBus) -> None:
+    channel = redis_bus.prefix + "thread:rc"
+    async with admin_redis() as admin:
+        assert len(await client_ids(admin, redis_bus.pubsub_client_name)) == 1
+        async with redis_bus.subscribe("thread:rc"), redis_bus.subscribe("thread:rc"):
+            async with redis_bus.subscribe("thread:rc"):
+                assert await numsub(admin, channel) == 1
+            assert await numsub(admin, channel) == 1
+            assert redis_bus.subscriber_count("thread:rc") == 2
+        await eventually(lambda: redis_bus.subscriber_count("thread:rc") == 0)
+        for _ in range(200):  # UNSUBSCRIBE is sent without waiting for its reply
+            if await numsub(admin, channel) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await numsub(admin, channel) == 0
+        assert len(await client_ids(admin, redis_bus.pubsub_client_name)) == 1
+
+
+async def test_redis_recovers_from_a_killed_pubsub_connection() -> None:
+    require_redis()
+    # A wider backoff keeps the unhealthy window long enough to observe it.
+    bus = make_redis_bus(min_backoff=0.3, max_backoff=0.3)
+    reconnects: list[bool] = []
+    health: list[bool] = []
+
+    async def on_reconnect() -> None:
+        reconnects.append(bus.healthy)
+
+    try:
+        async with bus, admin_redis() as admin, bus.subscribe("thread:k") as subscription:
+            bus.add_reconnect_listener(on_reconnect)
+            await bus.publish("thread:k", b"before")
+            assert await take(subscription, 1) == [b"before"]
+
+            ids = await client_ids(admin, bus.pubsub_client_name)
+            assert len(ids) == 1
+            await admin.client_kill_filter(_id=str(ids[0]))
+
+            async def watch_health() -> None:
+                while not (False in health and health[-1]):
+                    if not health or health[-1] != bus.healthy:
+                        health.append(bus.healthy)
+                    await asyncio.sleep(0.005)
+
+            await within(watch_health())
+            assert health[-2:] == [False, True]
+            assert reconnects == [True]
+            new_ids = await client_ids(admin, bus.pubsub_client_name)
+            assert len(new_ids) == 1 and new_ids != ids
+            await bus.publish("thread:k", b"after")
+            assert await take(subscription, 1) == [b"after"]
+    finally:
+        await cleanup_prefix(bus.prefix)
+
+
+async def test_redis_outage_publish_fails_clearly_and_subscriptions_resume() -> None:
+    require_redis()
+    proxy = TcpProxy()
+    await proxy.start()
+    bus = make_redis_bus(proxy.url)
+    reconnected = asyncio.Event()
+    bus.add_reconnect_listener(reconnected.set)
+    try:
+        async with bus, bus.subscribe("thread:old") as old:
+            await proxy.stop()
+            await eventually(lambda: not bus.healthy)
+            with pytest.raises(BusUnavailableError, match="thread:old"):
+                await within(bus.publish("thread:old", b"lost"))
+            with pytest.raises(BusUnavailableError):
+                await within(bus.append_replay("k", b"x", limit=5))
+            # Subscribing while Redis is down works; Redis learns about it on reconnect.
+            async with bus.subscribe("thread:new") as new:
+                await proxy.start()
+                await within(reconnected.wait())
+                assert bus.healthy
+                await bus.publish("thread:old", b"old-again")
+                await bus.publish("thread:new", b"new")
+                assert await take(old, 1) == [b"old-again"]
+                assert await take(new, 1) == [b"new"]
+    finally:
+        await proxy.stop()
+        await cleanup_prefix(bus.prefix)
+
+
+async def test_redis_detects_a_silent_connection_with_ping() -> None:
+    require_redis()
+    proxy = TcpProxy()
+    await proxy.start()
+    # Nothing is closed here, so only the PING probe and the reconnect deadline can notice.
+    bus = make_redis_bus(proxy.url, ping_interval=0.1, connect_timeout=0.3, subscribe_timeout=0.3)
+    reconnected = asyncio.Event()
+    bus.add_reconnect_listener(reconnected.set)
+    try:
+        async with bus, bus.subscribe("thread:s") as subscription:
+            proxy.freeze()
+            await eventually(lambda: not bus.healthy)
+            await asyncio.sleep(0.5)  # reconnect attempts hang too and must time out
+            assert not bus.healthy
+            proxy.thaw()
+            await within(reconnected.wait())
+            await bus.publish("thread:s", b"after-thaw")
+            assert await take(subscription, 1) == [b"after-thaw"]
+    finally:
+        proxy.thaw()
+        await proxy.stop()
+        await cleanup_prefix(bus.prefix)
+
+
+async def test_redis_open_fails_clearly_when_unreachable() -> None:
+    proxy = TcpProxy()
+    await proxy.start()
+    url = proxy.url
+    await proxy.stop()
+    bus = make_redis_bus(url)
+    with pytest.raises(BusUnavailableError, match="cannot reach Redis"):
+        await within(bus.open())
+    assert not bus.healthy
+    with pytest.raises(BusClosedError):
+        await bus.publish("thread:x", b"x")
+    await bus.close()
+
+
+async def test_redis_close_stops_the_reader_and_releases_connections() -> None:
+    require_redis()
+    bus = make_redis_bus()
+    async with admin_redis() as admin:
+        await bus.open()
+        reader = bus._reader  # the one private peek: close() must have awaited this task
+        assert reader is not None
+        async with bus.subscribe("thread:z") as subscription:
+            await bus.publish("thread:z", b"x")
+            assert await take(subscription, 1) == [b"x"]
+            await within(bus.close())
+            assert reader.done()
+            assert await ended(subscription)
+        for name in (bus.pubsub_client_name, bus.command_client_name):
+            for _ in range(200):
+                if not await client_ids(admin, name):
+                    break
+                await asyncio.sleep(0.01)
+            assert await client_ids(admin, name) == []
+    await within(bus.close())  # idempotent

@@ -1,0 +1,104 @@
+"""Bus envelopes: exact client frames, strict validation, channel names."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from realtime.channels import CONTROL_CHANNEL, replay_key, thread_channel
+from realtime.envelopes import (
+    ChunkEnvelope,
+    InvalidateEnvelope,
+    ResyncEnvelope,
+    StopEnvelope,
+    WakeupEnvelope,
+    decode_control,
+    decode_thread_message,
+    encode,
+)
+
+
+def test_chunk_bytes_are_the_protocol_frame() -> None:
+    envelope = ChunkEnvelope(
+        thread_id="th_1", run_id="run_1", seq=0, chunk={"type": "text-delta", "delta": "Hé"}
+    )
+    data = encode(envelope)
+    assert isinstance(data, bytes)
+    assert data == (
+        b'{"type":"chunk","thread_id":"th_1","run_id":"run_1","seq":0,'
+        b'"chunk":{"type":"text-delta","delta":"H\xc3\xa9"}}'
+    )
+    assert list(orjson.loads(data)) == ["type", "thread_id", "run_id", "seq", "chunk"]
+
+
+def test_invalidate_bytes_are_the_protocol_frame() -> None:
+    data = encode(InvalidateEnvelope(thread_id="th_1", version=12))
+    assert data == b'{"type":"invalidate","thread_id":"th_1","version":12}'
+
+
+def test_thread_messages_round_trip() -> None:
+    chunk = ChunkEnvelope(
+        thread_id="t", run_id="r", seq=3, chunk={"type": "tool-call", "input": {"a": [1, 2]}}
+    )
+    invalidate = InvalidateEnvelope(thread_id="t", version=1)
+    assert decode_thread_message(encode(chunk)) == chunk
+    assert decode_thread_message(encode(invalidate)) == invalidate
+
+
+def test_control_messages_round_trip() -> None:
+    assert decode_control(encode(WakeupEnvelope())) == WakeupEnvelope(run_id=None)
+    assert encode(WakeupEnvelope()) == b'{"type":"wakeup","run_id":null}'
+    assert decode_control(encode(WakeupEnvelope(run_id="r"))).run_id == "r"
+    assert decode_control(encode(StopEnvelope(run_id="r"))) == StopEnvelope(run_id="r")
+
+
+def test_resync_notice_shape() -> None:
+    assert orjson.loads(encode(ResyncEnvelope(thread_id="t"))) == {
+        "type": "resync",
+        "thread_id": "t",
+    }
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"type":"chunk","thread_id":"t","run_id":"r","seq":0}',  # no chunk
+        b'{"type":"chunk","thread_id":"t","run_id":"r","seq":-1,"chunk":{}}',
+        b'{"type":"invalidate","thread_id":"t","version":1,"extra":true}',
+        b'{"type":"wakeup"}',  # a control message on a thread channel
+        b'{"type":"nope"}',
+        b"not json",
+    ],
+)
+def test_thread_decoding_is_strict(data: bytes) -> None:
+    with pytest.raises(ValidationError):
+        decode_thread_message(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"type":"stop"}',
+        b'{"type":"invalidate","thread_id":"t","version":1}',
+        b'{"type":"wakeup","run_id":null,"why":"x"}',
+    ],
+)
+def test_control_decoding_is_strict(data: bytes) -> None:
+    with pytest.raises(ValidationError):
+        decode_control(data)
+
+
+def test_envelopes_are_frozen() -> None:
+    envelope = InvalidateEnvelope(thread_id="t", version=1)
+    with pytest.raises(ValidationError):
+        envelope.version = 2
+
+
+def test_channel_names() -> None:
+    assert thread_channel("th_1") == "thread:th_1"
+    assert replay_key("th_1") == "replay:th_1"
+    assert CONTROL_CHANNEL == "control"
+    assert thread_channel("a") != thread_channel("b")
+    with pytest.raises(ValueError):
+        thread_channel("")
