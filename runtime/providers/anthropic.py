@@ -1,0 +1,294 @@
+"""Anthropic Messages provider via the official SDK, normalised into the common model deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+from anthropic import AsyncAnthropic
+from anthropic.resources.messages import AsyncMessages
+
+from runtime.models import MessageRole
+from runtime.providers.base import (
+    FinishDelta,
+    ModelDelta,
+    ModelRequest,
+    ProviderError,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+    UsageDelta,
+)
+from runtime.providers.context import message_text, message_turns, tool_result_content
+from runtime.providers.failures import (
+    TRANSPORT_ERRORS,
+    Phase,
+    is_retryable_status,
+    provider_failure,
+)
+
+PROVIDER = "anthropic"
+# Anthropic's stop reasons in the vocabulary of FinishDelta (OpenAI's); others pass unchanged.
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+# Error types of an `event: error` inside a 200 stream, with the HTTP status they stand for.
+_STREAM_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+_CREATE_PARAMS = frozenset(inspect.signature(AsyncMessages.create).parameters) - {"self"}
+
+
+class AnthropicModel:
+    """Streams `messages.create(stream=True)`. `max_tokens` is required by the API; `settings`
+    go with every request, overridden by `ModelRequest.settings`; unknown settings travel in
+    the body as they are.
+
+    The SDK client is created lazily on the running event loop and closed by `aclose()` /
+    `async with`; an injected `client` is used as is and left open.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_tokens: int = 1024,
+        *,
+        client: AsyncAnthropic | None = None,
+        max_retries: int = 2,
+        timeout: float | None = 60.0,
+        name: str | None = None,
+        **settings: Any,
+    ) -> None:
+        self.model = model
+        self.base_url = base_url
+        self.api_key = api_key
+        self.max_tokens = max_tokens
+        self.max_retries = max_retries
+        self.timeout = timeout
+        self.settings = settings
+        self.name = name or f"{PROVIDER}:{model}"
+        self._injected = client
+        self._client: AsyncAnthropic | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    def _get_client(self) -> AsyncAnthropic:
+        if self._injected is not None:
+            return self._injected
+        loop = asyncio.get_running_loop()
+        # Connection pools belong to the loop that opened them; a new loop needs a new client.
+        if self._client is None or self._client_loop is not loop:
+            self._client = AsyncAnthropic(
+                api_key=self.api_key,
+                base_url=self.base_url,
+                max_retries=self.max_retries,
+                timeout=self.timeout,
+            )
+            self._client_loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        client, self._client, self._client_loop = self._client, None, None
+        if client is not None:
+            await client.close()
+
+    async def __aenter__(self) -> AnthropicModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of `messages.create` for `request`."""
+        settings = {"max_tokens": self.max_tokens, **self.settings, **request.settings}
+        known = {k: v for k, v in settings.items() if k in _CREATE_PARAMS}
+        extra = {k: v for k, v in settings.items() if k not in _CREATE_PARAMS}
+        system, messages = to_anthropic_messages(request)
+        kwargs: dict[str, Any] = {
+            **known,
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+        }
+        if system:
+            kwargs["system"] = system
+        if request.tools:
+            kwargs["tools"] = [to_anthropic_tool(spec) for spec in request.tools]
+        if extra:
+            kwargs["extra_body"] = {**known.get("extra_body", {}), **extra}
+        return kwargs
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        return self._stream(request)
+
+    async def _stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        # Everything up to the first yield runs at the first __anext__: an HTTP error status or a
+        # refused connection surfaces there, where around_model_call can still catch it.
+        kwargs = self.request_kwargs(request)
+        try:
+            response = await self._get_client().messages.create(**kwargs)
+        except (anthropic.AnthropicError, *TRANSPORT_ERRORS) as exc:
+            raise _failure("setup", exc) from exc
+        mapper = EventMapper()
+        try:
+            while True:
+                try:
+                    event = await response.__anext__()
+                except StopAsyncIteration:
+                    break
+                except (anthropic.AnthropicError, *TRANSPORT_ERRORS) as exc:
+                    raise _failure("stream", exc) from exc
+                for delta in mapper.map(event):
+                    yield delta
+        finally:
+            await response.close()
+
+
+def _failure(phase: Phase, exc: BaseException) -> ProviderError:
+    if isinstance(exc, anthropic.APIStatusError):
+        if exc.status_code < 400:
+            # `event: error` inside a 200 stream: the error type says what happened.
+            kind = str(exc.type or "error")
+            status = _STREAM_ERROR_STATUS.get(kind)
+            message = f"{kind}: {exc.api_message or exc.message}"
+            return provider_failure(
+                PROVIDER, phase, message, retryable=is_retryable_status(status), status=status
+            )
+        status = exc.status_code
+        return provider_failure(
+            PROVIDER, phase, exc.message, retryable=is_retryable_status(status), status=status
+        )
+    if isinstance(exc, (anthropic.APIConnectionError, *TRANSPORT_ERRORS)):
+        return provider_failure(PROVIDER, phase, f"connection failed: {exc}", retryable=True)
+    # Client-side configuration problems (no credentials, ...): retrying cannot help.
+    return provider_failure(PROVIDER, phase, str(exc), retryable=False)
+
+
+# --- conversion ---------------------------------------------------------------------------------
+
+
+def to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
+    return {"name": spec.name, "description": spec.description, "input_schema": spec.parameters}
+
+
+def to_anthropic_messages(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
+    """`(system, messages)`: instructions and system messages become the system prompt; tool
+    calls become `tool_use` blocks answered by a user message of `tool_result` blocks.
+
+    Consecutive messages of one role are merged, so a user message that follows tool results
+    joins their user turn (results first, as the API requires).
+    """
+    system = [request.instructions] if request.instructions else []
+    messages: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": role, "content": blocks})
+
+    for message in request.messages:
+        if message.role is MessageRole.SYSTEM:
+            text = message_text(message.parts)
+            if text:
+                system.append(text)
+            continue
+        if message.role is MessageRole.USER:
+            text = message_text(message.parts)
+            # The API rejects empty text blocks.
+            add("user", [{"type": "text", "text": text}] if text else [])
+            continue
+        for turn in message_turns(message.parts):
+            blocks: list[dict[str, Any]] = []
+            if turn.text:
+                blocks.append({"type": "text", "text": turn.text})
+            for call in turn.tool_calls:
+                blocks.append(
+                    {"type": "tool_use", "id": call.tool_call_id, "name": call.name,
+                     "input": call.input}
+                )
+            add("assistant", blocks)
+            results = []
+            for call in turn.tool_calls:
+                result = tool_result_content(call)
+                results.append(
+                    {"type": "tool_result", "tool_use_id": call.tool_call_id,
+                     "content": result.text, "is_error": result.is_error}
+                )
+            add("user", results)
+    return "\n\n".join(system), messages
+
+
+class EventMapper:
+    """Maps raw Messages stream events to deltas. Anthropic reports usage as running totals
+    (`message_start`, then `message_delta`); deltas carry increments, so totals are tracked."""
+
+    def __init__(self) -> None:
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    def map(self, event: Any) -> list[ModelDelta]:
+        kind = getattr(event, "type", None)
+        if kind == "message_start":
+            usage = getattr(event.message, "usage", None)
+            return self._usage(usage)
+        if kind == "content_block_start":
+            block = event.content_block
+            if block.type == "tool_use":
+                return [ToolCallDelta(index=event.index, id=block.id, name=block.name)]
+            if block.type == "text" and block.text:
+                return [TextDelta(text=block.text)]
+            return []
+        if kind == "content_block_delta":
+            delta = event.delta
+            if delta.type == "text_delta" and delta.text:
+                return [TextDelta(text=delta.text)]
+            if delta.type == "input_json_delta" and delta.partial_json:
+                return [ToolCallDelta(index=event.index, arguments=delta.partial_json)]
+            # Thinking, signature and citation deltas have no place in the common deltas.
+            return []
+        if kind == "message_delta":
+            deltas = self._usage(getattr(event, "usage", None))
+            reason = event.delta.stop_reason
+            if reason:
+                deltas.append(FinishDelta(reason=STOP_REASONS.get(reason, reason)))
+            return deltas
+        return []
+
+    def _usage(self, usage: Any) -> list[ModelDelta]:
+        if usage is None:
+            return []
+        # Cached prompt tokens are reported apart from `input_tokens` but are input all the same.
+        input_parts = [
+            getattr(usage, key, None)
+            for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        ]
+        known = [part for part in input_parts if part is not None]
+        input_total = sum(known) if known else None
+        output_total = getattr(usage, "output_tokens", None)
+        added_in = max(0, input_total - self.input_tokens) if input_total is not None else 0
+        added_out = max(0, output_total - self.output_tokens) if output_total is not None else 0
+        self.input_tokens += added_in
+        self.output_tokens += added_out
+        if not (added_in or added_out):
+            return []
+        return [UsageDelta(input_tokens=added_in, output_tokens=added_out)]
