@@ -1,0 +1,308 @@
+"""Compose several lifecycles into one AgentLifecycle following the spec's Ordering rules."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+from runtime.chunks import StreamChunk
+from runtime.lifecycle import (
+    AfterStepDecision,
+    AgentLifecycle,
+    BeforeToolDecision,
+    Block,
+    ContextNext,
+    Continue,
+    MetadataPatch,
+    ModelCall,
+    PrepareRunDecision,
+    Reject,
+    ReplaceInput,
+    Respond,
+    RewriteContext,
+    RewriteOutcome,
+    RunContext,
+    RuntimeContextInput,
+    Skip,
+    StepContext,
+    StepResult,
+    ToolCall,
+    ToolCallContext,
+    ToolResult,
+)
+from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest
+
+__all__ = ["HistoryRewrittenErrors", "as_lifecycle", "compose_lifecycle"]
+
+
+class HistoryRewrittenErrors(ExceptionGroup[Exception]):
+    """Failures of history_rewritten observers, in observer order. Raised only after every
+    observer ran; the rewrite has already committed, so the runtime reports it, never undoes."""
+
+    def derive(self, excs: Sequence[Exception]) -> HistoryRewrittenErrors:  # type: ignore[override]
+        # Keep the type through split()/subgroup() so `except HistoryRewrittenErrors` still works.
+        return HistoryRewrittenErrors(self.message, excs)
+
+
+def compose_lifecycle(*lifecycles: object) -> AgentLifecycle:
+    """Fold lifecycles into one; `a` is first/outermost and the last one is closest to the runtime.
+
+    Each argument may be any object with any subset of the hook methods (missing hooks are
+    skipped), an AgentLifecycle subclass, or another composed lifecycle. Composition is
+    associative: compose(compose(a, b), c) behaves as compose(a, b, c).
+
+    Semantics per hook, for compose_lifecycle(a, b, c):
+
+    - runtime_context: a, b, c; returned mappings shallow-merged (later keys win); None when
+      every hook returned None.
+    - resolve_model_context: middleware, a outermost, c closest to the runtime's leaf. Every
+      layer's `next` is memoized: the inner chain is evaluated at most once (a raised Exception
+      is cached and re-raised too; a cancellation is not cached) and each call returns a fresh
+      copy of the list. A layer that never calls `next` keeps the inner layers from running.
+    - prepare_run: a, b, c, each with the same ctx. Decisions accumulate: contexts
+      shallow-merged in order (later keys win) and the FIRST `respond` wins, but every hook
+      still runs (so all of them can contribute context and bookkeeping). None when every hook
+      returned None.
+    - prepare_model_step: a, b, c; a returned ModelRequest becomes the next hook's request.
+      Respond/Block short-circuits and is returned. Otherwise returns the final request (the
+      original object when nobody changed it).
+    - around_model_call: a outermost, c closest to the underlying call.
+    - before_tool_call: a, b, c; ReplaceInput hands later hooks a ToolCall with the patched
+      input; Skip/Reject short-circuits and is returned. Otherwise ReplaceInput(final input)
+      if any hook replaced the input, else Continue().
+    - after_tool_result: a, b, c; a returned ToolResult replaces the one later hooks see.
+      Always returns the final ToolResult (the original object when nobody changed it).
+    - transform_step_stream: c(b(a(stream))): a sees the raw stream, c yields canonical chunks.
+    - after_step: a, b, c, each with the same StepResult. Decisions fold in order: a `replace`
+      resets the accumulated messages (dropping earlier appends), an `append` adds after them.
+      The result means: next-step extra context = (replace if not None else the current extra
+      context) + append. None when every hook returned None.
+    - prepare_history_rewrite: a, b, c; public and private patches shallow-merged separately
+      (later keys win). None when every hook returned None.
+    - history_rewritten: every observer runs in order even if some raise; then, if any raised,
+      HistoryRewrittenErrors carrying all failures (nested groups are flattened).
+
+    An exception raised by any other hook propagates at once and later hooks do not run (the
+    runtime fails the run). A decision of the wrong type raises TypeError.
+    """
+    return _ComposedLifecycle(lifecycles)
+
+
+def as_lifecycle(obj: object) -> AgentLifecycle:
+    """A full AgentLifecycle for `obj`, so the runtime can call every hook unconditionally.
+
+    An AgentLifecycle is returned as is; any other object is wrapped as compose_lifecycle(obj),
+    so its missing hooks are no-ops. Note the wrapper's "unchanged" results are explicit
+    (prepare_model_step returns the request, before_tool_call returns Continue(),
+    after_tool_result returns the result) and history_rewritten failures arrive as
+    HistoryRewrittenErrors.
+    """
+    if isinstance(obj, AgentLifecycle):
+        return obj
+    return _ComposedLifecycle((obj,))
+
+
+class _MemoizedNext:
+    """A `next` for one resolve_model_context layer: the inner chain runs at most once."""
+
+    def __init__(self, inner: ContextNext) -> None:
+        self._inner = inner
+        # A lock rather than a shared task: the inner chain runs in the caller's task, so
+        # cancelling one caller never cancels work another caller is waiting on.
+        self._lock = asyncio.Lock()
+        self._done = False
+        self._result: tuple[ContextMessage, ...] = ()
+        self._error: Exception | None = None
+
+    async def __call__(self) -> list[ContextMessage]:
+        async with self._lock:
+            if not self._done:
+                try:
+                    self._result = tuple(await self._inner())
+                except Exception as exc:
+                    self._error = exc
+                self._done = True
+        if self._error is not None:
+            raise self._error
+        # A fresh list per call: a layer mutating its copy cannot affect another caller.
+        return list(self._result)
+
+
+def _wrong_decision(hook_name: str, decision: object) -> TypeError:
+    return TypeError(f"{hook_name} returned an unexpected decision: {decision!r}")
+
+
+class _ComposedLifecycle(AgentLifecycle):
+    """The result of compose_lifecycle; see its docstring for the semantics of each hook."""
+
+    def __init__(self, lifecycles: Sequence[object]) -> None:
+        self.lifecycles: tuple[object, ...] = tuple(lifecycles)
+
+    def __repr__(self) -> str:
+        return f"compose_lifecycle({', '.join(map(repr, self.lifecycles))})"
+
+    def _hooks(self, name: str) -> list[Callable[..., Any]]:
+        # Looked up per call (not cached at construction) so duck-typed objects behave exactly
+        # as attribute access on them would.
+        hooks = (getattr(lifecycle, name, None) for lifecycle in self.lifecycles)
+        return [hook for hook in hooks if callable(hook)]
+
+    async def runtime_context(self, inp: RuntimeContextInput) -> Mapping[str, Any] | None:
+        merged: dict[str, Any] = {}
+        returned = False
+        for hook in self._hooks("runtime_context"):
+            state = await hook(inp)
+            if state is not None:
+                merged.update(state)
+                returned = True
+        return merged if returned else None
+
+    async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
+        # A fresh dict: merging into a hook's returned mapping would mutate that hook's state.
+        context: dict[str, Any] = {}
+        respond: Respond | None = None
+        decided = False
+        for hook in self._hooks("prepare_run"):
+            decision = await hook(ctx)
+            if decision is None:
+                continue
+            if not isinstance(decision, PrepareRunDecision):
+                raise _wrong_decision("prepare_run", decision)
+            decided = True
+            context.update(decision.context)
+            if respond is None:
+                respond = decision.respond
+        return PrepareRunDecision(context=context, respond=respond) if decided else None
+
+    async def resolve_model_context(
+        self, ctx: RunContext, next: ContextNext
+    ) -> list[ContextMessage]:
+        chain: ContextNext = _MemoizedNext(next)
+        for hook in reversed(self._hooks("resolve_model_context")):
+            chain = _MemoizedNext(functools.partial(hook, ctx, chain))
+        return await chain()
+
+    async def prepare_model_step(
+        self, ctx: StepContext, request: ModelRequest
+    ) -> ModelRequest | Respond | Block | None:
+        for hook in self._hooks("prepare_model_step"):
+            decision = await hook(ctx, request)
+            if decision is None:
+                continue
+            if isinstance(decision, Respond | Block):
+                return decision
+            if not isinstance(decision, ModelRequest):
+                raise _wrong_decision("prepare_model_step", decision)
+            request = decision
+        return request
+
+    async def around_model_call(
+        self, ctx: StepContext, request: ModelRequest, call: ModelCall
+    ) -> AsyncIterator[ModelDelta]:
+        for hook in reversed(self._hooks("around_model_call")):
+            call = _model_call_layer(hook, ctx, call)
+        return await call(request)
+
+    async def before_tool_call(
+        self, ctx: ToolCallContext, call: ToolCall
+    ) -> BeforeToolDecision | None:
+        replaced = False
+        for hook in self._hooks("before_tool_call"):
+            decision = await hook(ctx, call)
+            if decision is None or isinstance(decision, Continue):
+                continue
+            if isinstance(decision, Skip | Reject):
+                return decision
+            if not isinstance(decision, ReplaceInput):
+                raise _wrong_decision("before_tool_call", decision)
+            call = dataclasses.replace(call, input=decision.input)
+            replaced = True
+        return ReplaceInput(call.input) if replaced else Continue()
+
+    async def after_tool_result(
+        self, ctx: ToolCallContext, result: ToolResult
+    ) -> ToolResult | None:
+        for hook in self._hooks("after_tool_result"):
+            replacement = await hook(ctx, result)
+            if replacement is None:
+                continue
+            if not isinstance(replacement, ToolResult):
+                raise _wrong_decision("after_tool_result", replacement)
+            result = replacement
+        return result
+
+    def transform_step_stream(
+        self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+    ) -> AsyncIterator[StreamChunk]:
+        for hook in self._hooks("transform_step_stream"):
+            transformed = hook(ctx, stream)
+            if inspect.iscoroutine(transformed):
+                # An `async def` returning a stream is a common slip; fail here with a clear
+                # message rather than later with "object is not an async iterator".
+                transformed.close()
+                raise TypeError(
+                    "transform_step_stream must be a plain method (or an async generator) "
+                    "returning an async iterator, not a coroutine function"
+                )
+            stream = transformed
+        return stream
+
+    async def after_step(self, ctx: StepContext, result: StepResult) -> AfterStepDecision | None:
+        replace: tuple[ContextMessage, ...] | None = None
+        append: tuple[ContextMessage, ...] = ()
+        decided = False
+        for hook in self._hooks("after_step"):
+            decision = await hook(ctx, result)
+            if decision is None:
+                continue
+            if not isinstance(decision, AfterStepDecision):
+                raise _wrong_decision("after_step", decision)
+            decided = True
+            if decision.replace is not None:
+                replace, append = tuple(decision.replace), ()
+            append += tuple(decision.append)
+        return AfterStepDecision(append=append, replace=replace) if decided else None
+
+    async def prepare_history_rewrite(self, ctx: RewriteContext) -> MetadataPatch | None:
+        public: dict[str, Any] = {}
+        private: dict[str, Any] = {}
+        patched = False
+        for hook in self._hooks("prepare_history_rewrite"):
+            patch = await hook(ctx)
+            if patch is None:
+                continue
+            if not isinstance(patch, MetadataPatch):
+                raise _wrong_decision("prepare_history_rewrite", patch)
+            patched = True
+            public.update(patch.public)
+            private.update(patch.private)
+        return MetadataPatch(public=public, private=private) if patched else None
+
+    async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
+        failures: list[Exception] = []
+        for hook in self._hooks("history_rewritten"):
+            try:
+                await hook(ctx, outcome)
+            except HistoryRewrittenErrors as group:
+                # Flatten a nested composite's group so nesting stays associative.
+                failures.extend(group.exceptions)
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise HistoryRewrittenErrors("history_rewritten observers failed", failures)
+
+
+def _model_call_layer(hook: Callable[..., Any], ctx: StepContext, inner: ModelCall) -> ModelCall:
+    async def call(request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        stream = hook(ctx, request, inner)
+        # The hook contract is `async def` returning a stream; an async generator hook yields
+        # the deltas itself, so its result is already the stream.
+        if inspect.isawaitable(stream):
+            stream = await stream
+        return stream  # type: ignore[no-any-return]
+
+    return call
