@@ -76,8 +76,12 @@ class ThreadService:
     async def list_threads(self, principal: Principal, limit: int = 100) -> list[Thread]:
         return await self.store.list_threads(principal.scopes, limit)
 
-    async def snapshot(self, principal: Principal, thread_id: str) -> Snapshot:
-        return await self.store.snapshot(thread_id, principal.scopes)
+    async def snapshot(
+        self, principal: Principal, thread_id: str, *, include_hidden: bool = False
+    ) -> Snapshot:
+        return await self.store.snapshot(
+            thread_id, principal.scopes, include_hidden=include_hidden
+        )
 
     # --- input ---------------------------------------------------------------------------
 

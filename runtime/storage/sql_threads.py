@@ -122,13 +122,15 @@ class ThreadOps(SqlCore):
 
     # --- snapshot -----------------------------------------------------------------------
 
-    async def snapshot(self, thread_id: str, scopes: Collection[str]) -> Snapshot:
+    async def snapshot(
+        self, thread_id: str, scopes: Collection[str], *, include_hidden: bool = False
+    ) -> Snapshot:
         async def tx(conn: Conn) -> Snapshot:
             thread = thread_from_row(await self._thread_row(conn, thread_id, scopes))
             messages = await self._messages(conn, thread_id)
             run = await self._latest_run(conn, thread_id)
             queue = await self._queued_items(conn, thread_id)
-            return build_snapshot(thread, messages, run, queue)
+            return build_snapshot(thread, messages, run, queue, include_hidden=include_hidden)
 
         # One read transaction: every part of the snapshot is at the same version.
         return await self._read(tx)
@@ -244,9 +246,15 @@ class ThreadOps(SqlCore):
 
 
 def build_snapshot(
-    thread: Thread, messages: list[Message], run: Run | None, queue: list[QueuedItem]
+    thread: Thread,
+    messages: list[Message],
+    run: Run | None,
+    queue: list[QueuedItem],
+    *,
+    include_hidden: bool = False,
 ) -> Snapshot:
-    """Project committed rows: public metadata only, visible messages, tail pending actions."""
+    """Project committed rows: public metadata only, visible messages (hidden ones too when
+    asked, marked by their visibility), tail pending actions."""
     tail = messages[-1] if messages else None
     return Snapshot(
         thread=ThreadView(
@@ -265,7 +273,7 @@ def build_snapshot(
                 run_id=message.run_id,
             )
             for message in messages
-            if message.visibility is Visibility.VISIBLE
+            if include_hidden or message.visibility is Visibility.VISIBLE
         ),
         pending_actions=tuple(pending_actions_of(tail)) if tail is not None else (),
         run=None

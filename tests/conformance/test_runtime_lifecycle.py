@@ -261,6 +261,11 @@ async def test_regenerate_and_visibility_rewrites_with_metadata_patches(runtime_
     assert after.thread.version == hidden.version
     assert after.thread.metadata["last_rewrite"] == "visibility"
     assert [m.id for m in after.messages] == [again.messages[1].id]
+    everything = await rt.store.snapshot(thread_id, [SCOPE], include_hidden=True)
+    assert [(m.id, m.visibility) for m in everything.messages] == [
+        (again.messages[0].id, Visibility.HIDDEN),
+        (again.messages[1].id, Visibility.VISIBLE),
+    ]
 
 
 async def test_rewrite_during_an_active_run_is_refused(runtime_for) -> None:
