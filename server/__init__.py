@@ -1,0 +1,1 @@
+"""Threadline server: settings, app and lifespan, auth, HTTP routes, websocket gateway, CLI."""

@@ -7,6 +7,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,69 @@ async def temporary_postgres_database() -> AsyncIterator[str]:
 def unique_prefix() -> str:
     """A Redis key/channel prefix of our own, so parallel tests never see each other."""
     return f"threadline-test-{uuid.uuid4().hex[:10]}:"
+
+
+def _run_in_own_loop(fn: Any) -> None:
+    """Run a coroutine function to completion on a fresh loop in a helper thread: session
+    fixtures may be first requested from inside a running test loop."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(lambda: asyncio.run(fn())).result()
+
+
+def create_postgres_database_sync() -> str:
+    """Create a database of our own outside any running event loop (for session fixtures)."""
+    import asyncpg
+
+    require_postgres()
+    name = f"threadline_test_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        admin = await asyncpg.connect(PG_ADMIN_DSN)
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+
+    _run_in_own_loop(create)
+    return PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+
+
+def drop_postgres_database_sync(dsn: str) -> None:
+    import asyncpg
+
+    name = dsn.rsplit("/", 1)[1]
+    assert name.startswith("threadline_test_"), "only drop what the tests created"
+
+    async def drop() -> None:
+        admin = await asyncpg.connect(PG_ADMIN_DSN)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+    _run_in_own_loop(drop)
+
+
+async def empty_postgres_database(dsn: str) -> None:
+    """Remove every row the previous test left; the schema, the migration records and the
+    fencing counter (tokens only ever grow) stay."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        tables = [
+            row["tablename"]
+            for row in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                " AND tablename NOT IN ('schema_migrations', 'fencing_counter')"
+            )
+        ]
+        if tables:
+            await conn.execute(
+                "TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"
+            )
+    finally:
+        await conn.close()

@@ -1,0 +1,36 @@
+"""Answer bodies of commands, shared by the HTTP routes and websocket acks so both say the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.models import Admission
+from runtime.storage.base import ResolveResult, RewriteResult, StopResult
+
+
+def admission_answer(admission: Admission) -> dict[str, Any]:
+    answer: dict[str, Any] = {"thread_id": admission.thread_id, "version": admission.version}
+    for key in ("run_id", "message_id", "queued_item_id"):
+        value = getattr(admission, key)
+        if value:
+            answer[key] = value
+    if admission.duplicate:
+        answer["duplicate"] = True
+    return answer
+
+
+def version_answer(result: ResolveResult | RewriteResult) -> dict[str, Any]:
+    return {"thread_id": result.thread_id, "version": result.version}
+
+
+def stop_answer(result: StopResult) -> dict[str, Any]:
+    return {
+        "thread_id": result.thread_id,
+        "version": result.version,
+        "run_id": result.run_id,
+        "status": result.status.value,
+    }
+
+
+def regenerate_answer(result: RewriteResult) -> dict[str, Any]:
+    return {"thread_id": result.thread_id, "version": result.version, "run_id": result.run_id}

@@ -1,0 +1,117 @@
+"""The ASGI app factory and its lifespan: open components in order, close them in reverse."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute, WebSocketRoute
+
+from realtime import open_bus
+from realtime.hub import Hub
+from realtime.publisher import Publisher
+from runtime.agent import load_agent
+from runtime.errors import ThreadlineError
+from runtime.service import ThreadService
+from runtime.storage import open_store
+from runtime.worker import Worker
+from server.errors import handle_http_exception, handle_threadline_error, handle_unexpected
+from server.gateway import Gateway, websocket_endpoint
+from server.routes import api_routes, health_routes, static_routes
+from server.settings import Settings
+from server.telemetry import RequestTelemetry, configure_telemetry
+
+log = logging.getLogger(__name__)
+
+
+async def open_storage(url: str, stack: AsyncExitStack) -> Any:
+    """Open the store for `url`, register its closing on `stack`, apply migrations."""
+    store = open_store(url)
+    await store.open()
+    stack.push_async_callback(store.close)
+    applied = await store.migrate()
+    if applied:
+        log.info("applied migrations: %s", ", ".join(map(str, applied)))
+    return store
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    state = app.state
+    async with AsyncExitStack() as stack:
+        telemetry = configure_telemetry()
+        stack.push_async_callback(telemetry.shutdown)
+        state.telemetry = telemetry
+
+        state.store = await open_storage(settings.database_url, stack)
+
+        bus = open_bus(settings.redis_url)
+        await bus.open()
+        stack.push_async_callback(bus.close)
+        state.bus = bus
+        state.publisher = Publisher(bus)
+
+        agent = load_agent(settings.agent)
+        state.agent = agent
+        state.service = ThreadService(state.store, state.publisher, agent)
+
+        state.hub = None
+        state.gateway = None
+        if settings.runs_gateway:
+            hub = Hub(
+                bus,
+                version_source=state.store.thread_versions,
+                poll_interval=settings.poll_interval,
+            )
+            await stack.enter_async_context(hub)
+            state.hub = hub
+            gateway = Gateway(settings, state.service, hub)
+            # Registered after the hub so connections close before the hub stops.
+            stack.push_async_callback(gateway.close)
+            state.gateway = gateway
+
+        state.worker = None
+        if settings.runs_worker:
+            worker = Worker(
+                state.store,
+                bus,
+                agent,
+                lease_ttl=settings.lease_ttl,
+                poll_interval=settings.poll_interval,
+                max_concurrent_runs=settings.max_concurrent_runs,
+            )
+            await stack.enter_async_context(worker)
+            state.worker = worker
+
+        log.info("threadline started (role=%s)", settings.role)
+        yield
+        log.info("threadline stopping (role=%s)", settings.role)
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """A plain ASGI app; every component is opened by its lifespan (run it under uvicorn)."""
+    settings = settings or Settings()
+    routes: list[BaseRoute] = list(health_routes())
+    if settings.runs_gateway:
+        routes += api_routes()
+        routes.append(WebSocketRoute("/v1/ws", websocket_endpoint, name="ws"))
+        routes += static_routes()
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            HTTPException: handle_http_exception,
+            ThreadlineError: handle_threadline_error,
+            Exception: handle_unexpected,
+        },
+        # Body size is enforced while reading (routes.read_body) to answer in JSON.
+        middleware=[Middleware(RequestTelemetry)],
+    )
+    app.state.settings = settings
+    return app

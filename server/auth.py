@@ -1,0 +1,64 @@
+"""Bearer tokens: minting (only the sha256 hash is stored), lookup, and role checks."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Collection, Mapping
+
+from runtime.errors import Forbidden
+from runtime.models import Principal, Role
+from runtime.storage.base import Store
+from server.errors import Unauthorized
+
+TOKEN_PREFIX = "tl_"
+# token_urlsafe(32) is 43 characters; anything much longer is not one of ours.
+_MAX_TOKEN_CHARS = 128
+TRUSTED_ROLES = frozenset({Role.BACKEND, Role.ADMIN})
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+async def create_token(
+    store: Store, *, subject: str, role: Role, scopes: Collection[str]
+) -> str:
+    """Mint a token for `subject`; the plain token is returned once and never stored."""
+    if not scopes:
+        raise ValueError("a token needs at least one scope")
+    token = new_token()
+    await store.create_token(hash_token(token), subject, role, frozenset(scopes))
+    return token
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization")
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+async def authenticate(store: Store, token: str | None) -> Principal:
+    """The principal of `token`; `Unauthorized` for a missing, malformed or unknown token."""
+    if not token:
+        raise Unauthorized("a bearer token is required")
+    if not token.startswith(TOKEN_PREFIX) or len(token) > _MAX_TOKEN_CHARS:
+        raise Unauthorized("the token is invalid")
+    principal = await store.principal_for_token(hash_token(token))
+    if principal is None:
+        raise Unauthorized("the token is invalid")
+    return principal
+
+
+def require_trusted(principal: Principal) -> None:
+    """Manual tool results and similar operations are for backend actors and admins only."""
+    if principal.role not in TRUSTED_ROLES:
+        raise Forbidden(f"role {principal.role} may not do this; backend or admin required")

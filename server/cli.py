@@ -1,0 +1,128 @@
+"""The `threadline` command: serve, token create, migrate."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import click
+
+from runtime.models import Role
+from server.logs import setup_logging, uvicorn_log_config
+from server.settings import Settings
+
+log = logging.getLogger("threadline")
+
+
+@asynccontextmanager
+async def _migrated_store(settings: Settings) -> AsyncIterator[Any]:
+    from server.app import open_storage
+
+    async with AsyncExitStack() as stack:
+        yield await open_storage(settings.database_url, stack)
+
+
+async def _create_token(
+    settings: Settings, subject: str, role: Role, scopes: Sequence[str]
+) -> str:
+    from server.auth import create_token
+
+    async with _migrated_store(settings) as store:
+        return await create_token(store, subject=subject, role=role, scopes=scopes)
+
+
+async def _migrate(settings: Settings) -> None:
+    async with _migrated_store(settings):
+        pass
+
+
+def _browser_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+@click.group()
+def main() -> None:
+    """Threadline: a self-hostable realtime server for AI agent conversations."""
+
+
+@main.command()
+@click.option("--host", default=None, help="Interface to bind (THREADLINE_HOST).")
+@click.option("--port", type=int, default=None, help="Port to bind (THREADLINE_PORT).")
+@click.option(
+    "--role",
+    type=click.Choice(["all", "gateway", "worker"]),
+    default=None,
+    help="all: gateway and worker in one process (THREADLINE_ROLE).",
+)
+def serve(host: str | None, port: int | None, role: str | None) -> None:
+    """Run the server (gateway, worker, or both)."""
+    import uvicorn
+
+    from server.app import create_app
+
+    overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    setup_logging(settings.log_level)
+    if settings.redis_url is None and settings.role != "all":
+        log.warning(
+            "role=%s without THREADLINE_REDIS_URL: the in-process bus reaches no other process",
+            settings.role,
+        )
+    if settings.dev_token and settings.runs_gateway:
+        token = asyncio.run(
+            _create_token(settings, "dev", Role.USER, [settings.dev_scope])
+        )
+        url = f"http://{_browser_host(settings.host)}:{settings.port}/?token={token}"
+        click.echo(f"Threadline is starting. Open {url}")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=uvicorn_log_config(),
+        # The app closes oversize frames with 1009 itself; uvicorn's bound (same code) only
+        # guards memory against frames far beyond it.
+        ws_max_size=settings.ws_max_frame_bytes * 4,
+        ws_ping_interval=settings.ws_ping_interval,
+        ws_ping_timeout=settings.ws_ping_timeout,
+        timeout_graceful_shutdown=10,
+    )
+
+
+@main.group()
+def token() -> None:
+    """Bearer tokens."""
+
+
+@token.command("create")
+@click.option("--scope", "scopes", multiple=True, required=True, help="Scope (repeatable).")
+@click.option(
+    "--role", type=click.Choice([r.value for r in Role]), default=Role.USER.value, show_default=True
+)
+@click.option("--subject", default=None, help="Who the token acts as (default: '<role>-cli').")
+def token_create(scopes: tuple[str, ...], role: str, subject: str | None) -> None:
+    """Print one new bearer token on stdout (nothing else)."""
+    settings = Settings()
+    setup_logging("warning")
+    value = asyncio.run(
+        _create_token(settings, subject or f"{role}-cli", Role(role), list(scopes))
+    )
+    click.echo(value)
+
+
+@main.command()
+def migrate() -> None:
+    """Apply storage migrations and exit."""
+    settings = Settings()
+    setup_logging("info")
+    asyncio.run(_migrate(settings))
+    log.info("storage is up to date")
+
+
+if __name__ == "__main__":
+    main()

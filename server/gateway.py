@@ -1,0 +1,226 @@
+"""Websocket I/O: authenticate, then pump frames between the socket and a sans-I/O Session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from realtime.hub import Hub
+from realtime.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxClosedError, SlowConsumerError
+from runtime.service import ThreadService
+from server.auth import authenticate, bearer_token
+from server.errors import Unauthorized
+from server.session import Session
+from server.settings import Settings
+from server.telemetry import WS_CLOSES, WS_CONNECTIONS, WS_FRAMES_IN
+
+log = logging.getLogger(__name__)
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_UNAUTHORIZED = 4401
+
+_CLOSE_TIMEOUT = 2.0
+_OUTBOX_CHECK_INTERVAL = 1.0
+_SHUTDOWN_TIMEOUT = 5.0
+_COMMAND_GRACE = 10.0
+
+
+@dataclass(frozen=True)
+class Close:
+    code: int
+    reason: str = ""
+
+
+def _count(counter: object, amount: int, **attributes: str | int) -> None:
+    with contextlib.suppress(Exception):  # telemetry never affects a connection
+        counter.add(amount, attributes)  # type: ignore[attr-defined]
+
+
+class Connection:
+    """One accepted websocket: a reader, a writer draining the outbox, an outbox watchdog.
+
+    Whichever of them finishes first decides how the connection closes; the others are
+    cancelled and awaited. Nothing here touches any other connection.
+    """
+
+    def __init__(self, websocket: WebSocket, session: Session, settings: Settings) -> None:
+        self.websocket = websocket
+        self.session = session
+        self.outbox = session.outbox
+        self.max_frame_bytes = settings.ws_max_frame_bytes
+        self._finished = asyncio.Event()
+        self._close: Close | None = None
+        self._inflight: asyncio.Future[None] | None = None
+        # Set once the connection released everything (tasks, hub listeners, outbox).
+        self.done = asyncio.Event()
+
+    def finish(self, close: Close | None) -> None:
+        if not self._finished.is_set():
+            self._close = close
+            self._finished.set()
+
+    async def run(self) -> Close | None:
+        tasks = [
+            asyncio.create_task(self._guard(self._read()), name="ws-read"),
+            asyncio.create_task(self._guard(self._write()), name="ws-write"),
+            asyncio.create_task(self._guard(self._watch_outbox()), name="ws-outbox"),
+        ]
+        try:
+            await self._finished.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._inflight is not None and not self._inflight.done():
+                await asyncio.wait({self._inflight}, timeout=_COMMAND_GRACE)
+            try:
+                await self.session.close()
+            finally:
+                self.outbox.close()
+                self.done.set()
+        return self._close
+
+    async def _guard(self, work: Coroutine[Any, Any, Close | None]) -> None:
+        try:
+            self.finish(await work)
+        except asyncio.CancelledError:
+            raise
+        except (WebSocketDisconnect, OSError, RuntimeError) as exc:
+            # The peer went away mid-send or mid-receive; nothing left to tell it.
+            log.debug("websocket ended: %r", exc)
+            self.finish(None)
+        except Exception:
+            log.exception("websocket connection failed")
+            self.finish(Close(CLOSE_INTERNAL_ERROR, "internal error"))
+
+    async def _read(self) -> Close | None:
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return None
+            text = message.get("text")
+            data: str | bytes | None = text if text is not None else message.get("bytes")
+            if data is None:
+                continue
+            if self._too_big(data):
+                return Close(CLOSE_TOO_BIG, "frame too large")
+            # Shielded: a command the client sent is carried out even if the client leaves
+            # while it runs (a closed tab must not half-apply a command).
+            self._inflight = asyncio.ensure_future(self.session.feed(data))
+            await asyncio.shield(self._inflight)
+            _count(WS_FRAMES_IN, 1)
+
+    def _too_big(self, data: str | bytes) -> bool:
+        size = len(data)
+        if isinstance(data, str) and size * 4 > self.max_frame_bytes >= size:
+            size = len(data.encode("utf-8"))  # only measured when characters could be wide
+        return size > self.max_frame_bytes
+
+    async def _write(self) -> Close | None:
+        try:
+            while True:
+                data = await self.outbox.get()
+                await self.websocket.send_text(data.decode("utf-8"))
+        except SlowConsumerError:
+            return Close(CLOSE_SLOW_CONSUMER, "slow consumer")
+        except OutboxClosedError:
+            return None
+
+    async def _watch_outbox(self) -> Close | None:
+        # A writer stuck in a send never calls into the outbox; the grace period still has to
+        # expire, so the clock is checked from here as well.
+        while not self._finished.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_OUTBOX_CHECK_INTERVAL):
+                    await self._finished.wait()
+            if not self.outbox.check():
+                return Close(CLOSE_SLOW_CONSUMER, "slow consumer")
+        return None
+
+
+class Gateway:
+    """Accepts websockets for the app; tracks connections so shutdown can close them."""
+
+    def __init__(self, settings: Settings, service: ThreadService, hub: Hub) -> None:
+        self.settings = settings
+        self.service = service
+        self.hub = hub
+        self._connections: set[Connection] = set()
+        self._closing = False
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def serve(self, websocket: WebSocket) -> None:
+        # Accept first: a close code (4401) can only be sent on an open websocket.
+        await websocket.accept()
+        if self._closing:
+            await _close(websocket, Close(CLOSE_GOING_AWAY, "server shutting down"))
+            return
+        token = websocket.query_params.get("token") or bearer_token(websocket.headers)
+        try:
+            principal = await authenticate(self.service.store, token)
+        except Unauthorized as exc:
+            await _close(websocket, Close(CLOSE_UNAUTHORIZED, exc.message))
+            return
+        except Exception:
+            log.exception("websocket authentication failed")
+            await _close(websocket, Close(CLOSE_INTERNAL_ERROR, "internal error"))
+            return
+        connection: Connection | None = None
+
+        def overflowed() -> None:
+            if connection is not None:
+                connection.finish(Close(CLOSE_SLOW_CONSUMER, "slow consumer"))
+
+        outbox = Outbox(self.settings.ws_outbox_max_bytes, on_overflow=overflowed)
+        session = Session(principal, self.service, self.hub, outbox)
+        connection = Connection(websocket, session, self.settings)
+        self._connections.add(connection)
+        _count(WS_CONNECTIONS, 1)
+        try:
+            close = await connection.run()
+        finally:
+            self._connections.discard(connection)
+            _count(WS_CONNECTIONS, -1)
+        if close is not None:
+            _count(WS_CLOSES, 1, code=close.code)
+            await _close(websocket, close)
+
+    async def close(self) -> None:
+        """Close every connection with 1001 and wait (bounded) for them to finish."""
+        self._closing = True
+        connections = list(self._connections)
+        for connection in connections:
+            connection.finish(Close(CLOSE_GOING_AWAY, "server shutting down"))
+        if connections:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_SHUTDOWN_TIMEOUT):
+                    await asyncio.gather(*(c.done.wait() for c in connections))
+
+
+async def _close(websocket: WebSocket, close: Close) -> None:
+    if websocket.application_state is WebSocketState.DISCONNECTED:
+        return
+    # A peer that stopped reading cannot block the close forever.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_CLOSE_TIMEOUT):
+            await websocket.close(close.code, close.reason)
+
+
+async def websocket_endpoint(websocket: WebSocket) -> None:
+    gateway: Gateway | None = getattr(websocket.app.state, "gateway", None)
+    if gateway is None:
+        await websocket.close(CLOSE_GOING_AWAY)
+        return
+    await gateway.serve(websocket)

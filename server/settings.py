@@ -1,0 +1,50 @@
+"""Server configuration read from THREADLINE_* environment variables."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ServerRole = Literal["all", "gateway", "worker"]
+
+
+class Settings(BaseSettings):
+    """Everything defaults to the embedded setup: SQLite file, in-process bus, demo agent."""
+
+    model_config = SettingsConfigDict(env_prefix="THREADLINE_", extra="ignore")
+
+    database_url: str = "sqlite:///./threadline.sqlite3"
+    # None selects the in-process bus, which only works when gateway and worker share a process.
+    redis_url: str | None = None
+    agent: str = "runtime.demo:demo_agent"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    role: ServerRole = "all"
+
+    lease_ttl: float = Field(default=15.0, gt=0)
+    poll_interval: float = Field(default=1.0, gt=0)
+    max_concurrent_runs: int = Field(default=16, ge=1)
+
+    # Larger websocket frames close the connection with 1009 (docs/protocol.md).
+    ws_max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
+    # A connection whose unsent frames stay above this bound is closed as a slow consumer.
+    ws_outbox_max_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Protocol-level pings (uvicorn); a peer missing a pong for ws_ping_timeout is dropped.
+    ws_ping_interval: float = Field(default=20.0, gt=0)
+    ws_ping_timeout: float = Field(default=20.0, gt=0)
+    http_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+
+    dev_scope: str = "demo"
+    # `threadline serve` mints a development token and prints a browser URL carrying it.
+    dev_token: bool = True
+    log_level: str = "info"
+
+    @property
+    def runs_gateway(self) -> bool:
+        return self.role in ("all", "gateway")
+
+    @property
+    def runs_worker(self) -> bool:
+        return self.role in ("all", "worker")

@@ -1,0 +1,154 @@
+"""Websocket frame models: decoding, validation errors and id echo rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from runtime.models import InputPolicy, Visibility
+from server.frames import (
+    CLIENT_FRAME_TYPES,
+    Ack,
+    ActionResume,
+    ClientFrameAdapter,
+    ErrorFrame,
+    FrameError,
+    MessageSend,
+    MessageVisibility,
+    Ping,
+    Resync,
+    Subscribe,
+    Subscribed,
+    decode_frame,
+)
+
+VALID: dict[str, dict[str, Any]] = {
+    "subscribe": {"thread_id": "t1"},
+    "unsubscribe": {"thread_id": "t1"},
+    "message.send": {"thread_id": "t1", "text": "hi"},
+    "action.resume": {"thread_id": "t1", "action_id": "a1", "payload": {"approved": True}},
+    "action.client_result": {"thread_id": "t1", "action_id": "a1", "output": [1]},
+    "action.manual_result": {"thread_id": "t1", "action_id": "a1", "output": "x"},
+    "run.stop": {"thread_id": "t1", "run_id": "r1"},
+    "regenerate": {"thread_id": "t1"},
+    "message.visibility": {"thread_id": "t1", "message_id": "m1", "visibility": "hidden"},
+    "queue.cancel": {"thread_id": "t1", "item_id": "q1"},
+    "ping": {},
+}
+
+
+def valid_frame(kind: str) -> bytes:
+    return orjson.dumps({"type": kind, **VALID[kind]})
+
+
+def fail(raw: str | bytes) -> FrameError:
+    with pytest.raises(FrameError) as info:
+        decode_frame(raw)
+    return info.value
+
+
+def test_every_type_has_a_valid_example() -> None:
+    assert set(VALID) == set(CLIENT_FRAME_TYPES)
+
+
+@pytest.mark.parametrize("kind", CLIENT_FRAME_TYPES)
+def test_decodes_every_type_from_text_and_bytes(kind: str) -> None:
+    data = {"type": kind, "id": "x1", **VALID[kind]}
+    for raw in (orjson.dumps(data), orjson.dumps(data).decode()):
+        frame = decode_frame(raw)
+        assert frame.type == kind
+        assert frame.id == "x1"
+
+
+@pytest.mark.parametrize("kind", [k for k in CLIENT_FRAME_TYPES if VALID[k]])
+def test_missing_fields_are_invalid_input_with_id(kind: str) -> None:
+    error = fail(orjson.dumps({"type": kind, "id": 9}))
+    assert error.code == "invalid_input"
+    assert error.frame_id == 9
+    assert error.errors and all(set(e) == {"loc", "msg"} for e in error.errors)
+
+
+def test_defaults_and_typed_fields() -> None:
+    frame = decode_frame(b'{"type": "message.send", "thread_id": "t", "text": "hi"}')
+    assert isinstance(frame, MessageSend)
+    assert frame.policy is InputPolicy.ENQUEUE and frame.client_tools == []
+    assert frame.id is None
+    vis = decode_frame(valid_frame("message.visibility"))
+    assert isinstance(vis, MessageVisibility) and vis.visibility is Visibility.HIDDEN
+    resume = decode_frame(valid_frame("action.resume"))
+    assert isinstance(resume, ActionResume) and resume.payload == {"approved": True}
+
+
+def test_not_json() -> None:
+    error = fail(b"{nope")
+    assert error.code == "invalid_json" and error.frame_id is None
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b'"ping"', b"3", b"null"])
+def test_not_an_object(raw: bytes) -> None:
+    assert fail(raw).code == "invalid_frame"
+
+
+def test_missing_or_non_string_type_keeps_id() -> None:
+    error = fail(b'{"id": "a"}')
+    assert (error.code, error.frame_id) == ("invalid_frame", "a")
+    assert fail(b'{"type": 5, "id": 1}').code == "invalid_frame"
+
+
+def test_unknown_type_keeps_id() -> None:
+    error = fail(b'{"type": "launch.rockets", "id": 42}')
+    assert (error.code, error.frame_id) == ("unknown_type", 42)
+
+
+def test_extra_fields_are_refused() -> None:
+    error = fail(b'{"type": "ping", "id": 1, "extra": true}')
+    assert error.code == "invalid_input"
+    assert error.errors == [{"loc": ["extra"], "msg": "Extra inputs are not permitted"}]
+
+
+def test_unusable_ids_are_not_echoed() -> None:
+    assert fail(b'{"type": "nope", "id": {"a": 1}}').frame_id is None
+    assert fail(b'{"type": "nope", "id": true}').frame_id is None
+    assert fail(orjson.dumps({"type": "nope", "id": "x" * 500})).frame_id is None
+
+
+def test_invalid_enum_and_types() -> None:
+    bad_policy = {"type": "message.send", "thread_id": "t", "text": "x", "policy": "later"}
+    assert fail(orjson.dumps(bad_policy)).errors[0]["loc"] == ["policy"]
+    bad_payload = {"type": "action.resume", "thread_id": "t", "action_id": "a", "payload": []}
+    assert fail(orjson.dumps(bad_payload)).errors[0]["loc"] == ["payload"]
+    empty_text = {"type": "message.send", "thread_id": "t", "text": ""}
+    assert fail(orjson.dumps(empty_text)).code == "invalid_input"
+
+
+def test_adapter_is_the_discriminated_union() -> None:
+    assert isinstance(ClientFrameAdapter.validate_python({"type": "ping"}), Ping)
+    assert isinstance(
+        ClientFrameAdapter.validate_json(b'{"type": "subscribe", "thread_id": "t"}'), Subscribe
+    )
+
+
+def test_server_frames_serialise_without_nulls() -> None:
+    assert orjson.loads(Subscribed(thread_id="t", version=3).to_bytes()) == {
+        "type": "subscribed",
+        "thread_id": "t",
+        "version": 3,
+    }
+    assert orjson.loads(Ack(id="m", thread_id="t", version=2, run_id="r").to_bytes()) == {
+        "type": "ack",
+        "id": "m",
+        "thread_id": "t",
+        "version": 2,
+        "run_id": "r",
+    }
+    assert orjson.loads(Resync(thread_id="t").to_bytes()) == {"type": "resync", "thread_id": "t"}
+    error = FrameError("unknown_type", "unknown frame type", 7).to_frame()
+    assert isinstance(error, ErrorFrame)
+    assert orjson.loads(error.to_bytes()) == {
+        "type": "error",
+        "code": "unknown_type",
+        "message": "unknown frame type",
+        "id": 7,
+    }
