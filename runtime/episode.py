@@ -14,7 +14,7 @@ from runtime import telemetry
 from runtime.agent import Agent
 from runtime.chunks import RunTakeoverChunk, StepFinishChunk, StepStartChunk
 from runtime.context import DurableContext
-from runtime.errors import LeaseLost
+from runtime.errors import LeaseLost, Unavailable
 from runtime.lifecycle import (
     AfterStepDecision,
     AgentLifecycle,
@@ -84,6 +84,8 @@ class Episode:
         self._output: StepOutput | None = None
         self._phase: ToolPhase | None = None
         self._resume_tail: Message | None = None
+        # The latest step context, for hooks that finalise tool parts on stop or failure.
+        self._step_ctx: StepContext | None = None
 
     async def run(self) -> RunStatus | None:
         with telemetry.span("threadline.episode", run_id=self.run_id, thread_id=self.thread_id):
@@ -116,8 +118,12 @@ class Episode:
             await self._body()
         except LeaseLost:
             self.lease_lost = True
-            telemetry.safe_add(telemetry.LEASE_EVENTS, 1, {"event": "lost"})
             log.warning("run %s: lease lost, stopping without writing", self.run_id)
+        except Unavailable:
+            # Storage is down: recording a failure would fail too, or worse, succeed just after
+            # recovery and end a run that a takeover can finish. Abandon the episode instead.
+            self.lease_lost = True
+            log.warning("run %s: storage unavailable, leaving the run to a takeover", self.run_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a thrown hook/model error fails the run, never hangs it
@@ -130,16 +136,15 @@ class Episode:
         if run.status is not before.status:
             await self.publisher.invalidate(self.thread_id, version)
         self._sink = sink = ChunkSink(self.publisher, self.thread_id, self.run_id, run.next_seq)
-        if run.stop_requested:
-            self.stop_requested.set()
-            return
         thread = await self.store.get_thread(self.thread_id, [run.scope])
         messages = await self.store.list_messages(self.thread_id)
         tail = messages[-1] if messages else None
         resuming = tail is not None and tail.run_id == run.id and _has_resolved(tail)
         if before.status is RunStatus.RUNNING and before.episode > 0 and not resuming:
+            # The dead episode's uncommitted chunks reuse the seqs the redo is about to emit:
+            # late joiners must not get them replayed (nor have live chunks deduplicated away).
+            await self.publisher.clear_replay(self.thread_id)
             await sink.emit(RunTakeoverChunk(episode=run.episode))
-            telemetry.safe_add(telemetry.LEASE_EVENTS, 1, {"event": "takeover"})
         telemetry.safe_add(telemetry.RUNS, 1, {"event": "resumed" if resuming else "started"})
 
         state = await self.lifecycle.runtime_context(
@@ -163,10 +168,15 @@ class Episode:
             state=MappingProxyType(dict(state or {})),
             thread_metadata=MappingProxyType(dict(thread.metadata)),
         )
+        step = sum(1 for m in messages if m.run_id == run.id and m.role is MessageRole.ASSISTANT)
+        self._step_ctx = StepContext(run=run_ctx, step=step, local=MappingProxyType({}))
+        if run.stop_requested:
+            # A stop that arrived while no worker held the run: only finalisation is left.
+            self.stop_requested.set()
+            return
         decision = await self.lifecycle.prepare_run(run_ctx)
         local = MappingProxyType(dict(decision.context) if decision else {})
-        step = sum(1 for m in messages if m.run_id == run.id and m.role is MessageRole.ASSISTANT)
-        step_ctx = StepContext(run=run_ctx, step=step, local=local)
+        step_ctx = self._step_ctx = StepContext(run=run_ctx, step=step, local=local)
         if decision is not None and decision.respond is not None:
             await self._respond(step_ctx, decision.respond.text)
             return
@@ -194,6 +204,7 @@ class Episode:
             if step >= self.agent.max_steps:
                 raise RunFailed(f"the run exceeded max_steps={self.agent.max_steps}")
             step_ctx = StepContext(run=ctx.run, step=step, local=ctx.local, extra_messages=extra)
+            self._step_ctx = step_ctx
             result, pending = await self._step(step_ctx, run)
             decision = await self.lifecycle.after_step(step_ctx, result)
             extra = _apply_after_step(extra, decision)
@@ -308,28 +319,30 @@ class Episode:
 
     async def _finish_failed(self, exc: BaseException) -> None:
         reason = str(exc) or type(exc).__name__
-        try:
-            commit = await self._final_commit(cancel_hooks=False)
-            await self._commit(
-                commit.model_copy(update={"run": RunChange(status=RunStatus.FAILED, error=reason)})
-            )
-            self._record_end(RunStatus.FAILED)
-        except LeaseLost:
-            self.lease_lost = True
-        except Exception:
-            # Last resort: the run must not hang even if finalising its partial output failed.
-            log.exception("run %s: could not record failure with partial output", self.run_id)
+        failed = RunChange(status=RunStatus.FAILED, error=reason)
+        # Open tool parts are cancelled with after_tool_result; if a hook is what failed, they
+        # are cancelled without hooks, and as a last resort only the run is marked failed.
+        for cancel_hooks in (True, False):
             try:
-                await self._transition(RunStatus.FAILED, reason)
+                commit = await self._final_commit(cancel_hooks=cancel_hooks)
+                await self._commit(commit.model_copy(update={"run": failed}))
+                self._record_end(RunStatus.FAILED)
+                return
+            except (LeaseLost, Unavailable):
+                self.lease_lost = True
+                return
             except Exception:
-                log.exception("run %s: could not record failure", self.run_id)
+                log.exception("run %s: could not record failure with partial output", self.run_id)
+        try:
+            await self._transition(RunStatus.FAILED, reason)
+        except Exception:
+            log.exception("run %s: could not record failure", self.run_id)
 
     async def _final_commit(self, *, cancel_hooks: bool) -> StepCommit:
         """What a stop or failure commits: partial canonical text and finalised tool parts."""
         if self._sink is None:
-            self._sink = ChunkSink(self.publisher, self.thread_id, self.run_id, 0)
             run = await self.store.get_run(self.run_id)
-            self._sink.seq = run.next_seq
+            self._sink = ChunkSink(self.publisher, self.thread_id, self.run_id, run.next_seq)
         if self._output is not None:
             parts: list[Any] = list(self._phase.parts) if self._phase else []
             parts = await self._close_parts(parts, cancel_hooks)
@@ -352,17 +365,8 @@ class Episode:
         return StepCommit(update_tail=TailUpdate(message_id=tail.id, parts=tuple(closed)))
 
     async def _close_parts(self, parts: list[Any], cancel_hooks: bool) -> list[Any]:
-        if cancel_hooks:
-            assert self._sink is not None
-            run_ctx = RunContext(
-                thread_id=self.thread_id, scope="", run_id=self.run_id, episode=0,
-                started_by="", trigger=_trigger_placeholder(), resumed=False,
-                state=MappingProxyType({}), thread_metadata=MappingProxyType({}),
-            )
-            phase = ToolPhase(
-                self.agent, self.lifecycle, self._sink,
-                StepContext(run=run_ctx, step=0, local=MappingProxyType({})), (),
-            )
+        if cancel_hooks and self._sink is not None and self._step_ctx is not None:
+            phase = ToolPhase(self.agent, self.lifecycle, self._sink, self._step_ctx, ())
             return await phase.cancel_open(parts)
         return [
             p.transition(ToolState.CANCELLED, error="the run failed")
@@ -423,9 +427,3 @@ def _client_spec(tool: Any) -> Any:
     from runtime.providers.base import ToolSpec
 
     return ToolSpec(name=tool.name, description=tool.description, parameters=tool.parameters)
-
-
-def _trigger_placeholder() -> Any:
-    from runtime.models import RunTrigger
-
-    return RunTrigger.MESSAGE

@@ -1,4 +1,4 @@
-"""Domain errors with stable snake_case codes; the server maps them onto HTTP statuses and frames."""
+"""Domain errors with stable snake_case codes, mapped by the server onto statuses and frames."""
 
 from __future__ import annotations
 

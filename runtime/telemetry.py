@@ -40,6 +40,7 @@ def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None 
 
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
-    """A span whose own failures are swallowed; exceptions of the body propagate unchanged."""
+    """A span around the body; the SDK's processors contain exporter failures, and exceptions
+    of the body propagate unchanged (recorded on the span)."""
     with tracer.start_as_current_span(name, attributes=attributes) as current:
         yield current

@@ -12,7 +12,6 @@ from realtime.bus import Bus
 from realtime.channels import CONTROL_CHANNEL
 from realtime.envelopes import StopEnvelope, WakeupEnvelope, decode_control
 from realtime.publisher import Publisher
-from runtime import telemetry
 from runtime.agent import Agent
 from runtime.compose import compose_lifecycle
 from runtime.episode import Episode
@@ -135,7 +134,6 @@ class Worker:
             lease = await self.store.acquire_run_lease(run.id, self.owner, self.lease_ttl)
             if lease is None:
                 continue  # another worker won it
-            telemetry.safe_add(telemetry.LEASE_EVENTS, 1, {"event": "acquired"})
             episode = Episode(self.store, self.publisher, self.agent, self.lifecycle, lease)
             self.episodes[run.id] = episode
             task = asyncio.create_task(self._run_episode(episode), name=f"episode-{run.id}")
@@ -172,7 +170,6 @@ class Worker:
                 episode.lease = await self.store.renew_lease(episode.lease, self.lease_ttl)
                 run = await self.store.get_run(episode.run_id)
             except LeaseLost:
-                telemetry.safe_add(telemetry.LEASE_EVENTS, 1, {"event": "lost"})
                 episode.lose_lease()
                 return
             except Exception:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
@@ -30,6 +31,8 @@ _SCHEMA_MIGRATIONS = (
     "version TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
 )
 
+
+log = logging.getLogger(__name__)
 
 class Conn(abc.ABC):
     """One connection inside one transaction. SQL uses `$n` placeholders on every backend.
@@ -159,9 +162,10 @@ class SqlCore:
                     result = await fn()
         except RetryError as exc:
             cause = exc.last_attempt.exception()
+            log.warning("%s storage unavailable: %r", self.backend, cause)
+            # The driver's text can name hosts and ports: it goes to the log, not to clients.
             raise Unavailable(
-                f"{self.backend} storage unavailable after {self.retry_attempts} attempts: "
-                f"{cause!r}",
+                f"{self.backend} storage unavailable after {self.retry_attempts} attempts",
                 backend=self.backend,
             ) from cause
         return result

@@ -327,3 +327,38 @@ async def test_redaction_split_across_chunks_reaches_no_chunk_store_or_next_step
     seen_by_model = [p.text for m in model.calls[1].messages for p in m.parts]
     assert "Write to [redacted email] today." in seen_by_model
     assert not any(secret in text for text in seen_by_model)
+
+
+async def test_a_run_failure_cancels_open_tool_parts_through_after_tool_result(
+    runtime_for,
+) -> None:
+    seen: list[tuple[str, ToolState]] = []
+
+    class Args(BaseModel):
+        n: int
+
+    @tool
+    async def work(args: Args) -> int:
+        return args.n
+
+    class Fragile(AgentLifecycle):
+        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+            if call.input["n"] == 2:
+                raise RuntimeError("policy service down")
+            return None
+
+        async def after_tool_result(self, ctx, result):  # type: ignore[no-untyped-def]
+            seen.append((ctx.tool_call_id, result.state))
+            return None
+
+    calls = [ScriptedToolCall("work", {"n": n}, f"c{n}") for n in (1, 2)]
+    model = ScriptedModel([tool_calls_response(*calls)])
+    rt = await runtime_for(Agent(model=model, tools=[work], lifecycle=Fragile()))
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "go")
+    snapshot = await rt.wait_status(thread_id, RunStatus.FAILED)
+    assert "policy service down" in (snapshot.run.error or "")
+    parts = [p for p in snapshot.messages[-1].parts if isinstance(p, ToolCallPart)]
+    assert [p.state for p in parts] == [ToolState.CANCELLED, ToolState.CANCELLED]
+    assert sorted(seen) == [("c1", ToolState.CANCELLED), ("c2", ToolState.CANCELLED)]
+    assert snapshot.pending_actions == ()
