@@ -14,9 +14,9 @@ from runtime.models import Part, TextPart, ToolCallPart, ToolState
 class Turn:
     """One model turn inside a stored message: its text, then the tool calls it made.
 
-    A run writes every step into the same tail message, so one assistant message can hold
-    `text, tool call, text, tool call, text`; wire formats need one assistant turn per step,
-    each followed by the results of its calls.
+    The runtime stores one assistant message per step, but a message may still hold
+    `text, tool call, text, …` (written by other tools or older data); wire formats need one
+    assistant turn per step, each followed by the results of its calls.
     """
 
     text: str
