@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -34,11 +35,15 @@ class ChunkSink:
         self.thread_id = thread_id
         self.run_id = run_id
         self.seq = next_seq
+        # Parallel tools emit concurrently; one publish at a time keeps seq order on the wire.
+        self._lock = asyncio.Lock()
 
     async def emit(self, chunk: StreamChunk) -> None:
-        seq = self.seq
-        self.seq += 1
-        await self.publisher.chunk(self.thread_id, self.run_id, seq, chunk.model_dump(mode="json"))
+        payload = chunk.model_dump(mode="json")
+        async with self._lock:
+            seq = self.seq
+            self.seq += 1
+            await self.publisher.chunk(self.thread_id, self.run_id, seq, payload)
 
 
 async def primed(stream: AsyncIterator[ModelDelta]) -> AsyncIterator[ModelDelta]:
@@ -115,11 +120,13 @@ async def run_stream(
     """Drive the canonical stream: everything transform_step_stream yields is published and
     recorded; nothing else is."""
     async for chunk in lifecycle.transform_step_stream(ctx, raw):
-        await sink.emit(chunk)
         if isinstance(chunk, TextDeltaChunk):
             output.text += chunk.delta
         elif isinstance(chunk, ToolCallChunk):
             output.tool_calls.append(chunk)
+        # Shielded: a stop that cancels the step mid-publish must not leave a chunk published
+        # but missing from `output` (which the stop then commits).
+        await asyncio.shield(sink.emit(chunk))
 
 
 def model_call(model: Model) -> Any:
