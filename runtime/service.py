@@ -21,7 +21,6 @@ from runtime.models import (
     MessageRole,
     Principal,
     Resolution,
-    Role,
     Snapshot,
     Thread,
     ToolCallPart,
@@ -314,4 +313,4 @@ def _errors(exc: ValidationError) -> list[dict[str, Any]]:
     return [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
 
 
-__all__ = ["Role", "ThreadService"]
+__all__ = ["ThreadService"]
