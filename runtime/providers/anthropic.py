@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anthropic
@@ -29,6 +28,7 @@ from runtime.providers.failures import (
     is_retryable_status,
     provider_failure,
 )
+from runtime.providers.sdk import SdkModel, split_settings
 
 PROVIDER = "anthropic"
 # Anthropic's stop reasons in the vocabulary of FinishDelta (OpenAI's); others pass unchanged.
@@ -55,7 +55,7 @@ _STREAM_ERROR_STATUS = {
 _CREATE_PARAMS = frozenset(inspect.signature(AsyncMessages.create).parameters) - {"self"}
 
 
-class AnthropicModel:
+class AnthropicModel(SdkModel[AsyncAnthropic]):
     """Streams `messages.create(stream=True)`. `max_tokens` is required by the API; `settings`
     go with every request, overridden by `ModelRequest.settings`; unknown settings travel in
     the body as they are.
@@ -63,6 +63,8 @@ class AnthropicModel:
     The SDK client is created lazily on the running event loop and closed by `aclose()` /
     `async with`; an injected `client` is used as is and left open.
     """
+
+    sdk_errors = (anthropic.AnthropicError,)
 
     def __init__(
         self,
@@ -77,49 +79,33 @@ class AnthropicModel:
         name: str | None = None,
         **settings: Any,
     ) -> None:
-        self.model = model
-        self.base_url = base_url
-        self.api_key = api_key
+        super().__init__(
+            model, base_url, api_key, client=client, max_retries=max_retries, timeout=timeout,
+            name=name, provider=PROVIDER, settings=settings,
+        )
         self.max_tokens = max_tokens
-        self.max_retries = max_retries
-        self.timeout = timeout
-        self.settings = settings
-        self.name = name or f"{PROVIDER}:{model}"
-        self._injected = client
-        self._client: AsyncAnthropic | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
 
-    def _get_client(self) -> AsyncAnthropic:
-        if self._injected is not None:
-            return self._injected
-        loop = asyncio.get_running_loop()
-        # Connection pools belong to the loop that opened them; a new loop needs a new client.
-        if self._client is None or self._client_loop is not loop:
-            self._client = AsyncAnthropic(
-                api_key=self.api_key,
-                base_url=self.base_url,
-                max_retries=self.max_retries,
-                timeout=self.timeout,
-            )
-            self._client_loop = loop
-        return self._client
+    def _make_client(self) -> AsyncAnthropic:
+        return AsyncAnthropic(
+            api_key=self.api_key,
+            base_url=self.base_url,
+            max_retries=self.max_retries,
+            timeout=self.timeout,
+        )
 
-    async def aclose(self) -> None:
-        client, self._client, self._client_loop = self._client, None, None
-        if client is not None:
-            await client.close()
+    async def _open_stream(self, client: AsyncAnthropic, kwargs: dict[str, Any]) -> Any:
+        return await client.messages.create(**kwargs)
 
-    async def __aenter__(self) -> AnthropicModel:
-        return self
+    def _event_mapper(self) -> Callable[[Any], Iterable[ModelDelta]]:
+        return EventMapper().map
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    def _failure(self, phase: Phase, exc: BaseException) -> ProviderError:
+        return _failure(phase, exc)
 
     def request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of `messages.create` for `request`."""
         settings = {"max_tokens": self.max_tokens, **self.settings, **request.settings}
-        known = {k: v for k, v in settings.items() if k in _CREATE_PARAMS}
-        extra = {k: v for k, v in settings.items() if k not in _CREATE_PARAMS}
+        known, extra = split_settings(settings, _CREATE_PARAMS)
         system, messages = to_anthropic_messages(request)
         kwargs: dict[str, Any] = {
             **known,
@@ -134,31 +120,6 @@ class AnthropicModel:
         if extra:
             kwargs["extra_body"] = {**known.get("extra_body", {}), **extra}
         return kwargs
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        return self._stream(request)
-
-    async def _stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        # Everything up to the first yield runs at the first __anext__: an HTTP error status or a
-        # refused connection surfaces there, where around_model_call can still catch it.
-        kwargs = self.request_kwargs(request)
-        try:
-            response = await self._get_client().messages.create(**kwargs)
-        except (anthropic.AnthropicError, *TRANSPORT_ERRORS) as exc:
-            raise _failure("setup", exc) from exc
-        mapper = EventMapper()
-        try:
-            while True:
-                try:
-                    event = await response.__anext__()
-                except StopAsyncIteration:
-                    break
-                except (anthropic.AnthropicError, *TRANSPORT_ERRORS) as exc:
-                    raise _failure("stream", exc) from exc
-                for delta in mapper.map(event):
-                    yield delta
-        finally:
-            await response.close()
 
 
 def _failure(phase: Phase, exc: BaseException) -> ProviderError:

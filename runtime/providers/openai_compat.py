@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import openai
@@ -31,6 +30,7 @@ from runtime.providers.failures import (
     is_retryable_status,
     provider_failure,
 )
+from runtime.providers.sdk import SdkModel, split_settings
 
 PROVIDER = "openai"
 # Local OpenAI-compatible servers (Ollama, llama.cpp, vLLM) ignore the key, but the SDK refuses
@@ -43,7 +43,7 @@ _PERMANENT_ERROR_TYPES = frozenset(
 _CREATE_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {"self"}
 
 
-class OpenAICompatModel:
+class OpenAICompatModel(SdkModel[AsyncOpenAI]):
     """Streams chat completions; `settings` (temperature, max_tokens, ...) go with every request,
     overridden by `ModelRequest.settings`. Settings the SDK does not know travel in the body as
     they are, for servers with extensions (vLLM's `top_k`, ...).
@@ -52,6 +52,8 @@ class OpenAICompatModel:
     neither a key nor a loop) and closed by `aclose()` / `async with`. An injected `client` is
     used as is and left open.
     """
+
+    sdk_errors = (openai.OpenAIError,)
 
     def __init__(
         self,
@@ -66,57 +68,36 @@ class OpenAICompatModel:
         name: str | None = None,
         **settings: Any,
     ) -> None:
-        self.model = model
-        self.base_url = base_url
-        self.api_key = api_key
-        self.max_retries = max_retries
-        self.timeout = timeout
+        super().__init__(
+            model, base_url, api_key, client=client, max_retries=max_retries, timeout=timeout,
+            name=name, provider=PROVIDER, settings=settings,
+        )
         # Some older compatible servers reject `stream_options`.
         self.include_usage = include_usage
-        self.settings = settings
-        self.name = name or f"{PROVIDER}:{model}"
-        self._injected = client
-        self._client: AsyncOpenAI | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
 
-    # --- client ---------------------------------------------------------------------------
+    def _make_client(self) -> AsyncOpenAI:
+        api_key = self.api_key or os.environ.get("OPENAI_API_KEY")
+        if api_key is None and self.base_url is not None:
+            api_key = _PLACEHOLDER_KEY
+        return AsyncOpenAI(
+            api_key=api_key,
+            base_url=self.base_url,
+            max_retries=self.max_retries,
+            timeout=self.timeout,
+        )
 
-    def _get_client(self) -> AsyncOpenAI:
-        if self._injected is not None:
-            return self._injected
-        loop = asyncio.get_running_loop()
-        # Connection pools belong to the loop that opened them; a new loop needs a new client.
-        if self._client is None or self._client_loop is not loop:
-            api_key = self.api_key or os.environ.get("OPENAI_API_KEY")
-            if api_key is None and self.base_url is not None:
-                api_key = _PLACEHOLDER_KEY
-            self._client = AsyncOpenAI(
-                api_key=api_key,
-                base_url=self.base_url,
-                max_retries=self.max_retries,
-                timeout=self.timeout,
-            )
-            self._client_loop = loop
-        return self._client
+    async def _open_stream(self, client: AsyncOpenAI, kwargs: dict[str, Any]) -> Any:
+        return await client.chat.completions.create(**kwargs)
 
-    async def aclose(self) -> None:
-        client, self._client, self._client_loop = self._client, None, None
-        if client is not None:
-            await client.close()
+    def _event_mapper(self) -> Callable[[Any], Iterable[ModelDelta]]:
+        return chunk_deltas
 
-    async def __aenter__(self) -> OpenAICompatModel:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    # --- request --------------------------------------------------------------------------
+    def _failure(self, phase: Phase, exc: BaseException) -> ProviderError:
+        return _failure(phase, exc)
 
     def request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of `chat.completions.create` for `request`."""
-        settings = {**self.settings, **request.settings}
-        known = {k: v for k, v in settings.items() if k in _CREATE_PARAMS}
-        extra = {k: v for k, v in settings.items() if k not in _CREATE_PARAMS}
+        known, extra = split_settings({**self.settings, **request.settings}, _CREATE_PARAMS)
         kwargs: dict[str, Any] = {
             **known,
             "model": self.model,
@@ -130,32 +111,6 @@ class OpenAICompatModel:
         if extra:
             kwargs["extra_body"] = {**known.get("extra_body", {}), **extra}
         return kwargs
-
-    # --- stream ---------------------------------------------------------------------------
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        return self._stream(request)
-
-    async def _stream(self, request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        # Everything up to the first yield runs at the first __anext__: an HTTP error status or a
-        # refused connection surfaces there, where around_model_call can still catch it.
-        kwargs = self.request_kwargs(request)
-        try:
-            response = await self._get_client().chat.completions.create(**kwargs)
-        except (openai.OpenAIError, *TRANSPORT_ERRORS) as exc:
-            raise _failure("setup", exc) from exc
-        try:
-            while True:
-                try:
-                    chunk = await response.__anext__()
-                except StopAsyncIteration:
-                    break
-                except (openai.OpenAIError, *TRANSPORT_ERRORS) as exc:
-                    raise _failure("stream", exc) from exc
-                for delta in chunk_deltas(chunk):
-                    yield delta
-        finally:
-            await response.close()
 
 
 def _failure(phase: Phase, exc: BaseException) -> ProviderError:
