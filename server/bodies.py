@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.errors import TooLarge
+from runtime.errors import InvalidInput, TooLarge
 from runtime.models import (
     MAX_METADATA_BYTES,
     MAX_TEXT_CHARS,
@@ -42,7 +42,11 @@ class CreateThreadBody(Body):
     def check_limits(self) -> None:
         if len(self.title) > MAX_TITLE_CHARS:
             raise TooLarge(f"title is longer than {MAX_TITLE_CHARS} characters")
-        if len(orjson.dumps(self.metadata)) > MAX_METADATA_BYTES:
+        try:
+            size = len(orjson.dumps(self.metadata))
+        except TypeError as exc:  # nested deeper than orjson's limit (254)
+            raise InvalidInput(f"metadata is not JSON-serialisable: {exc}") from exc
+        if size > MAX_METADATA_BYTES:
             raise TooLarge(f"metadata is larger than {MAX_METADATA_BYTES} bytes")
 
 

@@ -26,7 +26,7 @@ const els = {
 const state = {
   token: '', api: null, socket: null, me: null, threads: [], threadId: null, sync: null,
   socketState: 'idle', subscribed: false, busy: new Set(), lastSend: null, bannerItems: [],
-  lastListRefresh: 0,
+  lastListRefresh: 0, focusComposer: false,
 };
 
 // --- banner --------------------------------------------------------------------------------
@@ -98,6 +98,11 @@ function render() {
   els.composerInput.disabled = !sync || !state.token;
   els.sendButton.disabled = !sync || state.busy.has('send');
   if (!sync) return;
+  if (state.focusComposer) {
+    // Only now is the thread view shown: focus() on a hidden element does nothing.
+    state.focusComposer = false;
+    els.composerInput.focus();
+  }
   const snapshot = sync.snapshot;
   const live = sync.liveView();
   const run = activeRun(snapshot, live);
@@ -164,7 +169,7 @@ function openThread(threadId, { push = false, focus = false } = {}) {
   else if (url !== location.href) history.replaceState(null, '', url);
   if (window.matchMedia('(max-width: 720px)').matches) setSidebar(false);
   scheduleRender();
-  if (focus && threadId) setTimeout(() => els.composerInput.focus(), 0);
+  state.focusComposer = Boolean(focus && threadId);
 }
 
 function onSyncError(sync, err) {

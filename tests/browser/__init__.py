@@ -1,0 +1,1 @@
+"""Browser tests: Playwright (Chromium) against a real `threadline serve` process."""
