@@ -1,0 +1,47 @@
+"""`bench/fanout.py --quick` runs to completion against real processes and prints its tables."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.harness import ROOT
+from tests.services import require_postgres, require_redis
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+def test_fanout_bench_quick() -> None:
+    require_postgres()
+    require_redis()
+    # A session of its own: on a timeout the bench and the servers it started die together.
+    bench = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "fanout.py"), "--quick"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = bench.communicate(timeout=150)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.communicate(timeout=10)
+    done = subprocess.CompletedProcess(bench.args, bench.returncode, stdout, stderr)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}"
+    lines = done.stdout.splitlines()
+    header = next(
+        i for i, line in enumerate(lines) if line.split()[:2] == ["subscribers", "messages"]
+    )
+    rows = [line.split() for line in lines[header + 1 : header + 3]]
+    assert [row[0] for row in rows] == ["1", "20"], done.stdout
+    assert all(float(value) >= 0 for row in rows for value in row[2:9]), done.stdout
+    idle = lines.index(next(line for line in lines if "per connection KiB" in line))
+    assert lines[idle + 1].split()[0] == "200", done.stdout
+    assert float(lines[idle + 1].split()[-1]) > 0, done.stdout
