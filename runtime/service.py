@@ -304,9 +304,21 @@ def _validate_payload(schema: Mapping[str, Any], payload: Mapping[str, Any]) -> 
         raise InvalidPayload(
             "the payload does not match the action's schema",
             errors=[
-                {"loc": [str(p) for p in e.absolute_path], "msg": e.message} for e in problems
+                {"loc": [str(p) for p in e.absolute_path], "msg": _short(e.message)}
+                for e in problems[:_MAX_FIELD_ERRORS]
             ],
         )
+
+
+_MAX_FIELD_ERRORS = 20
+_MAX_ERROR_CHARS = 200
+
+
+def _short(message: str) -> str:
+    # jsonschema quotes the offending value: a huge payload must not make a huge error body.
+    if len(message) <= _MAX_ERROR_CHARS:
+        return message
+    return message[: _MAX_ERROR_CHARS - 1] + "…"
 
 
 def _errors(exc: ValidationError) -> list[dict[str, Any]]:

@@ -220,3 +220,15 @@ async def test_manual_result_only_from_trusted_actors(runtime_for) -> None:
     assert snapshot.run.status is RunStatus.COMPLETED
     part = snapshot.messages[1].parts[0]
     assert isinstance(part, ToolCallPart) and part.output == {"balance": 10}
+
+
+async def test_invalid_payload_errors_stay_small_for_huge_payloads(runtime_for) -> None:
+    model = ScriptedModel([tool_call_response("transfer", {"amount": 1}, "t1")])
+    rt = await runtime_for(transfer_agent(model, Recording()))
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "pay")
+    action = await _pending(rt, thread_id)
+    with pytest.raises(InvalidPayload) as invalid:
+        await rt.service.resume_action(ALICE, thread_id, action.id, {"approved": "x" * 100_000})
+    errors = invalid.value.details["errors"]
+    assert errors and all(len(e["msg"]) <= 200 for e in errors)
