@@ -216,6 +216,10 @@ def decode_frame(raw: str | bytes) -> ClientFrame:
         raise FrameError("unknown_type", f"unknown frame type {kind[:64]!r}", frame_id)
     try:
         return ClientFrameAdapter.validate_python(data)
+    except RecursionError as exc:
+        # orjson parses up to 1024 levels; validating that deep exhausts Python's stack.
+        message = f"invalid {kind} frame: nested too deeply"
+        raise FrameError("invalid_input", message, frame_id) from exc
     except ValidationError as exc:
         errors = [
             {"loc": [str(part) for part in err["loc"][1:]], "msg": err["msg"]}

@@ -84,7 +84,11 @@ async def parse_body(request: Request, model: type[B]) -> B:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise InvalidJSON(f"the request body is not valid JSON: {exc.msg}") from exc
-    return model.model_validate(data)
+    try:
+        return model.model_validate(data)
+    except RecursionError as exc:
+        # orjson parses up to 1024 levels; validating that deep exhausts Python's stack.
+        raise InvalidInput("the request body is nested too deeply") from exc
 
 
 def _thread_summary(thread: Thread) -> dict[str, Any]:

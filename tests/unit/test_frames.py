@@ -152,3 +152,20 @@ def test_server_frames_serialise_without_nulls() -> None:
         "message": "unknown frame type",
         "id": 7,
     }
+
+
+def test_a_frame_nested_deeper_than_validation_can_go_is_a_clear_error() -> None:
+    from server.frames import FrameError, decode_frame
+
+    depth = 1000  # orjson parses it; validating it would exhaust the stack
+    raw = (
+        '{"type": "message.send", "id": "d", "thread_id": "t", "text": "x", "policy": '
+        + '{"a":' * depth + "{}" + "}" * depth + "}"
+    )
+    try:
+        decode_frame(raw)
+    except FrameError as exc:
+        assert exc.code == "invalid_input"
+        assert "nested too deeply" in str(exc)
+    else:
+        raise AssertionError("a frame nested 1000 levels deep was accepted")
