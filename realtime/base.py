@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import enum
 import inspect
@@ -27,14 +28,14 @@ class BusState(enum.Enum):
     CLOSED = "closed"
 
 
-class AsyncResource:
+class AsyncResource(abc.ABC):
     """`async with` support for anything with `open()` and `close()`."""
 
-    async def open(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def open(self) -> None: ...
 
-    async def close(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def close(self) -> None: ...
 
     async def __aenter__(self) -> Self:
         await self.open()

@@ -94,7 +94,7 @@ def scope_clause(column: str, scopes: Collection[str], start: int) -> tuple[str,
     return f"{column} IN ({placeholders(start, len(values))})", list(values)
 
 
-class SqlCore:
+class SqlCore(abc.ABC):
     """Transaction plumbing shared by every SQL backend; the backend supplies the connection."""
 
     backend: ClassVar[str] = "sql"
@@ -109,14 +109,14 @@ class SqlCore:
 
     # --- backend hooks ------------------------------------------------------------------
 
-    async def open(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def open(self) -> None: ...
 
-    async def close(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def close(self) -> None: ...
 
-    def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]: ...
 
     def _is_transient(self, exc: BaseException) -> bool:
         return False
