@@ -47,8 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,8 @@ import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import common  # bench/common.py, next to this script
 
 from tests.e2e import harness
 
@@ -75,10 +76,7 @@ HEADER = (
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return common.pct(values, q) if values else float("nan")
 
 
 def raise_fd_limit(need: int) -> int:
@@ -88,22 +86,6 @@ def raise_fd_limit(need: int) -> int:
     if target > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-@contextlib.asynccontextmanager
-async def own_database(admin_dsn: str) -> AsyncIterator[str]:
-    import asyncpg
-
-    name = f"threadline_bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(admin_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    try:
-        yield admin_dsn.rsplit("/", 1)[0] + "/" + name
-    finally:
-        admin = await asyncpg.connect(admin_dsn)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 @contextlib.contextmanager
@@ -348,7 +330,7 @@ async def main() -> None:
     if idle and max(idle) + 512 > limit:
         print(f"warning: RLIMIT_NOFILE is {limit}; idle counts capped", file=sys.stderr)
         idle = [n for n in idle if n + 512 <= limit]
-    async with own_database(args.postgres) as database_url:
+    async with common.own_database(args.postgres) as database_url:
         with processes(database_url, args.redis) as (gateway_1, gateway_2, worker):
             pids = [p.process.pid for p in (gateway_1, gateway_2, worker)]
             token = harness.create_token(gateway_1.env, "bench", "user", "bench")

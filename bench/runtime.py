@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["THREADLINE_DEMO_DELAY_MS"] = "0"
+
+import common  # bench/common.py, next to this script
 
 from realtime import open_bus
 from realtime.channels import thread_channel
@@ -43,11 +44,6 @@ from runtime.storage import open_store
 from runtime.worker import Worker
 
 PRINCIPAL = Principal(subject="bench", role=Role.USER, scopes=frozenset({"bench"}))
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def chunk_latency(store_url: str, redis_url: str | None, chunks: int) -> list[float]:
@@ -125,22 +121,6 @@ async def runs_per_second(
     return total / elapsed, total
 
 
-@contextlib.asynccontextmanager
-async def own_database(admin_dsn: str) -> AsyncIterator[str]:
-    import asyncpg
-
-    name = f"threadline_bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(admin_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    try:
-        yield admin_dsn.rsplit("/", 1)[0] + "/" + name
-    finally:
-        admin = await asyncpg.connect(admin_dsn)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--chunks", type=int, default=400)
@@ -155,7 +135,7 @@ async def main() -> None:
             ("sqlite+memory", f"sqlite:///{tmp}/bench.db", None)
         ]
         if args.postgres:
-            dsn = await stack.enter_async_context(own_database(args.postgres))
+            dsn = await stack.enter_async_context(common.own_database(args.postgres))
             setups.append(("postgres+redis", dsn, args.redis))
         print(f"{'setup':16} {'chunk p50 µs':>13} {'chunk p99 µs':>13} {'runs/s':>9}")
         for name, store_url, redis_url in setups:
@@ -163,7 +143,7 @@ async def main() -> None:
             rate, total = await runs_per_second(store_url, redis_url, args.runs, args.threads)
             row: dict[str, Any] = {
                 "p50": statistics.median(latencies) * 1e6,
-                "p99": pct(latencies, 0.99) * 1e6,
+                "p99": common.pct(latencies, 0.99) * 1e6,
             }
             print(f"{name:16} {row['p50']:13.0f} {row['p99']:13.0f} {rate:9.1f}  ({total} runs)")
 
