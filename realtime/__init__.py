@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import urlsplit
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from realtime.bus import Bus, Subscription
 from realtime.errors import BusClosedError, BusError, BusUnavailableError
@@ -23,10 +32,34 @@ __all__ = [
     "Publisher",
     "SlowConsumerError",
     "Subscription",
+    "connect_bus",
     "open_bus",
 ]
 
 _REDIS_SCHEMES = frozenset({"redis", "rediss", "unix"})
+log = logging.getLogger(__name__)
+
+
+async def connect_bus(bus: Bus, *, timeout: float) -> None:
+    """Open `bus`, retrying with backoff while it is unreachable for up to `timeout` seconds.
+
+    A process started while Redis restarts waits for it instead of exiting; once open, the bus
+    itself rides out outages. Raises BusUnavailableError when the deadline passes.
+    """
+
+    def attempt_failed(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        log.warning("bus unreachable (attempt %d), retrying: %s", state.attempt_number, error)
+
+    async for attempt in AsyncRetrying(
+        stop=stop_after_delay(timeout),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        retry=retry_if_exception_type(BusUnavailableError),
+        before_sleep=attempt_failed,
+        reraise=True,
+    ):
+        with attempt:
+            await bus.open()
 
 
 def open_bus(redis_url: str | None, *, prefix: str = "threadline:") -> Bus:

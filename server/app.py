@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, WebSocketRoute
 
-from realtime import open_bus
+from realtime import connect_bus, open_bus
 from realtime.hub import Hub
 from realtime.publisher import Publisher
 from runtime.agent import load_agent
@@ -52,7 +52,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.store = await open_storage(settings.database_url, stack)
 
         bus = open_bus(settings.redis_url)
-        await bus.open()
+        await connect_bus(bus, timeout=settings.bus_connect_timeout)
         stack.push_async_callback(bus.close)
         state.bus = bus
         state.publisher = Publisher(bus)

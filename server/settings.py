@@ -18,6 +18,8 @@ class Settings(BaseSettings):
     database_url: str = "sqlite:///./threadline.sqlite3"
     # None selects the in-process bus, which only works when gateway and worker share a process.
     redis_url: str | None = None
+    # How long a starting process waits for an unreachable Redis before giving up.
+    bus_connect_timeout: float = Field(default=30.0, ge=0)
     agent: str = "runtime.demo:demo_agent"
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
 
-from realtime import open_bus
+from realtime import connect_bus, open_bus
 from realtime.bus import Bus, Subscription
 from realtime.channels import CONTROL_CHANNEL, replay_key, thread_channel
 from realtime.envelopes import ChunkEnvelope, decode_control, decode_thread_message, encode
@@ -27,7 +28,7 @@ from tests.conformance.conftest_bus import (
     open_test_bus,
     within,
 )
-from tests.services import require_redis
+from tests.services import require_redis, unique_prefix
 
 
 @pytest.fixture(params=BACKENDS)
@@ -414,3 +415,30 @@ async def test_redis_close_stops_the_reader_and_releases_connections() -> None:
                 await asyncio.sleep(0.01)
             assert await client_ids(admin, name) == []
     await within(bus.close())  # idempotent
+
+
+async def test_connect_bus_waits_for_a_redis_that_comes_up_late() -> None:
+    """A process started while Redis is still down waits for it instead of exiting."""
+    require_redis()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proxy = TcpProxy()
+    proxy.port = port
+    bus = RedisBus(proxy.url, prefix=unique_prefix(), connect_timeout=0.5)
+    opening = asyncio.create_task(connect_bus(bus, timeout=20))
+    await asyncio.sleep(0.8)
+    assert not opening.done()  # nothing listens yet: still retrying
+    await proxy.start()
+    try:
+        await asyncio.wait_for(opening, 15)
+        assert bus.healthy
+    finally:
+        await bus.close()
+        await proxy.stop()
+
+
+async def test_connect_bus_gives_up_after_its_deadline() -> None:
+    bus = RedisBus("redis://127.0.0.1:9/0", prefix=unique_prefix(), connect_timeout=0.2)
+    with pytest.raises(BusUnavailableError):
+        await asyncio.wait_for(connect_bus(bus, timeout=0.5), 10)
