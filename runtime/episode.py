@@ -84,6 +84,8 @@ class Episode:
         self._output: StepOutput | None = None
         self._phase: ToolPhase | None = None
         self._resume_tail: Message | None = None
+        # Position of the thread's last committed message (the next step's anchor).
+        self._anchor = -1
         # The latest step context, for hooks that finalise tool parts on stop or failure.
         self._step_ctx: StepContext | None = None
 
@@ -139,6 +141,7 @@ class Episode:
         thread = await self.store.get_thread(self.thread_id, [run.scope])
         messages = await self.store.list_messages(self.thread_id)
         tail = messages[-1] if messages else None
+        self._anchor = tail.position if tail is not None else -1
         resuming = tail is not None and tail.run_id == run.id and _has_resolved(tail)
         if before.status is RunStatus.RUNNING and before.episode > 0 and not resuming:
             # The dead episode's uncommitted chunks reuse the seqs the redo is about to emit:
@@ -218,10 +221,10 @@ class Episode:
 
     async def _step(self, ctx: StepContext, run: Run) -> tuple[StepResult, bool]:
         assert self._sink is not None
-        messages = await self.store.list_messages(self.thread_id)
-        anchor = messages[-1].position if messages else -1
+        # The step-start physical anchor: the tail as of now. Only this run appends to the
+        # thread while it is active (input is queued), so it is tracked, not re-read.
         durable = await self.lifecycle.resolve_model_context(
-            ctx.run, _memoized(DurableContext(self.store, self.thread_id, anchor))
+            ctx.run, _memoized(DurableContext(self.store, self.thread_id, self._anchor))
         )
         client_tools = client_tools_from(run.client_tools)
         request = ModelRequest(
@@ -291,6 +294,7 @@ class Episode:
         assert self._sink is not None
         commit = commit.model_copy(update={"next_seq": self._sink.seq})
         version = await self.store.commit(self.lease, commit)
+        self._anchor += len(commit.append)
         await self.publisher.invalidate(self.thread_id, version)
         await self.publisher.clear_replay(self.thread_id)
         return version
