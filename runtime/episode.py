@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -48,7 +47,7 @@ from runtime.streaming import (
     run_stream,
     text_chunks,
 )
-from runtime.toolcalls import ToolPhase
+from runtime.toolcalls import ToolPhase, overlay_parts
 from runtime.tools import client_tools_from
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,6 @@ class Episode:
         # Uncommitted work of the step in progress, finalised on stop or failure.
         self._output: StepOutput | None = None
         self._phase: ToolPhase | None = None
-        self._resume_tail: Message | None = None
         # Position of the thread's last committed message (the next step's anchor).
         self._anchor = -1
         # The latest step context, for hooks that finalise tool parts on stop or failure.
@@ -126,8 +124,6 @@ class Episode:
             # recovery and end a run that a takeover can finish. Abandon the episode instead.
             self.lease_lost = True
             log.warning("run %s: storage unavailable, leaving the run to a takeover", self.run_id)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # a thrown hook/model error fails the run, never hangs it
             log.exception("run %s failed", self.run_id)
             await self._finish_failed(exc)
@@ -189,12 +185,11 @@ class Episode:
 
     async def _resume(self, ctx: StepContext, run: Run, tail: Message) -> bool:
         """Continue resolved actions in the tail. True when the run waits again."""
-        self._resume_tail = tail
         self._phase = phase = self._tool_phase(ctx, run)
         parts = await phase.resume(tail.parts)
         update = TailUpdate(message_id=tail.id, parts=tuple(parts))
         await self._commit(StepCommit(update_tail=update))
-        self._resume_tail = self._phase = None
+        self._phase = None
         if any(isinstance(p, ToolCallPart) and p.is_pending for p in parts):
             await self._transition(RunStatus.WAITING)
             return True
@@ -224,7 +219,7 @@ class Episode:
         # The step-start physical anchor: the tail as of now. Only this run appends to the
         # thread while it is active (input is queued), so it is tracked, not re-read.
         durable = await self.lifecycle.resolve_model_context(
-            ctx.run, _memoized(DurableContext(self.store, self.thread_id, self._anchor))
+            ctx.run, DurableContext(self.store, self.thread_id, self._anchor)
         )
         client_tools = client_tools_from(run.client_tools)
         request = ModelRequest(
@@ -232,7 +227,7 @@ class Episode:
             messages=(*durable, *ctx.extra_messages),
             tools=(
                 *(t.spec for t in self.agent.tools),
-                *(_client_spec(t) for t in client_tools),
+                *(t.spec for t in client_tools),
             ),
         )
         prepared = await self.lifecycle.prepare_model_step(ctx, request)
@@ -361,8 +356,9 @@ class Episode:
         tail = messages[-1] if messages else None
         if tail is None or tail.run_id != self.run_id:
             return StepCommit()
-        base = self._phase.parts if self._phase and self._resume_tail else None
-        parts = _overlay(tail.parts, base) if base else list(tail.parts)
+        # Outside a step, a tool phase only exists while resolved actions are being resumed.
+        base = self._phase.parts if self._phase else None
+        parts = overlay_parts(tail.parts, base) if base else list(tail.parts)
         if not any(isinstance(p, ToolCallPart) and not p.state.is_final for p in parts):
             return StepCommit()
         closed = await self._close_parts(parts, cancel_hooks)
@@ -396,11 +392,6 @@ def _has_resolved(message: Message) -> bool:
     )
 
 
-def _overlay(parts: Sequence[Any], updated: Sequence[ToolCallPart]) -> list[Any]:
-    by_id = {p.tool_call_id: p for p in updated}
-    return [by_id.get(p.tool_call_id, p) if isinstance(p, ToolCallPart) else p for p in parts]
-
-
 def _result_of(part: ToolCallPart) -> ToolResult | None:
     if not part.state.is_final:
         return None
@@ -415,19 +406,3 @@ def _apply_after_step(
     base = decision.replace if decision.replace is not None else current
     return (*base, *decision.append)
 
-
-def _memoized(leaf: DurableContext) -> Any:
-    cache: list[list[ContextMessage]] = []
-
-    async def next_() -> list[ContextMessage]:
-        if not cache:
-            cache.append(await leaf())
-        return list(cache[0])
-
-    return next_
-
-
-def _client_spec(tool: Any) -> Any:
-    from runtime.providers.base import ToolSpec
-
-    return ToolSpec(name=tool.name, description=tool.description, parameters=tool.parameters)

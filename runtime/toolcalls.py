@@ -175,11 +175,7 @@ class ToolPhase:
         return self._merge(all_parts)
 
     def _merge(self, all_parts: list[Any]) -> list[Any]:
-        updated = {p.tool_call_id: p for p in self.parts}
-        return [
-            updated.get(p.tool_call_id, p) if isinstance(p, ToolCallPart) else p
-            for p in all_parts
-        ]
+        return overlay_parts(all_parts, self.parts)
 
     # --- execution and finalisation ----------------------------------------------------------
 
@@ -240,6 +236,12 @@ class ToolPhase:
             resumed=resumed,
             resolution=part.waiting.resolution if part.waiting else None,
         )
+
+
+def overlay_parts(parts: Sequence[Any], updated: Sequence[ToolCallPart]) -> list[Any]:
+    """`parts` in order, each tool part replaced by its updated version (matched by call id)."""
+    by_id = {p.tool_call_id: p for p in updated}
+    return [by_id.get(p.tool_call_id, p) if isinstance(p, ToolCallPart) else p for p in parts]
 
 
 def _submitted_result(payload: Mapping[str, Any]) -> ToolResult:

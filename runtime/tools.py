@@ -132,6 +132,10 @@ class ClientToolDef(BaseModel):
     description: str = ""
     parameters: dict[str, Any] = {"type": "object", "properties": {}}
 
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
 
 def client_tools_from(raw: Sequence[Mapping[str, Any]]) -> list[ClientToolDef]:
     return [ClientToolDef.model_validate(dict(item)) for item in raw]

@@ -16,7 +16,7 @@ from runtime.agent import Agent
 from runtime.compose import compose_lifecycle
 from runtime.episode import Episode
 from runtime.errors import LeaseLost
-from runtime.models import Lease, RunStatus
+from runtime.models import RunStatus
 from runtime.storage.base import Store
 
 log = logging.getLogger(__name__)
@@ -178,11 +178,3 @@ class Worker:
             if run.stop_requested or run.status is RunStatus.CANCELLED:
                 episode.stop_requested.set()
 
-
-async def run_worker_until(worker: Worker, stop: asyncio.Event) -> None:
-    """Run `worker` until `stop` is set (used by `threadline serve --role worker`)."""
-    async with worker:
-        await stop.wait()
-
-
-__all__ = ["Lease", "Worker", "run_worker_until"]
