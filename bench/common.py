@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import uuid
-from collections.abc import AsyncIterator
+import sys
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.services import own_postgres_database
 
 
 def pct(values: list[float], q: float) -> float:
@@ -13,22 +17,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-@contextlib.asynccontextmanager
-async def own_database(admin_dsn: str) -> AsyncIterator[str]:
-    """Create a database through `admin_dsn`, yield its DSN, drop it (and only it) after."""
-    import asyncpg
-
-    name = f"threadline_bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    try:
-        yield admin_dsn.rsplit("/", 1)[0] + "/" + name
-    finally:
-        admin = await asyncpg.connect(admin_dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+def own_database(admin_dsn: str) -> AbstractAsyncContextManager[str]:
+    """A database created through `admin_dsn` for this run, dropped (and only it) after."""
+    return own_postgres_database(admin_dsn, prefix="threadline_bench_")

@@ -42,26 +42,52 @@ def require_redis() -> None:
     require_service("Redis", "127.0.0.1", 6379)
 
 
-@asynccontextmanager
-async def temporary_postgres_database() -> AsyncIterator[str]:
-    """Create a database of our own, yield its DSN, drop it (and only it) afterwards."""
+async def _admin_execute(admin_dsn: str, sql: str) -> None:
     import asyncpg
 
-    require_postgres()
-    name = f"threadline_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    admin = await asyncpg.connect(admin_dsn)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        await admin.execute(sql)
     finally:
         await admin.close()
+
+
+def _sibling_dsn(admin_dsn: str, name: str) -> str:
+    return admin_dsn.rsplit("/", 1)[0] + "/" + name
+
+
+async def create_database(admin_dsn: str, prefix: str) -> str:
+    """Create a database named `prefix` + random hex through `admin_dsn`; returns its DSN."""
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    await _admin_execute(admin_dsn, f'CREATE DATABASE "{name}"')
+    return _sibling_dsn(admin_dsn, name)
+
+
+async def drop_database(admin_dsn: str, dsn: str, prefix: str) -> None:
+    """Drop the database of `dsn`, refusing any name not made by create_database(prefix)."""
+    name = dsn.rsplit("/", 1)[1]
+    assert name.startswith(prefix), "only drop what we created"
+    await _admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@asynccontextmanager
+async def own_postgres_database(
+    admin_dsn: str = PG_ADMIN_DSN, prefix: str = "threadline_test_"
+) -> AsyncIterator[str]:
+    """Create a database of our own, yield its DSN, drop it (and only it) afterwards."""
+    dsn = await create_database(admin_dsn, prefix)
     try:
-        yield PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+        yield dsn
     finally:
-        admin = await asyncpg.connect(PG_ADMIN_DSN)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_database(admin_dsn, dsn, prefix)
+
+
+@asynccontextmanager
+async def temporary_postgres_database() -> AsyncIterator[str]:
+    """A database of the test's own (Postgres is required under CI=true)."""
+    require_postgres()
+    async with own_postgres_database() as dsn:
+        yield dsn
 
 
 def unique_prefix() -> str:
@@ -81,36 +107,18 @@ def _run_in_own_loop(fn: Any) -> None:
 
 def create_postgres_database_sync() -> str:
     """Create a database of our own outside any running event loop (for session fixtures)."""
-    import asyncpg
-
     require_postgres()
-    name = f"threadline_test_{uuid.uuid4().hex[:12]}"
+    created: list[str] = []
 
     async def create() -> None:
-        admin = await asyncpg.connect(PG_ADMIN_DSN)
-        try:
-            await admin.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await admin.close()
+        created.append(await create_database(PG_ADMIN_DSN, "threadline_test_"))
 
     _run_in_own_loop(create)
-    return PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+    return created[0]
 
 
 def drop_postgres_database_sync(dsn: str) -> None:
-    import asyncpg
-
-    name = dsn.rsplit("/", 1)[1]
-    assert name.startswith("threadline_test_"), "only drop what the tests created"
-
-    async def drop() -> None:
-        admin = await asyncpg.connect(PG_ADMIN_DSN)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
-
-    _run_in_own_loop(drop)
+    _run_in_own_loop(lambda: drop_database(PG_ADMIN_DSN, dsn, "threadline_test_"))
 
 
 async def empty_postgres_database(dsn: str) -> None:
