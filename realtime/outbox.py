@@ -8,12 +8,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from realtime.closecodes import CloseCode
 from realtime.envelopes import MessageKind
 from realtime.telemetry import SLOW_CONSUMERS, safe_add
 
-# Websocket close code for a consumer that stayed over its outbox bound (4000-4999 are free for
-# applications; 4408 echoes HTTP 408 "timeout", next to 4401 for authentication).
-CLOSE_SLOW_CONSUMER = 4408
+# Close code for a consumer that stayed over its outbox bound.
+CLOSE_SLOW_CONSUMER = CloseCode.SLOW_CONSUMER
 
 # Kinds where only the newest queued message per thread matters.
 _COALESCING: frozenset[str] = frozenset({"invalidate", "resync"})

@@ -1,4 +1,4 @@
-"""Domain errors with stable snake_case codes, mapped by the server onto statuses and frames."""
+"""Domain errors with stable snake_case codes; the server maps codes onto statuses and frames."""
 
 from __future__ import annotations
 
@@ -6,52 +6,42 @@ from typing import Any
 
 
 class ThreadlineError(Exception):
-    """Base error. `code` is the wire error code, `status` the HTTP status it maps to."""
+    """Base error. `code` is the wire error code; HTTP statuses are the server's business."""
 
     code = "error"
-    status = 400
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, **self.details}}
-
 
 class NotFound(ThreadlineError):
     """Unknown id, or a resource outside the caller's scopes (indistinguishable by design)."""
 
     code = "not_found"
-    status = 404
 
 
 class InvalidInput(ThreadlineError):
     code = "invalid_input"
-    status = 422
 
 
 class InvalidPayload(ThreadlineError):
     """A resume payload that does not match the action's schema; carries field `errors`."""
 
     code = "invalid_payload"
-    status = 422
 
 
 class TooLarge(ThreadlineError):
     code = "too_large"
-    status = 413
 
 
 class Forbidden(ThreadlineError):
     code = "forbidden"
-    status = 403
 
 
 class Conflict(ThreadlineError):
     code = "conflict"
-    status = 409
 
 
 class ActionConflict(Conflict):
@@ -72,25 +62,21 @@ class IllegalTransition(ThreadlineError):
     """An out-of-order state change of a run or tool part."""
 
     code = "illegal_transition"
-    status = 409
 
 
 class InvariantViolation(ThreadlineError):
     """A write that would break a storage invariant (e.g. the tail-message invariant)."""
 
     code = "invariant_violation"
-    status = 409
 
 
 class LeaseLost(ThreadlineError):
     """A fenced write whose lease expired or was taken over; nothing was written."""
 
     code = "lease_lost"
-    status = 409
 
 
 class Unavailable(ThreadlineError):
     """A backing service stayed unreachable after retries."""
 
     code = "unavailable"
-    status = 503

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
@@ -21,6 +21,7 @@ from runtime.models import (
     MessageRole,
     Principal,
     Resolution,
+    Role,
     Snapshot,
     Thread,
     ToolCallPart,
@@ -40,6 +41,29 @@ from runtime.tools import client_tools_from
 log = logging.getLogger(__name__)
 
 ADMIN_LEASE_TTL = 10.0
+# Roles that may post manual tool results (and other operations for trusted backends).
+TRUSTED_ROLES = frozenset({Role.BACKEND, Role.ADMIN})
+
+
+def require_trusted(principal: Principal) -> None:
+    """Refuse a principal that is not a backend actor or an admin.
+
+    Decided here, not in the transports, so HTTP and websocket cannot disagree. It needs no
+    lookup, so adapters may ask it before reading a body: a 403 never reveals whether a thread
+    exists, nor depends on the body.
+    """
+    if principal.role not in TRUSTED_ROLES:
+        raise Forbidden(f"role {principal.role} may not do this; backend or admin required")
+
+
+def field_errors(items: Iterable[tuple[Iterable[Any], str]]) -> list[dict[str, Any]]:
+    """`[{"loc": [...], "msg": ...}]`, the one shape of field errors on every error body."""
+    return [{"loc": [str(part) for part in loc], "msg": msg} for loc, msg in items]
+
+
+def validation_field_errors(exc: ValidationError, *, skip: int = 0) -> list[dict[str, Any]]:
+    """Field errors of a pydantic error; `skip` drops leading loc parts (a union's tag)."""
+    return field_errors((err["loc"][skip:], err["msg"]) for err in exc.errors())
 
 
 class ThreadService:
@@ -97,7 +121,8 @@ class ThreadService:
         try:
             tools = [t.model_dump() for t in client_tools_from(client_tools)]
         except ValidationError as exc:
-            raise InvalidInput("invalid client tool definition", errors=_errors(exc)) from exc
+            errors = validation_field_errors(exc)
+            raise InvalidInput("invalid client tool definition", errors=errors) from exc
         admission = await self.store.submit_input(
             thread_id,
             principal.scopes,
@@ -135,8 +160,11 @@ class ThreadService:
     ) -> ResolveResult:
         """Validate `payload` against the action's schema, then compare-and-set its resolution.
 
-        `kind` restricts which kind of action the route may resolve (client/manual results).
+        `kind` restricts which kind of action the route may resolve (client/manual results);
+        manual results are for trusted roles only, refused before any lookup.
         """
+        if kind is WaitKind.MANUAL_RESULT:
+            require_trusted(principal)
         part = await self._pending_part(principal, thread_id, action_id)
         if part is not None and part.waiting is not None:
             if kind is not None and part.waiting.kind is not kind:
@@ -303,10 +331,9 @@ def _validate_payload(schema: Mapping[str, Any], payload: Mapping[str, Any]) -> 
     if problems:
         raise InvalidPayload(
             "the payload does not match the action's schema",
-            errors=[
-                {"loc": [str(p) for p in e.absolute_path], "msg": _short(e.message)}
-                for e in problems[:_MAX_FIELD_ERRORS]
-            ],
+            errors=field_errors(
+                (e.absolute_path, _short(e.message)) for e in problems[:_MAX_FIELD_ERRORS]
+            ),
         )
 
 
@@ -321,8 +348,10 @@ def _short(message: str) -> str:
     return message[: _MAX_ERROR_CHARS - 1] + "…"
 
 
-def _errors(exc: ValidationError) -> list[dict[str, Any]]:
-    return [{"loc": [str(x) for x in e["loc"]], "msg": e["msg"]} for e in exc.errors()]
-
-
-__all__ = ["ThreadService"]
+__all__ = [
+    "TRUSTED_ROLES",
+    "ThreadService",
+    "field_errors",
+    "require_trusted",
+    "validation_field_errors",
+]

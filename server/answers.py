@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.models import Admission
+from runtime.models import Admission, Principal, Thread
 from runtime.storage.base import ResolveResult, RewriteResult, StopResult
 
 
@@ -34,3 +34,29 @@ def stop_answer(result: StopResult) -> dict[str, Any]:
 
 def regenerate_answer(result: RewriteResult) -> dict[str, Any]:
     return {"thread_id": result.thread_id, "version": result.version, "run_id": result.run_id}
+
+
+def threads_answer(threads: list[Thread]) -> dict[str, Any]:
+    # Private metadata never leaves the server.
+    return {
+        "threads": [
+            {
+                "id": thread.id,
+                "scope": thread.scope,
+                "title": thread.title,
+                "version": thread.version,
+                "metadata": thread.metadata,
+                "created_at": thread.created_at,
+                "updated_at": thread.updated_at,
+            }
+            for thread in threads
+        ]
+    }
+
+
+def principal_answer(principal: Principal) -> dict[str, Any]:
+    return {
+        "subject": principal.subject,
+        "role": principal.role,
+        "scopes": sorted(principal.scopes),
+    }

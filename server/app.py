@@ -20,7 +20,7 @@ from runtime.errors import ThreadlineError
 from runtime.service import ThreadService
 from runtime.storage import open_store
 from runtime.worker import Worker
-from server.errors import handle_http_exception, handle_threadline_error, handle_unexpected
+from server.errors import handle_error
 from server.gateway import Gateway, websocket_endpoint
 from server.routes import api_routes, health_routes, static_routes
 from server.settings import Settings
@@ -106,9 +106,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
-            HTTPException: handle_http_exception,
-            ThreadlineError: handle_threadline_error,
-            Exception: handle_unexpected,
+            HTTPException: handle_error,
+            ThreadlineError: handle_error,
+            Exception: handle_error,
         },
         # Body size is enforced while reading (routes.read_body) to answer in JSON.
         middleware=[Middleware(RequestTelemetry)],

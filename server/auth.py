@@ -1,4 +1,4 @@
-"""Bearer tokens: minting (only the sha256 hash is stored), lookup, and role checks."""
+"""Bearer tokens: minting (only the sha256 hash is stored) and lookup; roles are the service's."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import hashlib
 import secrets
 from collections.abc import Collection, Mapping
 
-from runtime.errors import Forbidden
 from runtime.models import Principal, Role
 from runtime.storage.base import Store
 from server.errors import Unauthorized
@@ -14,7 +13,6 @@ from server.errors import Unauthorized
 TOKEN_PREFIX = "tl_"
 # token_urlsafe(32) is 43 characters; anything much longer is not one of ours.
 _MAX_TOKEN_CHARS = 128
-TRUSTED_ROLES = frozenset({Role.BACKEND, Role.ADMIN})
 
 
 def new_token() -> str:
@@ -57,8 +55,3 @@ async def authenticate(store: Store, token: str | None) -> Principal:
         raise Unauthorized("the token is invalid")
     return principal
 
-
-def require_trusted(principal: Principal) -> None:
-    """Manual tool results and similar operations are for backend actors and admins only."""
-    if principal.role not in TRUSTED_ROLES:
-        raise Forbidden(f"role {principal.role} may not do this; backend or admin required")

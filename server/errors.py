@@ -1,17 +1,22 @@
-"""Maps domain errors, validation errors and unexpected failures onto JSON error responses."""
+"""Every failure as a wire error: one mapping to code, message, details and HTTP status."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from realtime.errors import BusError
 from runtime.errors import ThreadlineError
-from server.responses import JSONResponse, error_response
+from runtime.service import validation_field_errors
+from server.replies import ErrorFrame
+from server.responses import JSONResponse, error_body
 
 log = logging.getLogger(__name__)
 
@@ -20,20 +25,34 @@ class Unauthorized(ThreadlineError):
     """A missing, malformed or unknown bearer token."""
 
     code = "unauthorized"
-    status = 401
 
 
 class InvalidJSON(ThreadlineError):
     """A request body or websocket frame that is not JSON."""
 
     code = "invalid_json"
-    status = 400
 
 
-class InternalError(ThreadlineError):
-    code = "internal_error"
-    status = 500
-
+# The HTTP status of each error code (docs/protocol.md, "Errors"); codes not listed are 400.
+# Websocket-only codes (invalid_frame, unknown_type, too_many_subscriptions) never reach HTTP.
+STATUS: dict[str, int] = {
+    "bad_request": 400,
+    "invalid_json": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "conflict": 409,
+    "run_active": 409,
+    "illegal_transition": 409,
+    "invariant_violation": 409,
+    "lease_lost": 409,
+    "too_large": 413,
+    "invalid_input": 422,
+    "invalid_payload": 422,
+    "internal_error": 500,
+    "unavailable": 503,
+}
 
 # HTTP statuses Starlette raises itself (routing, body limit), as stable error codes.
 _HTTP_CODES: dict[int, tuple[str, str]] = {
@@ -44,54 +63,47 @@ _HTTP_CODES: dict[int, tuple[str, str]] = {
 }
 
 
-def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
-    """Field errors as `[{"loc": [...], "msg": ...}]`, the shape every 422 uses."""
-    return [
-        {"loc": [str(part) for part in err["loc"]], "msg": err["msg"]} for err in exc.errors()
-    ]
+@dataclass(frozen=True)
+class WireError:
+    """An error as both transports say it: the error body's fields and the HTTP status."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+    status: int = 400
+    headers: dict[str, str] | None = None
+
+    def response(self) -> JSONResponse:
+        body = error_body(self.code, self.message, **self.details)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+    def frame(self, frame_id: Any) -> bytes:
+        frame = ErrorFrame(code=self.code, message=self.message, id=frame_id, **self.details)
+        # Details are JSON-ready values; orjson handles enums, dumps the rest by str().
+        return orjson.dumps(
+            frame.model_dump(exclude_none=True), default=str, option=orjson.OPT_NON_STR_KEYS
+        )
 
 
-def threadline_error_response(exc: ThreadlineError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-    return JSONResponse(exc.to_wire(), status_code=exc.status, headers=headers)
-
-
-def validation_error_response(exc: ValidationError) -> JSONResponse:
-    return error_response(
-        422, "invalid_input", "the request body is invalid", errors=validation_errors(exc)
-    )
-
-
-def http_exception_response(exc: HTTPException) -> JSONResponse:
-    code, message = _HTTP_CODES.get(exc.status_code, ("http_error", str(exc.detail)))
-    return error_response(exc.status_code, code, message, headers=dict(exc.headers or {}))
-
-
-def internal_error_response(exc: BaseException) -> JSONResponse:
-    log.error("unexpected error", exc_info=exc)
-    return error_response(500, "internal_error", "an unexpected error occurred")
-
-
-def response_for(exc: Exception) -> Response:
-    """The JSON error response for any exception an endpoint raised."""
+def wire_error(exc: BaseException, *, invalid: str = "the request body is invalid") -> WireError:
+    """The wire error for any exception a command raised; `invalid` names what failed validation."""
     if isinstance(exc, ThreadlineError):
-        return threadline_error_response(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        status = STATUS.get(exc.code, 400)
+        return WireError(exc.code, exc.message, dict(exc.details), status, headers)
     if isinstance(exc, ValidationError):
-        return validation_error_response(exc)
+        errors = validation_field_errors(exc)
+        return WireError("invalid_input", invalid, {"errors": errors}, STATUS["invalid_input"])
     if isinstance(exc, HTTPException):
-        return http_exception_response(exc)
-    return internal_error_response(exc)
+        code, message = _HTTP_CODES.get(exc.status_code, ("http_error", str(exc.detail)))
+        return WireError(code, message, {}, exc.status_code, dict(exc.headers or {}))
+    if isinstance(exc, BusError):
+        message = f"live delivery is unavailable: {exc}"
+        return WireError("unavailable", message, {}, STATUS["unavailable"])
+    log.error("unexpected error", exc_info=exc)
+    return WireError("internal_error", "an unexpected error occurred", {}, 500)
 
 
-async def handle_http_exception(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return http_exception_response(exc)
-
-
-async def handle_threadline_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ThreadlineError)
-    return threadline_error_response(exc)
-
-
-async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    return internal_error_response(exc)
+async def handle_error(request: Request, exc: Exception) -> Response:
+    """The app's exception handler: what escaped a route, rendered like every other error."""
+    return wire_error(exc).response()

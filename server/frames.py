@@ -1,193 +1,61 @@
-"""Websocket frames: client commands and server answers as pydantic models."""
+"""Client -> server websocket frames, generated from the command table, and their decoding."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from runtime.models import InputPolicy, Visibility
-from server.bodies import ID_MAX, ClientToolBody
+from runtime.errors import ThreadlineError
+from runtime.service import validation_field_errors
+from server.commands import COMMANDS, Command
+from server.inputs import ID_MAX, Input
+from server.replies import FrameId
 
-FrameId = Annotated[str, Field(max_length=ID_MAX)] | int
-ThreadId = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
-ItemId = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
 
+class Frame(BaseModel):
+    """The envelope every client frame adds to its command's input: `type`, and an echoed `id`."""
 
-class _ClientFrame(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
     id: FrameId | None = None
 
 
-class Subscribe(_ClientFrame):
-    type: Literal["subscribe"]
-    thread_id: ThreadId
+def _frame_model(command: Command[Any, Any]) -> type[Frame]:
+    words = command.name.replace(".", "_").split("_")
+    model: type[Frame] = create_model(
+        "".join(word.capitalize() for word in words) + "Frame",
+        __base__=(command.input, Frame),
+        __module__=__name__,
+        type=(Literal[command.name], ...),  # type: ignore[valid-type]
+    )
+    return model
 
 
-class Unsubscribe(_ClientFrame):
-    type: Literal["unsubscribe"]
-    thread_id: ThreadId
-
-
-class MessageSend(_ClientFrame):
-    type: Literal["message.send"]
-    thread_id: ThreadId
-    text: str = Field(min_length=1)
-    client_request_id: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
-    policy: InputPolicy = InputPolicy.ENQUEUE
-    client_tools: list[ClientToolBody] = Field(default_factory=list, max_length=64)
-
-
-class ActionResume(_ClientFrame):
-    type: Literal["action.resume"]
-    thread_id: ThreadId
-    action_id: ItemId
-    payload: dict[str, Any]
-    expected_version: int | None = Field(default=None, ge=0)
-
-
-class ActionClientResult(_ClientFrame):
-    type: Literal["action.client_result"]
-    thread_id: ThreadId
-    action_id: ItemId
-    output: Any = None
-    error: str | None = None
-    expected_version: int | None = Field(default=None, ge=0)
-
-
-class ActionManualResult(_ClientFrame):
-    type: Literal["action.manual_result"]
-    thread_id: ThreadId
-    action_id: ItemId
-    output: Any = None
-    error: str | None = None
-    expected_version: int | None = Field(default=None, ge=0)
-
-
-class RunStop(_ClientFrame):
-    type: Literal["run.stop"]
-    thread_id: ThreadId
-    run_id: ItemId
-
-
-class Regenerate(_ClientFrame):
-    type: Literal["regenerate"]
-    thread_id: ThreadId
-    message_id: ItemId | None = None
-
-
-class MessageVisibility(_ClientFrame):
-    type: Literal["message.visibility"]
-    thread_id: ThreadId
-    message_id: ItemId
-    visibility: Visibility
-
-
-class QueueCancel(_ClientFrame):
-    type: Literal["queue.cancel"]
-    thread_id: ThreadId
-    item_id: ItemId
-
-
-class Ping(_ClientFrame):
-    type: Literal["ping"]
-
-
+FRAME_MODELS: dict[str, type[Frame]] = {
+    command.name: _frame_model(command) for command in COMMANDS if command.reply is not None
+}
+CLIENT_FRAME_TYPES: tuple[str, ...] = tuple(FRAME_MODELS)
 ClientFrame = Annotated[
-    Subscribe
-    | Unsubscribe
-    | MessageSend
-    | ActionResume
-    | ActionClientResult
-    | ActionManualResult
-    | RunStop
-    | Regenerate
-    | MessageVisibility
-    | QueueCancel
-    | Ping,
+    Union[tuple(FRAME_MODELS.values())],  # type: ignore[valid-type]  # noqa: UP007
     Field(discriminator="type"),
 ]
-ClientFrameAdapter: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
-CLIENT_FRAME_TYPES: tuple[str, ...] = (
-    "subscribe",
-    "unsubscribe",
-    "message.send",
-    "action.resume",
-    "action.client_result",
-    "action.manual_result",
-    "run.stop",
-    "regenerate",
-    "message.visibility",
-    "queue.cancel",
-    "ping",
-)
+ClientFrameAdapter: TypeAdapter[Frame] = TypeAdapter(ClientFrame)
 
 
-# --- server -> client (chunk and invalidate frames come pre-serialised from the bus) --------
-
-
-class _ServerFrame(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    def to_bytes(self) -> bytes:
-        return orjson.dumps(self.model_dump(mode="json", exclude_none=True))
-
-
-class Subscribed(_ServerFrame):
-    type: Literal["subscribed"] = "subscribed"
-    thread_id: str
-    version: int
-    id: FrameId | None = None
-
-
-class Unsubscribed(_ServerFrame):
-    type: Literal["unsubscribed"] = "unsubscribed"
-    thread_id: str
-    id: FrameId | None = None
-
-
-class Ack(_ServerFrame):
-    """Answer to a command; carries the same fields as the HTTP answer of that command."""
-
-    type: Literal["ack"] = "ack"
-    id: FrameId | None = None
-
-
-class Pong(_ServerFrame):
-    type: Literal["pong"] = "pong"
-    id: FrameId | None = None
-
-
-class ErrorFrame(_ServerFrame):
-    type: Literal["error"] = "error"
-    code: str
-    message: str
-    id: FrameId | None = None
-
-
-class Resync(_ServerFrame):
-    """The bus reconnected: live frames may have been lost, refetch the snapshot."""
-
-    type: Literal["resync"] = "resync"
-    thread_id: str
-
-
-class FrameError(Exception):
+class FrameError(ThreadlineError):
     """A frame that cannot be decoded; answered with an error frame, the connection stays open."""
 
     def __init__(
         self, code: str, message: str, frame_id: Any = None, errors: list[Any] | None = None
     ) -> None:
-        super().__init__(message)
+        details = {"errors": errors} if errors else {}
+        super().__init__(message, **details)
         self.code = code
-        self.message = message
         self.frame_id = frame_id
         self.errors = errors
-
-    def to_frame(self) -> ErrorFrame:
-        extra = {"errors": self.errors} if self.errors else {}
-        return ErrorFrame(code=self.code, message=self.message, id=self.frame_id, **extra)
 
 
 def _echo_id(data: dict[str, Any]) -> Any:
@@ -200,7 +68,7 @@ def _echo_id(data: dict[str, Any]) -> Any:
     return None
 
 
-def decode_frame(raw: str | bytes) -> ClientFrame:
+def decode_frame(raw: str | bytes) -> Frame:
     """Parse and validate one client frame; raises FrameError describing what is wrong."""
     try:
         data = orjson.loads(raw)
@@ -212,7 +80,7 @@ def decode_frame(raw: str | bytes) -> ClientFrame:
     kind = data.get("type")
     if not isinstance(kind, str):
         raise FrameError("invalid_frame", "the frame has no 'type'", frame_id)
-    if kind not in CLIENT_FRAME_TYPES:
+    if kind not in FRAME_MODELS:
         raise FrameError("unknown_type", f"unknown frame type {kind[:64]!r}", frame_id)
     try:
         return ClientFrameAdapter.validate_python(data)
@@ -221,10 +89,20 @@ def decode_frame(raw: str | bytes) -> ClientFrame:
         message = f"invalid {kind} frame: nested too deeply"
         raise FrameError("invalid_input", message, frame_id) from exc
     except ValidationError as exc:
-        errors = [
-            {"loc": [str(part) for part in err["loc"][1:]], "msg": err["msg"]}
-            for err in exc.errors()
-        ]
+        # The first part of each loc is the union's tag (the frame type): not a field.
+        errors = validation_field_errors(exc, skip=1)
         raise FrameError(
             "invalid_input", f"invalid {kind} frame", frame_id, errors=errors
         ) from exc
+
+
+__all__ = [
+    "CLIENT_FRAME_TYPES",
+    "FRAME_MODELS",
+    "ClientFrame",
+    "ClientFrameAdapter",
+    "Frame",
+    "FrameError",
+    "Input",
+    "decode_frame",
+]

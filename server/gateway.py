@@ -11,8 +11,9 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from realtime.closecodes import CloseCode
 from realtime.hub import Hub
-from realtime.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxClosedError, SlowConsumerError
+from realtime.outbox import Outbox, OutboxClosedError, SlowConsumerError
 from runtime.service import ThreadService
 from server.auth import authenticate, bearer_token
 from server.errors import Unauthorized
@@ -22,12 +23,6 @@ from server.telemetry import WS_CLOSES, WS_CONNECTIONS, WS_FRAMES_IN
 
 log = logging.getLogger(__name__)
 
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_TOO_BIG = 1009
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_UNAUTHORIZED = 4401
-
 _CLOSE_TIMEOUT = 2.0
 _OUTBOX_CHECK_INTERVAL = 1.0
 _SHUTDOWN_TIMEOUT = 5.0
@@ -36,7 +31,7 @@ _COMMAND_GRACE = 10.0
 
 @dataclass(frozen=True)
 class Close:
-    code: int
+    code: CloseCode
     reason: str = ""
 
 
@@ -100,7 +95,7 @@ class Connection:
             self.finish(None)
         except Exception:
             log.exception("websocket connection failed")
-            self.finish(Close(CLOSE_INTERNAL_ERROR, "internal error"))
+            self.finish(Close(CloseCode.INTERNAL_ERROR, "internal error"))
 
     async def _read(self) -> Close | None:
         while True:
@@ -112,7 +107,7 @@ class Connection:
             if data is None:
                 continue
             if self._too_big(data):
-                return Close(CLOSE_TOO_BIG, "frame too large")
+                return Close(CloseCode.TOO_BIG, "frame too large")
             # Shielded: a command the client sent is carried out even if the client leaves
             # while it runs (a closed tab must not half-apply a command).
             self._inflight = asyncio.ensure_future(self.session.feed(data))
@@ -131,7 +126,7 @@ class Connection:
                 data = await self.outbox.get()
                 await self.websocket.send_text(data.decode("utf-8"))
         except SlowConsumerError:
-            return Close(CLOSE_SLOW_CONSUMER, "slow consumer")
+            return Close(CloseCode.SLOW_CONSUMER, "slow consumer")
         except OutboxClosedError:
             return None
 
@@ -143,7 +138,7 @@ class Connection:
                 async with asyncio.timeout(_OUTBOX_CHECK_INTERVAL):
                     await self._finished.wait()
             if not self.outbox.check():
-                return Close(CLOSE_SLOW_CONSUMER, "slow consumer")
+                return Close(CloseCode.SLOW_CONSUMER, "slow consumer")
         return None
 
 
@@ -165,23 +160,23 @@ class Gateway:
         # Accept first: a close code (4401) can only be sent on an open websocket.
         await websocket.accept()
         if self._closing:
-            await _close(websocket, Close(CLOSE_GOING_AWAY, "server shutting down"))
+            await _close(websocket, Close(CloseCode.GOING_AWAY, "server shutting down"))
             return
         token = websocket.query_params.get("token") or bearer_token(websocket.headers)
         try:
             principal = await authenticate(self.service.store, token)
         except Unauthorized as exc:
-            await _close(websocket, Close(CLOSE_UNAUTHORIZED, exc.message))
+            await _close(websocket, Close(CloseCode.UNAUTHORIZED, exc.message))
             return
         except Exception:
             log.exception("websocket authentication failed")
-            await _close(websocket, Close(CLOSE_INTERNAL_ERROR, "internal error"))
+            await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
             return
         connection: Connection | None = None
 
         def overflowed() -> None:
             if connection is not None:
-                connection.finish(Close(CLOSE_SLOW_CONSUMER, "slow consumer"))
+                connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
 
         outbox = Outbox(self.settings.ws_outbox_max_bytes, on_overflow=overflowed)
         session = Session(principal, self.service, self.hub, outbox)
@@ -194,7 +189,7 @@ class Gateway:
             self._connections.discard(connection)
             _count(WS_CONNECTIONS, -1)
         if close is not None:
-            _count(WS_CLOSES, 1, code=close.code)
+            _count(WS_CLOSES, 1, code=int(close.code))
             await _close(websocket, close)
 
     async def close(self) -> None:
@@ -202,7 +197,7 @@ class Gateway:
         self._closing = True
         connections = list(self._connections)
         for connection in connections:
-            connection.finish(Close(CLOSE_GOING_AWAY, "server shutting down"))
+            connection.finish(Close(CloseCode.GOING_AWAY, "server shutting down"))
         if connections:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_SHUTDOWN_TIMEOUT):
@@ -221,6 +216,6 @@ async def _close(websocket: WebSocket, close: Close) -> None:
 async def websocket_endpoint(websocket: WebSocket) -> None:
     gateway: Gateway | None = getattr(websocket.app.state, "gateway", None)
     if gateway is None:
-        await websocket.close(CLOSE_GOING_AWAY)
+        await websocket.close(CloseCode.GOING_AWAY)
         return
     await gateway.serve(websocket)

@@ -31,8 +31,3 @@ class JSONResponse(Response):
 def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **details}}
 
-
-def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None, **details: Any
-) -> JSONResponse:
-    return JSONResponse(error_body(code, message, **details), status_code=status, headers=headers)

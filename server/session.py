@@ -4,42 +4,20 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
-from pydantic import ValidationError
 
 from realtime.envelopes import MessageKind
-from realtime.errors import BusError
 from realtime.outbox import Outbox
-from runtime.errors import ThreadlineError
-from runtime.models import InputPolicy, Principal, Thread, Visibility, WaitKind
-from server.answers import admission_answer, regenerate_answer, stop_answer, version_answer
-from server.auth import require_trusted
-from server.errors import validation_errors
-from server.frames import (
-    Ack,
-    ActionClientResult,
-    ActionManualResult,
-    ActionResume,
-    ClientFrame,
-    ErrorFrame,
-    FrameError,
-    MessageSend,
-    MessageVisibility,
-    Ping,
-    Pong,
-    QueueCancel,
-    Regenerate,
-    RunStop,
-    Subscribe,
-    Subscribed,
-    Unsubscribe,
-    Unsubscribed,
-    decode_frame,
-)
+from runtime.models import Principal, Thread
+from runtime.service import ThreadService
+from server.commands import BY_NAME, Caller
+from server.errors import WireError, wire_error
+from server.frames import Frame, FrameError, decode_frame
+from server.replies import Subscribed
 
 log = logging.getLogger(__name__)
 
@@ -53,42 +31,6 @@ class ThreadReader(Protocol):
 
     async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread: ...
     async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]: ...
-
-
-class Commands(Protocol):
-    """The command facade (runtime.service.ThreadService) as the session uses it."""
-
-    @property
-    def store(self) -> Any: ...
-
-    async def send_message(
-        self,
-        principal: Principal,
-        thread_id: str,
-        text: str,
-        *,
-        client_request_id: str | None = ...,
-        policy: InputPolicy = ...,
-        client_tools: Sequence[Mapping[str, Any]] = ...,
-    ) -> Any: ...
-    async def resume_action(
-        self,
-        principal: Principal,
-        thread_id: str,
-        action_id: str,
-        payload: Mapping[str, Any],
-        *,
-        expected_version: int | None = ...,
-        kind: WaitKind | None = ...,
-    ) -> Any: ...
-    async def stop_run(self, principal: Principal, thread_id: str, run_id: str) -> Any: ...
-    async def regenerate(
-        self, principal: Principal, thread_id: str, message_id: str | None = ...
-    ) -> Any: ...
-    async def set_visibility(
-        self, principal: Principal, thread_id: str, message_id: str, visibility: Visibility
-    ) -> Any: ...
-    async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int: ...
 
 
 class Listening(Protocol):
@@ -168,14 +110,14 @@ class Session:
     def __init__(
         self,
         principal: Principal,
-        commands: Commands,
+        service: ThreadService,
         hub: Listening,
         outbox: Outbox,
         *,
         max_subscriptions: int = MAX_SUBSCRIPTIONS,
     ) -> None:
         self.principal = principal
-        self.commands = commands
+        self.service = service
         self.hub = hub
         self.outbox = outbox
         self.max_subscriptions = max_subscriptions
@@ -188,7 +130,7 @@ class Session:
 
     @property
     def store(self) -> ThreadReader:
-        reader: ThreadReader = self.commands.store
+        reader: ThreadReader = self.service.store
         return reader
 
     # --- input --------------------------------------------------------------------------
@@ -200,98 +142,38 @@ class Session:
         try:
             frame = decode_frame(raw)
         except FrameError as exc:
-            self._answer(exc.to_frame().to_bytes())
+            self._answer(wire_error(exc).frame(exc.frame_id))
             return
         try:
             await self.handle(frame)
-        except ThreadlineError as exc:
-            self._error(frame.id, exc.code, exc.message, **exc.details)
-        except ValidationError as exc:
-            self._error(
-                frame.id, "invalid_input", "invalid input", errors=validation_errors(exc)
-            )
-        except BusError as exc:
-            self._error(frame.id, "unavailable", f"live delivery is unavailable: {exc}")
-        except Exception:
-            log.exception("websocket frame %s failed", frame.type)
-            self._error(frame.id, "internal_error", "an unexpected error occurred")
+        except Exception as exc:
+            self._answer(wire_error(exc, invalid="invalid input").frame(frame.id))
 
-    async def handle(self, frame: ClientFrame) -> None:
-        """Run one validated frame. Commands are the same ThreadService calls as over HTTP."""
-        principal = self.principal
-        commands = self.commands
-        match frame:
-            case Ping():
-                self._answer(Pong(id=frame.id).to_bytes())
-            case Subscribe():
-                await self._subscribe(frame)
-            case Unsubscribe():
-                await self._unsubscribe(frame.thread_id)
-                self._answer(Unsubscribed(thread_id=frame.thread_id, id=frame.id).to_bytes())
-            case MessageSend():
-                admission = await commands.send_message(
-                    principal,
-                    frame.thread_id,
-                    frame.text,
-                    client_request_id=frame.client_request_id,
-                    policy=frame.policy,
-                    client_tools=[tool.model_dump() for tool in frame.client_tools],
-                )
-                self._ack(frame.id, admission_answer(admission))
-            case ActionResume():
-                result = await commands.resume_action(
-                    principal,
-                    frame.thread_id,
-                    frame.action_id,
-                    frame.payload,
-                    expected_version=frame.expected_version,
-                )
-                self._ack(frame.id, version_answer(result))
-            case ActionClientResult() | ActionManualResult():
-                kind = WaitKind.CLIENT_TOOL
-                if isinstance(frame, ActionManualResult):
-                    require_trusted(principal)
-                    kind = WaitKind.MANUAL_RESULT
-                result = await commands.resume_action(
-                    principal,
-                    frame.thread_id,
-                    frame.action_id,
-                    {"output": frame.output, "error": frame.error},
-                    expected_version=frame.expected_version,
-                    kind=kind,
-                )
-                self._ack(frame.id, version_answer(result))
-            case RunStop():
-                stopped = await commands.stop_run(principal, frame.thread_id, frame.run_id)
-                self._ack(frame.id, stop_answer(stopped))
-            case Regenerate():
-                rewritten = await commands.regenerate(
-                    principal, frame.thread_id, frame.message_id
-                )
-                self._ack(frame.id, regenerate_answer(rewritten))
-            case MessageVisibility():
-                rewritten = await commands.set_visibility(
-                    principal, frame.thread_id, frame.message_id, frame.visibility
-                )
-                self._ack(frame.id, version_answer(rewritten))
-            case QueueCancel():
-                version = await commands.cancel_queued(principal, frame.thread_id, frame.item_id)
-                self._ack(frame.id, {"thread_id": frame.thread_id, "version": version})
+    async def handle(self, frame: Frame) -> None:
+        """Run one validated frame: the table's command, the same one HTTP runs."""
+        command = BY_NAME[frame.type]
+        if command.authorize is not None:
+            command.authorize(self.principal)
+        caller = Caller(self.principal, self.service, self, frame.id)
+        fields = await command.run(caller, frame)
+        if fields is not None and command.reply is not None:
+            self._answer(command.reply(id=frame.id, **fields).to_bytes())
 
     # --- subscriptions ------------------------------------------------------------------
 
-    async def _subscribe(self, frame: Subscribe) -> None:
-        thread_id = frame.thread_id
+    async def subscribe(self, thread_id: str, frame_id: Any) -> None:
+        """Listen to a thread: `subscribed`, then the in-flight step's replay, then live frames."""
         if thread_id in self._listeners:
             versions = await self.store.thread_versions([thread_id])
             version = versions.get(thread_id, 0)
-            self._answer(Subscribed(thread_id=thread_id, version=version, id=frame.id).to_bytes())
+            self._answer(Subscribed(thread_id=thread_id, version=version, id=frame_id).to_bytes())
             return
         if len(self._listeners) >= self.max_subscriptions:
-            self._error(
-                frame.id,
-                "too_many_subscriptions",
-                f"at most {self.max_subscriptions} threads per connection",
+            self._answer(
+                WireError(
+                    "too_many_subscriptions",
+                    f"at most {self.max_subscriptions} threads per connection",
+                ).frame(frame_id)
             )
             return
         # Scope check first (NotFound for a foreign thread): never listen to foreign channels.
@@ -304,17 +186,18 @@ class Session:
             versions = await self.store.thread_versions([thread_id])
             replay = await self.hub.replay(thread_id)
         except BaseException:
-            await self._unsubscribe(thread_id)
+            await self.unsubscribe(thread_id)
             raise
         if self.state is SessionState.CLOSED or self._listeners.get(thread_id) is not listener:
             # Closed meanwhile: close() may have run before the hub registration completed.
             await self.hub.remove(thread_id, listener)
             return
         version = versions.get(thread_id, 0)
-        self._answer(Subscribed(thread_id=thread_id, version=version, id=frame.id).to_bytes())
+        self._answer(Subscribed(thread_id=thread_id, version=version, id=frame_id).to_bytes())
         listener.open(version, replay)
 
-    async def _unsubscribe(self, thread_id: str) -> None:
+    async def unsubscribe(self, thread_id: str) -> None:
+        """Stop listening to a thread (nothing happens for one not listened to)."""
         listener = self._listeners.pop(thread_id, None)
         if listener is None:
             return
@@ -330,21 +213,9 @@ class Session:
             return
         self.state = SessionState.CLOSED
         for thread_id in list(self._listeners):
-            await self._unsubscribe(thread_id)
+            await self.unsubscribe(thread_id)
 
     # --- output -------------------------------------------------------------------------
 
     def _answer(self, data: bytes) -> None:
         self.outbox.put(data, ANSWER, "")
-
-    def _ack(self, frame_id: Any, fields: dict[str, Any]) -> None:
-        self._answer(Ack(id=frame_id, **fields).to_bytes())
-
-    def _error(self, frame_id: Any, code: str, message: str, **details: Any) -> None:
-        # Details are JSON-ready values; orjson handles enums, dumps the rest by str().
-        frame = ErrorFrame(code=code, message=message, id=frame_id, **details)
-        self._answer(
-            orjson.dumps(
-                frame.model_dump(exclude_none=True), default=str, option=orjson.OPT_NON_STR_KEYS
-            )
-        )

@@ -7,22 +7,18 @@ from typing import Any
 import orjson
 import pytest
 
+from realtime.envelopes import ResyncEnvelope, encode
 from runtime.models import InputPolicy, Visibility
+from server.errors import wire_error
 from server.frames import (
     CLIENT_FRAME_TYPES,
-    Ack,
-    ActionResume,
+    FRAME_MODELS,
     ClientFrameAdapter,
-    ErrorFrame,
     FrameError,
-    MessageSend,
-    MessageVisibility,
-    Ping,
-    Resync,
-    Subscribe,
-    Subscribed,
     decode_frame,
 )
+from server.inputs import NoInput, ResumeAction, SendMessage, SetVisibility, ThreadRef
+from server.replies import Ack, Subscribed
 
 VALID: dict[str, dict[str, Any]] = {
     "subscribe": {"thread_id": "t1"},
@@ -72,13 +68,13 @@ def test_missing_fields_are_invalid_input_with_id(kind: str) -> None:
 
 def test_defaults_and_typed_fields() -> None:
     frame = decode_frame(b'{"type": "message.send", "thread_id": "t", "text": "hi"}')
-    assert isinstance(frame, MessageSend)
+    assert isinstance(frame, SendMessage)
     assert frame.policy is InputPolicy.ENQUEUE and frame.client_tools == []
     assert frame.id is None
     vis = decode_frame(valid_frame("message.visibility"))
-    assert isinstance(vis, MessageVisibility) and vis.visibility is Visibility.HIDDEN
+    assert isinstance(vis, SetVisibility) and vis.visibility is Visibility.HIDDEN
     resume = decode_frame(valid_frame("action.resume"))
-    assert isinstance(resume, ActionResume) and resume.payload == {"approved": True}
+    assert isinstance(resume, ResumeAction) and resume.payload == {"approved": True}
 
 
 def test_not_json() -> None:
@@ -124,10 +120,10 @@ def test_invalid_enum_and_types() -> None:
 
 
 def test_adapter_is_the_discriminated_union() -> None:
-    assert isinstance(ClientFrameAdapter.validate_python({"type": "ping"}), Ping)
-    assert isinstance(
-        ClientFrameAdapter.validate_json(b'{"type": "subscribe", "thread_id": "t"}'), Subscribe
-    )
+    ping = ClientFrameAdapter.validate_python({"type": "ping"})
+    assert isinstance(ping, FRAME_MODELS["ping"]) and isinstance(ping, NoInput)
+    subscribe = ClientFrameAdapter.validate_json(b'{"type": "subscribe", "thread_id": "t"}')
+    assert isinstance(subscribe, FRAME_MODELS["subscribe"]) and isinstance(subscribe, ThreadRef)
 
 
 def test_server_frames_serialise_without_nulls() -> None:
@@ -143,10 +139,11 @@ def test_server_frames_serialise_without_nulls() -> None:
         "version": 2,
         "run_id": "r",
     }
-    assert orjson.loads(Resync(thread_id="t").to_bytes()) == {"type": "resync", "thread_id": "t"}
-    error = FrameError("unknown_type", "unknown frame type", 7).to_frame()
-    assert isinstance(error, ErrorFrame)
-    assert orjson.loads(error.to_bytes()) == {
+    # `resync` reaches clients as the bus envelope itself (there is no server-side frame model).
+    resync = encode(ResyncEnvelope(thread_id="t"))
+    assert orjson.loads(resync) == {"type": "resync", "thread_id": "t"}
+    error = wire_error(FrameError("unknown_type", "unknown frame type", 7)).frame(7)
+    assert orjson.loads(error) == {
         "type": "error",
         "code": "unknown_type",
         "message": "unknown frame type",

@@ -27,6 +27,7 @@ from runtime.models import (
     check_tool_transition,
     pending_actions_of,
 )
+from server.errors import STATUS
 
 LEGAL_RUN = {
     (RunStatus.QUEUED, RunStatus.RUNNING),
@@ -64,7 +65,8 @@ def test_legal_run_transitions_pass(current: RunStatus, target: RunStatus) -> No
 def test_illegal_run_transitions_raise(current: RunStatus, target: RunStatus) -> None:
     with pytest.raises(IllegalTransition) as caught:
         check_run_transition(current, target)
-    assert caught.value.code == "illegal_transition" and caught.value.status == 409
+    # HTTP statuses moved from runtime's errors to the server's table.
+    assert caught.value.code == "illegal_transition" and STATUS[caught.value.code] == 409
 
 
 def test_run_status_terminal_and_active() -> None:

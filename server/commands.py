@@ -1,0 +1,303 @@
+"""The command table: each command declared once; HTTP routes, frames and docs derive from it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from runtime.errors import InvalidInput
+from runtime.models import Principal, WaitKind
+from runtime.service import ThreadService, require_trusted
+from server.answers import (
+    admission_answer,
+    principal_answer,
+    regenerate_answer,
+    stop_answer,
+    threads_answer,
+    version_answer,
+)
+from server.inputs import (
+    CancelQueued,
+    CreateThread,
+    GetSnapshot,
+    Input,
+    ListThreads,
+    NoInput,
+    Regenerate,
+    ResumeAction,
+    SendMessage,
+    SetVisibility,
+    StopRun,
+    ThreadRef,
+    ToolResult,
+)
+from server.replies import Ack, Pong, ServerFrame, Subscribed, Unsubscribed
+
+I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
+R = TypeVar("R")
+PATH_PARAM = re.compile(r"{(\w+)}")
+T = "/v1/threads/{thread_id}"
+
+
+class Connection(Protocol):
+    """The websocket session, for the commands that act on the connection itself."""
+
+    async def subscribe(self, thread_id: str, frame_id: Any) -> None: ...
+    async def unsubscribe(self, thread_id: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who runs a command, and through what: the service, and over a websocket its session."""
+
+    principal: Principal
+    service: ThreadService
+    connection: Connection | None = None
+    frame_id: Any = None
+
+    def session(self) -> Connection:
+        if self.connection is None:
+            raise RuntimeError("a connection command ran outside a websocket")
+        return self.connection
+
+
+@dataclass(frozen=True)
+class Http:
+    """How a command is offered over HTTP. Path parameters name fields of the input model."""
+
+    method: str
+    path: str
+    route: str  # the route's name: stable, tests address routes by it
+    status: int = 200
+    body: bool = True  # False: the route does not read its body at all
+    query: Callable[[Mapping[str, str]], dict[str, Any]] | None = None
+
+    @property
+    def path_fields(self) -> tuple[str, ...]:
+        return tuple(PATH_PARAM.findall(self.path))
+
+
+@dataclass(frozen=True)
+class Command(Generic[I, R]):
+    """One command: its name, input, service call, answer and transports.
+
+    `name` is the websocket frame type (a dotted name for HTTP-only commands too). `reply` is
+    the server frame answering it over the websocket (None: not offered there), `http` its
+    route (None: not offered there); `note` says why a transport is missing. `authorize` is a
+    role rule of the service, asked before the input is read so a refusal never depends on it.
+    """
+
+    name: str
+    input: type[I]
+    call: Callable[[Caller, I], Awaitable[R]]
+    answer: Callable[[I, R], dict[str, Any] | None]
+    answer_doc: str
+    reply: type[ServerFrame] | None = Ack
+    http: Http | None = None
+    authorize: Callable[[Principal], None] | None = None
+    note: str = ""
+
+    async def run(self, caller: Caller, data: I) -> dict[str, Any] | None:
+        """Check limits, call the service, shape the answer (None: the call answered itself)."""
+        data.check()
+        return self.answer(data, await self.call(caller, data))
+
+
+def _limit(query: Mapping[str, str]) -> dict[str, Any]:
+    raw = query.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= 500:
+        raise InvalidInput("query parameter 'limit' must be an integer from 1 to 500")
+    return {"limit": int(raw)}
+
+
+def _include_hidden(query: Mapping[str, str]) -> dict[str, Any]:
+    value = query.get("include_hidden", "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise InvalidInput("query parameter 'include_hidden' must be true or false")
+    return {"include_hidden": value in ("true", "1")}
+
+
+async def _nothing(caller: Caller, data: Input) -> None:
+    return None
+
+
+async def _principal(caller: Caller, data: Input) -> Principal:
+    return caller.principal
+
+
+def _tool_result(kind: WaitKind) -> Callable[[Caller, ToolResult], Awaitable[Any]]:
+    def call(c: Caller, i: ToolResult) -> Awaitable[Any]:
+        return c.service.resume_action(
+            c.principal,
+            i.thread_id,
+            i.action_id,
+            i.payload(),
+            expected_version=i.expected_version,
+            kind=kind,
+        )
+
+    return call
+
+
+SNAPSHOT = "snapshot"
+THREAD_VERSION = '`{"thread_id", "version"}`'
+WS_ONLY = "acts on the websocket connection itself"
+NOT_ON_WS = "not part of the websocket protocol (v1): the websocket carries commands on threads"
+
+COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="thread.create",
+        input=CreateThread,
+        call=lambda c, i: c.service.create_thread(
+            c.principal, title=i.title, metadata=i.metadata, scope=i.scope
+        ),
+        answer=lambda i, snapshot: snapshot.to_wire(),
+        answer_doc=SNAPSHOT,
+        reply=None,
+        http=Http("POST", "/v1/threads", "create_thread", status=201),
+        note=NOT_ON_WS,
+    ),
+    Command(
+        name="thread.list",
+        input=ListThreads,
+        call=lambda c, i: c.service.list_threads(c.principal, i.limit),
+        answer=lambda i, threads: threads_answer(threads),
+        answer_doc='`{"threads": [{"id", "scope", "title", "version", "metadata", '
+        '"created_at", "updated_at"}]}`',
+        reply=None,
+        http=Http("GET", "/v1/threads", "list_threads", body=False, query=_limit),
+        note=NOT_ON_WS,
+    ),
+    Command(
+        name="thread.snapshot",
+        input=GetSnapshot,
+        call=lambda c, i: c.service.snapshot(
+            c.principal, i.thread_id, include_hidden=i.include_hidden
+        ),
+        answer=lambda i, snapshot: snapshot.to_wire(),
+        answer_doc=SNAPSHOT,
+        reply=None,
+        http=Http("GET", T, "snapshot", body=False, query=_include_hidden),
+        note=NOT_ON_WS,
+    ),
+    Command(
+        name="subscribe",
+        input=ThreadRef,
+        call=lambda c, i: c.session().subscribe(i.thread_id, c.frame_id),
+        answer=lambda i, r: None,  # `subscribed` goes out before the replay, from the session
+        answer_doc='`{"type": "subscribed", "thread_id", "version"}`, then the replay of the '
+        "in-flight step's chunks, then live frames",
+        reply=Subscribed,
+        note=WS_ONLY,
+    ),
+    Command(
+        name="unsubscribe",
+        input=ThreadRef,
+        call=lambda c, i: c.session().unsubscribe(i.thread_id),
+        answer=lambda i, r: {"thread_id": i.thread_id},
+        answer_doc='`{"type": "unsubscribed", "thread_id"}`',
+        reply=Unsubscribed,
+        note=WS_ONLY,
+    ),
+    Command(
+        name="message.send",
+        input=SendMessage,
+        call=lambda c, i: c.service.send_message(
+            c.principal,
+            i.thread_id,
+            i.text,
+            client_request_id=i.client_request_id,
+            policy=i.policy,
+            client_tools=[tool.model_dump() for tool in i.client_tools],
+        ),
+        answer=lambda i, admission: admission_answer(admission),
+        answer_doc='`{"thread_id", "version", "run_id"?, "message_id"?, "queued_item_id"?, '
+        '"duplicate"?}`',
+        http=Http("POST", f"{T}/messages", "send_message", status=202),
+    ),
+    Command(
+        name="queue.cancel",
+        input=CancelQueued,
+        call=lambda c, i: c.service.cancel_queued(c.principal, i.thread_id, i.item_id),
+        answer=lambda i, version: {"thread_id": i.thread_id, "version": version},
+        answer_doc=THREAD_VERSION,
+        http=Http("DELETE", f"{T}/queue/{{item_id}}", "cancel_queued", body=False),
+    ),
+    Command(
+        name="action.resume",
+        input=ResumeAction,
+        call=lambda c, i: c.service.resume_action(
+            c.principal, i.thread_id, i.action_id, i.payload, expected_version=i.expected_version
+        ),
+        answer=lambda i, result: version_answer(result),
+        answer_doc=f"{THREAD_VERSION}; errors `conflict` (409), `invalid_payload` (422)",
+        http=Http("POST", f"{T}/actions/{{action_id}}/resume", "resume"),
+    ),
+    Command(
+        name="action.client_result",
+        input=ToolResult,
+        call=_tool_result(WaitKind.CLIENT_TOOL),
+        answer=lambda i, result: version_answer(result),
+        answer_doc=f"{THREAD_VERSION} (actions of kind `client-tool`)",
+        http=Http("POST", f"{T}/actions/{{action_id}}/client-result", "client_result"),
+    ),
+    Command(
+        name="action.manual_result",
+        input=ToolResult,
+        call=_tool_result(WaitKind.MANUAL_RESULT),
+        answer=lambda i, result: version_answer(result),
+        answer_doc=f"{THREAD_VERSION} (kind `manual-result`; role `backend` or `admin`)",
+        http=Http("POST", f"{T}/actions/{{action_id}}/manual-result", "manual_result"),
+        authorize=require_trusted,
+    ),
+    Command(
+        name="run.stop",
+        input=StopRun,
+        call=lambda c, i: c.service.stop_run(c.principal, i.thread_id, i.run_id),
+        answer=lambda i, result: stop_answer(result),
+        answer_doc='`{"thread_id", "version", "run_id", "status"}`',
+        http=Http("POST", f"{T}/runs/{{run_id}}/stop", "stop_run", status=202),
+    ),
+    Command(
+        name="regenerate",
+        input=Regenerate,
+        call=lambda c, i: c.service.regenerate(c.principal, i.thread_id, i.message_id),
+        answer=lambda i, result: regenerate_answer(result),
+        answer_doc='`{"thread_id", "version", "run_id"}`',
+        http=Http("POST", f"{T}/regenerate", "regenerate", status=202),
+    ),
+    Command(
+        name="message.visibility",
+        input=SetVisibility,
+        call=lambda c, i: c.service.set_visibility(
+            c.principal, i.thread_id, i.message_id, i.visibility
+        ),
+        answer=lambda i, result: version_answer(result),
+        answer_doc=THREAD_VERSION,
+        http=Http(
+            "POST", f"{T}/messages/{{message_id}}/visibility", "set_visibility"
+        ),
+    ),
+    Command(
+        name="ping",
+        input=NoInput,
+        call=_nothing,
+        answer=lambda i, r: {},
+        answer_doc='`{"type": "pong"}`',
+        reply=Pong,
+        note="keepalive for clients that cannot see protocol pings; HTTP needs none",
+    ),
+    Command(
+        name="me",
+        input=NoInput,
+        call=_principal,
+        answer=lambda i, principal: principal_answer(principal),
+        answer_doc='`{"subject", "role", "scopes"}`',
+        reply=None,
+        http=Http("GET", "/v1/me", "me", body=False),
+        note=NOT_ON_WS,
+    ),
+)
+BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}
