@@ -144,7 +144,8 @@ def _tool_result(kind: WaitKind) -> Callable[[Caller, ToolResult], Awaitable[Any
 SNAPSHOT = "snapshot"
 THREAD_VERSION = '`{"thread_id", "version"}`'
 WS_ONLY = "acts on the websocket connection itself"
-NOT_ON_WS = "not part of the websocket protocol (v1): the websocket carries commands on threads"
+# Reads stay on HTTP: live frames only say *when* to refetch; the snapshot is the truth.
+READ = "a read: clients fetch state over HTTP, the websocket tells them when to refetch"
 
 COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
@@ -157,7 +158,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc=SNAPSHOT,
         reply=None,
         http=Http("POST", "/v1/threads", "create_thread", status=201),
-        note=NOT_ON_WS,
+        note="answers a snapshot, which only HTTP serves; a websocket watches existing threads",
     ),
     Command(
         name="thread.list",
@@ -168,7 +169,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         '"created_at", "updated_at"}]}`',
         reply=None,
         http=Http("GET", "/v1/threads", "list_threads", body=False, query=_limit),
-        note=NOT_ON_WS,
+        note=READ,
     ),
     Command(
         name="thread.snapshot",
@@ -180,7 +181,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc=SNAPSHOT,
         reply=None,
         http=Http("GET", T, "snapshot", body=False, query=_include_hidden),
-        note=NOT_ON_WS,
+        note=READ,
     ),
     Command(
         name="subscribe",
@@ -297,7 +298,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc='`{"subject", "role", "scopes"}`',
         reply=None,
         http=Http("GET", "/v1/me", "me", body=False),
-        note=NOT_ON_WS,
+        note="a read of the token itself, which the websocket checked when it opened",
     ),
 )
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from runtime.errors import ThreadlineError
 from runtime.service import validation_field_errors
 from server.commands import COMMANDS, Command
-from server.inputs import ID_MAX, Input
+from server.inputs import ID_MAX
 from server.replies import FrameId
 
 
@@ -103,6 +103,5 @@ __all__ = [
     "ClientFrameAdapter",
     "Frame",
     "FrameError",
-    "Input",
     "decode_frame",
 ]

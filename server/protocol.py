@@ -117,7 +117,7 @@ def frame_table() -> str:
 
 
 def command_table() -> str:
-    rows = ["| command | HTTP | websocket | why only one |", "| --- | --- | --- | --- |"]
+    rows = ["| command | HTTP | websocket | why one transport only |", "| --- | --- | --- | --- |"]
     for command in COMMANDS:
         http = f"`{command.http.method} {command.http.path}`" if command.http else "—"
         ws = f'`"{command.name}"`' if command.reply is not None else "—"
