@@ -99,6 +99,8 @@ class Episode:
             log.exception("run %s: the episode could not start", self.run_id)
             await self._fail_unstarted(exc)
             return None
+        if state.ended:
+            return None  # the run ended (stopped while queued) before this episode started it
         body = asyncio.create_task(self._guarded(self._body(state, before), state))
         stop = asyncio.create_task(self.stop_requested.wait())
         try:
@@ -111,7 +113,7 @@ class Episode:
             body.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await body
-        if state.phase is not Phase.ENDED and self.stop_requested.is_set() and not self.lease_lost:
+        if not state.ended and self.stop_requested.is_set() and not self.lease_lost:
             await self._finish_stopped(state)
         return state.outcome
 
@@ -158,8 +160,6 @@ class Episode:
 
     async def _body(self, state: EpisodeState, before: Run) -> None:
         """The run-level phases (runtime_context, prepare_run), then a resume or the steps."""
-        if state.phase is Phase.ENDED:
-            return
         deps, run = self.deps, state.run
         thread = await deps.store.get_thread(self.thread_id, [run.scope])
         messages = await deps.store.list_messages(self.thread_id)
@@ -185,8 +185,8 @@ class Episode:
             return
         if resumable is not None:
             await resume(deps, state, ctx, resumable)
-            if state.phase is Phase.ENDED:
-                return
+            if state.ended:
+                return  # back to waiting
         await self._loop(state, ctx)
 
     async def _loop(self, state: EpisodeState, ctx: StepContext) -> None:

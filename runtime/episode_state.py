@@ -134,6 +134,11 @@ class EpisodeState:
     # still this episode's to finish.
     outcome: RunStatus | None = None
 
+    @property
+    def ended(self) -> bool:
+        """True once this episode's work is committed to its end: nothing is left to finalise."""
+        return self.phase is Phase.ENDED
+
     def enter(self, phase: Phase) -> None:
         if phase not in _NEXT[self.phase]:
             raise RuntimeError(f"episode phase {phase.value} cannot follow {self.phase.value}")

@@ -103,9 +103,7 @@ async def resume(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, tail:
     """Continue the resolved actions of the tail (`ToolPhase.resume`) in one commit; back to
     waiting if some are still pending, else the steps follow."""
     state.enter(Phase.RESUMING)
-    client_tools = client_tools_from(state.run.client_tools)
-    state.tools = tools = ToolPhase(deps.agent, deps.lifecycle, state.sink, ctx, client_tools)
-    parts = await tools.resume(tail.parts)
+    parts = await _open_tool_phase(deps, state, ctx).resume(tail.parts)
     update = TailUpdate(message_id=tail.id, parts=tuple(parts))
     await commit(deps, state, StepCommit(update_tail=update), Phase.RESUMED)
     if any(isinstance(p, ToolCallPart) and p.is_pending for p in parts):
@@ -190,9 +188,7 @@ async def tool_phase(
     if not state.output.tool_calls:
         return []
     state.enter(Phase.TOOL_PHASE)
-    client_tools = client_tools_from(state.run.client_tools)
-    state.tools = tools = ToolPhase(deps.agent, deps.lifecycle, state.sink, ctx, client_tools)
-    return await tools.run_calls(state.output.tool_calls)
+    return await _open_tool_phase(deps, state, ctx).run_calls(state.output.tool_calls)
 
 
 async def commit_step(
@@ -227,6 +223,14 @@ async def after_step(
     """after_step (the phase is AFTER_STEP since the commit): the next step's extra messages."""
     decision = await deps.lifecycle.after_step(ctx, outcome.result)
     return _apply_after_step(ctx.extra_messages, decision)
+
+
+def _open_tool_phase(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext) -> ToolPhase:
+    """A tool phase with the run's captured client tools, kept in the state so that a stop or
+    failure finalises the latest state of its parts."""
+    client_tools = client_tools_from(state.run.client_tools)
+    state.tools = ToolPhase(deps.agent, deps.lifecycle, state.sink, ctx, client_tools)
+    return state.tools
 
 
 def _result_of(part: ToolCallPart) -> ToolResult | None:

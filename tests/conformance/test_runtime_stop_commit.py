@@ -93,7 +93,7 @@ async def test_stop_during_a_commit_neither_duplicates_nor_fails(
     agent = Agent(model=model)
     rt: Runtime = await runtime_for(agent, workers=0)
     gated = GatedCommits(rt.store, match, where)
-    worker = Worker(gated, rt.bus, agent, lease_ttl=5.0, poll_interval=0.05)  # type: ignore[arg-type]
+    worker = Worker(gated, rt.bus, agent, lease_ttl=5.0, poll_interval=0.05)
     await worker.start()
     rt.workers.append(worker)
     thread_id = await rt.thread()
