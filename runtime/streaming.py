@@ -14,6 +14,7 @@ from runtime.chunks import StreamChunk, TextDeltaChunk, ToolCallChunk
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.providers.base import Model, ModelDelta, ModelRequest, TextDelta, UsageDelta
 from runtime.providers.parts import StepAssembler
+from runtime.shielding import uncancellable
 
 
 @dataclass
@@ -39,7 +40,12 @@ class ChunkSink:
         self._lock = asyncio.Lock()
 
     async def emit(self, chunk: StreamChunk) -> None:
-        payload = chunk.model_dump(mode="json")
+        """Publish `chunk` with the next seq. Uncancellable: a stop that cancels the step
+        mid-publish must not leave a seq taken (the commit's `next_seq` counts it) but the chunk
+        unpublished, nor a chunk published after the stop's commit cleared the replay buffer."""
+        await uncancellable(self._emit(chunk.model_dump(mode="json")))
+
+    async def _emit(self, payload: dict[str, Any]) -> None:
         async with self._lock:
             seq = self.seq
             self.seq += 1
@@ -124,9 +130,9 @@ async def run_stream(
             output.text += chunk.delta
         elif isinstance(chunk, ToolCallChunk):
             output.tool_calls.append(chunk)
-        # Shielded: a stop that cancels the step mid-publish must not leave a chunk published
-        # but missing from `output` (which the stop then commits).
-        await asyncio.shield(sink.emit(chunk))
+        # `output` first: the emit is uncancellable, so once a stop cancels the step, every
+        # published chunk is in `output` (which the stop then commits), and no other is.
+        await sink.emit(chunk)
 
 
 def model_call(model: Model) -> Any:
