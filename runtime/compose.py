@@ -55,39 +55,10 @@ def compose_lifecycle(*lifecycles: object) -> AgentLifecycle:
     skipped), an AgentLifecycle subclass, or another composed lifecycle. Composition is
     associative: compose(compose(a, b), c) behaves as compose(a, b, c).
 
-    Semantics per hook, for compose_lifecycle(a, b, c):
-
-    - runtime_context: a, b, c; returned mappings shallow-merged (later keys win); None when
-      every hook returned None.
-    - resolve_model_context: middleware, a outermost, c closest to the runtime's leaf. Every
-      layer's `next` is memoized: the inner chain is evaluated at most once (a raised Exception
-      is cached and re-raised too; a cancellation is not cached) and each call returns a fresh
-      copy of the list. A layer that never calls `next` keeps the inner layers from running.
-    - prepare_run: a, b, c, each with the same ctx. Decisions accumulate: contexts
-      shallow-merged in order (later keys win) and the FIRST `respond` wins, but every hook
-      still runs (so all of them can contribute context and bookkeeping). None when every hook
-      returned None.
-    - prepare_model_step: a, b, c; a returned ModelRequest becomes the next hook's request.
-      Respond/Block short-circuits and is returned. Otherwise returns the final request (the
-      original object when nobody changed it).
-    - around_model_call: a outermost, c closest to the underlying call.
-    - before_tool_call: a, b, c; ReplaceInput hands later hooks a ToolCall with the patched
-      input; Skip/Reject short-circuits and is returned. Otherwise ReplaceInput(final input)
-      if any hook replaced the input, else Continue().
-    - after_tool_result: a, b, c; a returned ToolResult replaces the one later hooks see.
-      Always returns the final ToolResult (the original object when nobody changed it).
-    - transform_step_stream: c(b(a(stream))): a sees the raw stream, c yields canonical chunks.
-    - after_step: a, b, c, each with the same StepResult. Decisions fold in order: a `replace`
-      resets the accumulated messages (dropping earlier appends), an `append` adds after them.
-      The result means: next-step extra context = (replace if not None else the current extra
-      context) + append. None when every hook returned None.
-    - prepare_history_rewrite: a, b, c; public and private patches shallow-merged separately
-      (later keys win). None when every hook returned None.
-    - history_rewritten: every observer runs in order even if some raise; then, if any raised,
-      HistoryRewrittenErrors carrying all failures (nested groups are flattened).
-
-    An exception raised by any other hook propagates at once and later hooks do not run (the
-    runtime fails the run). A decision of the wrong type raises TypeError.
+    How each hook composes is documented on the hook itself, in runtime.lifecycle.AgentLifecycle
+    ("Composed: ..."). An exception raised by a hook other than history_rewritten propagates at
+    once and later hooks do not run (the runtime fails the run); a decision of the wrong type
+    raises TypeError.
     """
     return _ComposedLifecycle(lifecycles)
 
@@ -137,7 +108,7 @@ def _wrong_decision(hook_name: str, decision: object) -> TypeError:
 
 
 class _ComposedLifecycle(AgentLifecycle):
-    """The result of compose_lifecycle; see its docstring for the semantics of each hook."""
+    """The result of compose_lifecycle; each hook composes as its AgentLifecycle docstring says."""
 
     def __init__(self, lifecycles: Sequence[object]) -> None:
         self.lifecycles: tuple[object, ...] = tuple(lifecycles)

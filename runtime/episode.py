@@ -8,7 +8,6 @@ import logging
 from types import MappingProxyType
 from typing import Any
 
-from realtime.publisher import Publisher
 from runtime import telemetry
 from runtime.agent import Agent
 from runtime.chunks import RunTakeoverChunk, StepFinishChunk, StepStartChunk
@@ -38,6 +37,7 @@ from runtime.models import (
     ToolState,
 )
 from runtime.providers.base import ContextMessage, ModelRequest
+from runtime.publisher import Publisher
 from runtime.storage.base import RunChange, StepCommit, Store, TailUpdate
 from runtime.streaming import (
     ChunkSink,

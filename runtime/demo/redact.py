@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import AsyncIterator
+from typing import ClassVar
 
 from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.lifecycle import AgentLifecycle, StepContext
@@ -65,6 +66,9 @@ class RedactEmails(AgentLifecycle):
     and later model steps never see them in assistant text. Non-text chunks pass through in
     order; held text is flushed before each of them, because text on either side of a tool
     call is stored as separate parts."""
+
+    # The addresses it redacts, for agents that want to accept exactly those (as input patterns).
+    pattern: ClassVar[re.Pattern[str]] = EMAIL
 
     async def transform_step_stream(  # type: ignore[override]
         self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
