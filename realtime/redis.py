@@ -36,7 +36,7 @@ DEFAULT_REPLAY_TTL = 3600
 
 async def _close_quietly(pubsub: PubSub) -> None:
     with suppress(Exception):
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()
 
 
 class RedisBus(AsyncResource):
@@ -310,7 +310,7 @@ class RedisBus(AsyncResource):
             pubsub = self._pubsub_client.pubsub()
             channels = list(self._subscriptions)
             try:
-                await pubsub.connect()  # type: ignore[no-untyped-call]
+                await pubsub.connect()
                 if channels:
                     await pubsub.subscribe(*channels)
             except BaseException:

@@ -43,7 +43,9 @@ class HistoryRewrittenErrors(ExceptionGroup[Exception]):
     """Failures of history_rewritten observers, in observer order. Raised only after every
     observer ran; the rewrite has already committed, so the runtime reports it, never undoes."""
 
-    def derive(self, excs: Sequence[Exception]) -> HistoryRewrittenErrors:  # type: ignore[override]
+    # The ignore: typeshed's overloads also promise BaseException groups, which split()/subgroup()
+    # never derive from a group that holds only Exceptions.
+    def derive(self, excs: Sequence[Exception], /) -> HistoryRewrittenErrors:  # type: ignore[override]
         # Keep the type through split()/subgroup() so `except HistoryRewrittenErrors` still works.
         return HistoryRewrittenErrors(self.message, excs)
 
@@ -269,11 +271,12 @@ class _ComposedLifecycle(AgentLifecycle):
 
 def _model_call_layer(hook: Callable[..., Any], ctx: StepContext, inner: ModelCall) -> ModelCall:
     async def call(request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        stream = hook(ctx, request, inner)
+        returned = hook(ctx, request, inner)
         # The hook contract is `async def` returning a stream; an async generator hook yields
         # the deltas itself, so its result is already the stream.
-        if inspect.isawaitable(stream):
-            stream = await stream
-        return stream  # type: ignore[no-any-return]
+        stream: AsyncIterator[ModelDelta] = (
+            await returned if inspect.isawaitable(returned) else returned
+        )
+        return stream
 
     return call

@@ -70,7 +70,7 @@ class RedactEmails(AgentLifecycle):
     # The addresses it redacts, for agents that want to accept exactly those (as input patterns).
     pattern: ClassVar[re.Pattern[str]] = EMAIL
 
-    async def transform_step_stream(  # type: ignore[override]
+    async def transform_step_stream(
         self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
     ) -> AsyncIterator[StreamChunk]:
         redactor = EmailRedactor()
