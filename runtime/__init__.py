@@ -54,25 +54,27 @@ from runtime.models import (
     Visibility,
     WaitKind,
 )
-from runtime.providers import (
+from runtime.providers.base import (
     ContextMessage,
     FinishDelta,
-    FunctionModel,
     Model,
     ModelDelta,
     ModelRequest,
     ProviderError,
-    ScriptedModel,
-    ScriptedToolCall,
     TextDelta,
     ToolCallDelta,
     ToolSpec,
     UsageDelta,
+)
+from runtime.providers.context import message_text, message_turns
+from runtime.providers.scripted import (
+    FunctionModel,
+    ScriptedModel,
+    ScriptedToolCall,
     text_response,
     tool_call_response,
     tool_calls_response,
 )
-from runtime.providers.context import message_text, message_turns
 from runtime.tools import (
     ALL_ROLES,
     TRUSTED_ROLES,

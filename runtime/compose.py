@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from runtime.chunks import StreamChunk
 from runtime.lifecycle import (
@@ -37,6 +37,8 @@ from runtime.lifecycle import (
 from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest
 
 __all__ = ["HistoryRewrittenErrors", "as_lifecycle", "compose_lifecycle"]
+
+D = TypeVar("D")
 
 
 class HistoryRewrittenErrors(ExceptionGroup[Exception]):
@@ -134,22 +136,29 @@ class _ComposedLifecycle(AgentLifecycle):
                 returned = True
         return merged if returned else None
 
-    async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
-        # A fresh dict: merging into a hook's returned mapping would mutate that hook's state.
-        context: dict[str, Any] = {}
-        respond: Respond | None = None
-        decided = False
-        for hook in self._hooks("prepare_run"):
-            decision = await hook(ctx)
+    async def _decisions(self, name: str, kind: type[D], *args: object) -> list[D]:
+        """The non-None decisions of every `name` hook, in order, each checked to be a `kind`.
+        Every hook gets the same arguments (hooks that accumulate, not transform)."""
+        decisions: list[D] = []
+        for hook in self._hooks(name):
+            decision = await hook(*args)
             if decision is None:
                 continue
-            if not isinstance(decision, PrepareRunDecision):
-                raise _wrong_decision("prepare_run", decision)
-            decided = True
+            if not isinstance(decision, kind):
+                raise _wrong_decision(name, decision)
+            decisions.append(decision)
+        return decisions
+
+    async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
+        decisions = await self._decisions("prepare_run", PrepareRunDecision, ctx)
+        if not decisions:
+            return None
+        # A fresh dict: merging into a hook's returned mapping would mutate that hook's state.
+        context: dict[str, Any] = {}
+        for decision in decisions:
             context.update(decision.context)
-            if respond is None:
-                respond = decision.respond
-        return PrepareRunDecision(context=context, respond=respond) if decided else None
+        respond = next((d.respond for d in decisions if d.respond is not None), None)
+        return PrepareRunDecision(context=context, respond=respond)
 
     async def resolve_model_context(
         self, ctx: RunContext, next: ContextNext
@@ -225,35 +234,27 @@ class _ComposedLifecycle(AgentLifecycle):
         return stream
 
     async def after_step(self, ctx: StepContext, result: StepResult) -> AfterStepDecision | None:
+        decisions = await self._decisions("after_step", AfterStepDecision, ctx, result)
+        if not decisions:
+            return None
         replace: tuple[ContextMessage, ...] | None = None
         append: tuple[ContextMessage, ...] = ()
-        decided = False
-        for hook in self._hooks("after_step"):
-            decision = await hook(ctx, result)
-            if decision is None:
-                continue
-            if not isinstance(decision, AfterStepDecision):
-                raise _wrong_decision("after_step", decision)
-            decided = True
+        for decision in decisions:
             if decision.replace is not None:
                 replace, append = tuple(decision.replace), ()
             append += tuple(decision.append)
-        return AfterStepDecision(append=append, replace=replace) if decided else None
+        return AfterStepDecision(append=append, replace=replace)
 
     async def prepare_history_rewrite(self, ctx: RewriteContext) -> MetadataPatch | None:
+        patches = await self._decisions("prepare_history_rewrite", MetadataPatch, ctx)
+        if not patches:
+            return None
         public: dict[str, Any] = {}
         private: dict[str, Any] = {}
-        patched = False
-        for hook in self._hooks("prepare_history_rewrite"):
-            patch = await hook(ctx)
-            if patch is None:
-                continue
-            if not isinstance(patch, MetadataPatch):
-                raise _wrong_decision("prepare_history_rewrite", patch)
-            patched = True
+        for patch in patches:
             public.update(patch.public)
             private.update(patch.private)
-        return MetadataPatch(public=public, private=private) if patched else None
+        return MetadataPatch(public=public, private=private)
 
     async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
         failures: list[Exception] = []
