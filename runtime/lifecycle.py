@@ -326,8 +326,10 @@ class AgentLifecycle:
         return None
 
     async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
-        """Observe a committed rewrite, best effort, for idempotent external reconciliation
-        (`historyRewritten`). Its failures are reported, never undo the rewrite.
+        """Observe a committed rewrite for idempotent external reconciliation (`historyRewritten`).
+
+        Spec: a best-effort fact after commit; it cannot change model input or the transcript.
+        Its failures are reported and never undo the rewrite.
 
         Composed: every observer runs in order even if some raise; then, if any raised,
         HistoryRewrittenErrors carrying all failures (nested groups flattened).

@@ -146,3 +146,35 @@ def test_the_public_api_exports_what_it_lists() -> None:
         }
         assert name in defined, f"{module} does not define {name}"
     assert "OpenAICompatModel" not in vars(runtime)  # still lazy after `import runtime`
+
+
+def test_every_hook_documents_its_spec_row_and_composition_rule() -> None:
+    import inspect
+
+    from runtime.compose import _ComposedLifecycle
+    from runtime.lifecycle import AgentLifecycle
+
+    hooks = [name for name, _ in inspect.getmembers(AgentLifecycle, inspect.isfunction)]
+    assert len(hooks) == 11, hooks  # the spec's phases that are hooks
+    for name in hooks:
+        doc = inspect.getdoc(getattr(AgentLifecycle, name)) or ""
+        assert "Spec:" in doc and "Composed:" in doc, f"AgentLifecycle.{name} docstring"
+        # A hook the composite does not override would silently run only the base no-op.
+        assert name in vars(_ComposedLifecycle), f"compose_lifecycle does not compose {name}"
+
+
+def test_every_public_lifecycle_type_is_exported() -> None:
+    import inspect
+
+    import runtime
+    import runtime.lifecycle
+
+    declared = [
+        name
+        for name, value in vars(runtime.lifecycle).items()
+        if not name.startswith("_")
+        and getattr(value, "__module__", None) == "runtime.lifecycle"
+        and inspect.isclass(value)
+    ]
+    assert declared
+    assert [name for name in declared if name not in runtime.__all__] == []
