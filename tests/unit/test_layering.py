@@ -178,3 +178,25 @@ def test_every_public_lifecycle_type_is_exported() -> None:
     ]
     assert declared
     assert [name for name in declared if name not in runtime.__all__] == []
+
+
+def test_runtime_modules_do_not_import_the_public_api() -> None:
+    """`runtime/__init__.py` imports the modules; one of them importing a name from `runtime`
+    back would be a cycle that works or breaks depending on which module a process imports
+    first. `from runtime import telemetry` (a submodule) is fine."""
+    submodules = {path.stem for path in (ROOT / "runtime").glob("*.py")} | {
+        path.parent.name for path in (ROOT / "runtime").glob("*/__init__.py")
+    }
+    offenders = []
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        if path == ROOT / "runtime" / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names if alias.name == "runtime"]
+            elif isinstance(node, ast.ImportFrom) and node.module == "runtime" and not node.level:
+                names = [alias.name for alias in node.names if alias.name not in submodules]
+            else:
+                continue
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names]
+    assert offenders == []
