@@ -33,12 +33,12 @@ import common  # bench/common.py, next to this script
 
 from realtime import open_bus
 from realtime.channels import thread_channel
-from realtime.publisher import Publisher
 from runtime.agent import Agent
 from runtime.demo import demo_agent
 from runtime.models import Principal, Role
 from runtime.providers.base import FinishDelta, ModelDelta, ModelRequest, TextDelta
 from runtime.providers.scripted import FunctionModel
+from runtime.publisher import Publisher
 from runtime.service import ThreadService
 from runtime.storage import open_store
 from runtime.worker import Worker

@@ -27,35 +27,40 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.agent import Agent
-from runtime.compose import compose_lifecycle
-from runtime.demo.model import delay_seconds
-from runtime.demo.redact import EMAIL, RedactEmails
-from runtime.lifecycle import (
+from runtime import (
+    ALL_ROLES,
+    Agent,
     AgentLifecycle,
     BeforeToolDecision,
+    FunctionModel,
+    MessageRole,
+    Model,
+    ModelDelta,
+    ModelRequest,
     PrepareRunDecision,
+    RedactEmails,
     Reject,
     ReplaceInput,
     Respond,
     RunContext,
+    Snapshot,
     StepContext,
+    SuspendStep,
+    TextDelta,
+    TextPart,
     ToolCall,
     ToolCallContext,
+    ToolCallPart,
+    ToolContext,
     ToolResult,
-)
-from runtime.models import MessageRole, Snapshot, TextPart, ToolCallPart, ToolState
-from runtime.providers import (
-    FunctionModel,
-    Model,
-    ModelDelta,
-    ModelRequest,
-    TextDelta,
+    ToolState,
+    compose_lifecycle,
+    message_text,
+    message_turns,
     text_response,
+    tool,
     tool_call_response,
 )
-from runtime.providers.context import message_text, message_turns
-from runtime.tools import ALL_ROLES, SuspendStep, ToolContext, tool
 
 MAX_DAYS = 7
 INSTRUCTIONS = (
@@ -99,7 +104,7 @@ AlertKind = Literal["storm", "heat", "frost"]
 class AlertInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     city: str = Field(min_length=1, max_length=100)
-    contact: str = Field(pattern=f"^{EMAIL.pattern}$", max_length=254)
+    contact: str = Field(pattern=f"^{RedactEmails.pattern.pattern}$", max_length=254)
     kind: AlertKind
 
 
@@ -112,7 +117,7 @@ class AlertApproval(BaseModel):
     note: str | None = Field(default=None, max_length=500)
 
 
-# Any role of the thread's scope may approve; pass TRUSTED_ROLES (runtime.tools) to leave the
+# Any role of the thread's scope may approve; pass TRUSTED_ROLES (from runtime) to leave the
 # decision to backend actors and admins.
 @tool(suspend=SuspendStep(payload=AlertApproval, allowed_roles=ALL_ROLES))
 async def subscribe_alerts(args: AlertInput, ctx: ToolContext) -> dict[str, Any]:
@@ -210,8 +215,8 @@ def weather_lifecycle() -> AgentLifecycle:
 FORECAST = re.compile(r"\b(?:weather|forecast)\s+(?:for|in)\s+([^\W\d_][^\n?!.,;:]*)", re.I)
 DAYS = re.compile(r"\b(\d{1,2})\s*days?\b", re.IGNORECASE)
 ALERT = re.compile(
-    r"\balert\s+(" + EMAIL.pattern + r")\s+(?:about|of)\s+(storm|heat|frost)s?\s+in\s+"
-    r"([^\W\d_][^\n?!.,;:]*)",
+    r"\balert\s+(" + RedactEmails.pattern.pattern + r")\s+(?:about|of)\s+(storm|heat|frost)s?"
+    r"\s+in\s+([^\W\d_][^\n?!.,;:]*)",
     re.IGNORECASE,
 )
 _CITY_END = re.compile(r"\s+(?:for|over|in|next|during)\b.*$", re.IGNORECASE)
@@ -276,10 +281,19 @@ def _text(text: str) -> list[ModelDelta]:
     return text_response(text, chunks=max(1, len(text) // 12))
 
 
+def pause_seconds() -> float:
+    """The pause between text deltas: THREADLINE_DEMO_DELAY_MS as for the demo agent (30 ms
+    unless set; the tests set 0), so a browser shows the text streaming."""
+    try:
+        return max(0.0, float(os.environ.get("THREADLINE_DEMO_DELAY_MS") or 30)) / 1000
+    except ValueError:
+        return 0.03
+
+
 async def weather_model(request: ModelRequest) -> AsyncIterator[ModelDelta]:
-    """The FunctionModel's function: streams `plan`, pausing THREADLINE_DEMO_DELAY_MS between
-    text deltas (0 in tests)."""
-    delay = delay_seconds()
+    """The FunctionModel's function: streams `plan`, pausing `pause_seconds()` between text
+    deltas."""
+    delay = pause_seconds()
     for index, delta in enumerate(plan(request)):
         if index and isinstance(delta, TextDelta):
             await asyncio.sleep(delay)
@@ -291,7 +305,7 @@ def build_model() -> Model:
 
     The same switch in code, without the environment:
 
-        from runtime.providers import AnthropicModel, OpenAICompatModel
+        from runtime import AnthropicModel, OpenAICompatModel
         model = OpenAICompatModel("gpt-4o-mini")                      # OPENAI_API_KEY
         model = OpenAICompatModel("llama3.1", base_url="http://127.0.0.1:11434/v1")  # Ollama
         model = OpenAICompatModel("my-model", base_url="http://127.0.0.1:8080/v1")   # llama.cpp
@@ -303,11 +317,11 @@ def build_model() -> Model:
     provider, _, name = spec.partition(":")
     base_url = os.environ.get("WEATHER_AGENT_BASE_URL") or None
     if provider == "openai" and name:
-        from runtime.providers import OpenAICompatModel
+        from runtime import OpenAICompatModel
 
         return OpenAICompatModel(name, base_url=base_url, temperature=0.2)
     if provider == "anthropic" and name:
-        from runtime.providers import AnthropicModel
+        from runtime import AnthropicModel
 
         return AnthropicModel(name, base_url=base_url, max_tokens=1024)
     raise ValueError(f"WEATHER_AGENT_MODEL={spec!r}: use openai:<model> or anthropic:<model>")
@@ -338,12 +352,8 @@ def _assistant_text(snapshot: Snapshot) -> str:
 async def _main() -> None:
     import tempfile
 
-    from realtime.memory import MemoryBus
-    from realtime.publisher import Publisher
-    from runtime.models import Principal, Role, RunStatus
-    from runtime.service import ThreadService
-    from runtime.storage import SqliteStore
-    from runtime.worker import Worker
+    from realtime import MemoryBus
+    from runtime import Principal, Publisher, Role, RunStatus, SqliteStore, ThreadService, Worker
 
     settled = (RunStatus.WAITING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
     user = Principal(subject="alice", role=Role.USER, scopes=frozenset({"demo"}))

@@ -18,7 +18,6 @@ from realtime.errors import BusClosedError, BusError, BusUnavailableError
 from realtime.hub import Hub
 from realtime.memory import MemoryBus
 from realtime.outbox import CLOSE_SLOW_CONSUMER, Outbox, SlowConsumerError
-from realtime.publisher import Publisher
 
 __all__ = [
     "CLOSE_SLOW_CONSUMER",
@@ -29,7 +28,6 @@ __all__ = [
     "Hub",
     "MemoryBus",
     "Outbox",
-    "Publisher",
     "SlowConsumerError",
     "Subscription",
     "connect_bus",

@@ -10,7 +10,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Self
+from typing import Generic, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from realtime.telemetry import DROPPED, safe_add
@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 ReconnectListener = Callable[[], Awaitable[None] | None]
 
 DEFAULT_MAX_QUEUE = 1000
+
+K = TypeVar("K", str, bytes)
 
 
 class BusState(enum.Enum):
@@ -115,6 +117,45 @@ class QueueSubscription:
             await self._event.wait()
         return self._items.popleft()
 
+
+
+class LocalSubscriptions(Generic[K]):
+    """The local subscriptions of a bus by channel key; what it delivers each message to."""
+
+    def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+        self._max_queue = max_queue
+        self._by_key: dict[K, set[QueueSubscription]] = {}
+
+    def keys(self) -> set[K]:
+        return set(self._by_key)
+
+    def count(self, key: K) -> int:
+        return len(self._by_key.get(key, ()))
+
+    def add(self, key: K, channel: str) -> QueueSubscription:
+        subscription = QueueSubscription(channel, self._max_queue)
+        self._by_key.setdefault(key, set()).add(subscription)
+        return subscription
+
+    def remove(self, key: K, subscription: QueueSubscription) -> None:
+        """Close `subscription` and forget it; the key goes with its last subscription."""
+        subscription.close()
+        subscriptions = self._by_key.get(key)
+        if subscriptions is not None:
+            subscriptions.discard(subscription)
+            if not subscriptions:
+                del self._by_key[key]
+
+    def push(self, key: K, data: bytes) -> None:
+        for subscription in self._by_key.get(key, ()):
+            subscription.push(data)
+
+    def close_all(self) -> None:
+        """Close every subscription (their iterations end after what is queued)."""
+        for subscriptions in self._by_key.values():
+            for subscription in subscriptions:
+                subscription.close()
+        self._by_key.clear()
 
 class ReconnectListeners:
     """Callbacks run after a bus re-established its connection (sync or async, errors logged)."""

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-# Wakeups and stop signals for workers; never forwarded to clients.
-CONTROL_CHANNEL = "control"
-
 
 def _check(thread_id: str) -> str:
     if not thread_id:

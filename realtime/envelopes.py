@@ -1,4 +1,4 @@
-"""What travels on the bus: typed envelopes, serialised once per publish into the client frame."""
+"""What travels on thread channels: typed envelopes, serialised once into the client frame."""
 
 from __future__ import annotations
 
@@ -40,42 +40,20 @@ class ResyncEnvelope(_Envelope):
     thread_id: str
 
 
-class WakeupEnvelope(_Envelope):
-    """Control: work is available (a specific run, or any queued work when `run_id` is None)."""
-
-    type: Literal["wakeup"] = "wakeup"
-    run_id: str | None = None
-
-
-class StopEnvelope(_Envelope):
-    """Control: the worker executing `run_id` must stop it."""
-
-    type: Literal["stop"] = "stop"
-    run_id: str
-
-
 ThreadMessage: TypeAlias = Annotated[
     ChunkEnvelope | InvalidateEnvelope, Field(discriminator="type")
 ]
-ControlMessage: TypeAlias = Annotated[WakeupEnvelope | StopEnvelope, Field(discriminator="type")]
-Envelope: TypeAlias = (
-    ChunkEnvelope | InvalidateEnvelope | ResyncEnvelope | WakeupEnvelope | StopEnvelope
-)
 
 THREAD_MESSAGE_ADAPTER: TypeAdapter[ChunkEnvelope | InvalidateEnvelope] = TypeAdapter(ThreadMessage)
-CONTROL_MESSAGE_ADAPTER: TypeAdapter[WakeupEnvelope | StopEnvelope] = TypeAdapter(ControlMessage)
 
 
-def encode(envelope: Envelope) -> bytes:
-    """Serialise once; the same bytes go to the bus, the replay buffer and every websocket."""
+def encode(envelope: BaseModel) -> bytes:
+    """Serialise once; the same bytes go to the bus, the replay buffer and every websocket.
+
+    Any envelope model: users of the bus (the runtime's control signals) define their own."""
     return orjson.dumps(envelope.model_dump())
 
 
 def decode_thread_message(data: bytes) -> ChunkEnvelope | InvalidateEnvelope:
     """Parse a thread-channel message; raises `pydantic.ValidationError` on anything else."""
     return THREAD_MESSAGE_ADAPTER.validate_json(data)
-
-
-def decode_control(data: bytes) -> WakeupEnvelope | StopEnvelope:
-    """Parse a control-channel message; raises `pydantic.ValidationError` on anything else."""
-    return CONTROL_MESSAGE_ADAPTER.validate_json(data)

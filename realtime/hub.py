@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias, runtime_checkable
 
@@ -159,14 +159,6 @@ class Hub(AsyncResource):
         if not watch.listeners:
             del self._watches[thread_id]
             await self._stop(watch)
-
-    @asynccontextmanager
-    async def watch(self, thread_id: str, listener: ListenerLike) -> AsyncIterator[None]:
-        await self.add(thread_id, listener)
-        try:
-            yield
-        finally:
-            await self.remove(thread_id, listener)
 
     async def replay(self, thread_id: str) -> list[bytes]:
         """The in-flight step's chunk frames, oldest first (empty if the bus cannot say)."""

@@ -11,6 +11,7 @@ from realtime.base import (
     DEFAULT_MAX_QUEUE,
     AsyncResource,
     BusState,
+    LocalSubscriptions,
     QueueSubscription,
     ReconnectListener,
     ReconnectListeners,
@@ -45,11 +46,10 @@ class MemoryBus(AsyncResource):
         replay_ttl: float = DEFAULT_REPLAY_TTL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._max_queue = max_queue
         self._replay_ttl = replay_ttl
         self._clock = clock
         self._state = BusState.NEW
-        self._subscriptions: dict[str, set[QueueSubscription]] = {}
+        self._subscriptions: LocalSubscriptions[str] = LocalSubscriptions(max_queue)
         self._replay: dict[str, _ReplayBuffer] = {}
         self._appends = 0
         self._listeners = ReconnectListeners()
@@ -61,10 +61,7 @@ class MemoryBus(AsyncResource):
 
     async def close(self) -> None:
         self._state = BusState.CLOSED
-        for subscriptions in self._subscriptions.values():
-            for subscription in subscriptions:
-                subscription.close()
-        self._subscriptions.clear()
+        self._subscriptions.close_all()
         self._replay.clear()
 
     @property
@@ -79,27 +76,20 @@ class MemoryBus(AsyncResource):
         self._require_open()
         if not isinstance(data, bytes):
             raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
-        for subscription in self._subscriptions.get(channel, ()):
-            subscription.push(data)
+        self._subscriptions.push(channel, data)
 
     @asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[QueueSubscription]:
         self._require_open()
-        subscription = QueueSubscription(channel, self._max_queue)
-        self._subscriptions.setdefault(channel, set()).add(subscription)
+        subscription = self._subscriptions.add(channel, channel)
         try:
             yield subscription
         finally:
-            subscription.close()
-            subscriptions = self._subscriptions.get(channel)
-            if subscriptions is not None:
-                subscriptions.discard(subscription)
-                if not subscriptions:
-                    del self._subscriptions[channel]
+            self._subscriptions.remove(channel, subscription)
 
     def subscriber_count(self, channel: str) -> int:
         """Local subscriptions of `channel` (the hub keeps this at one per thread)."""
-        return len(self._subscriptions.get(channel, ()))
+        return self._subscriptions.count(channel)
 
     async def append_replay(self, key: str, data: bytes, limit: int) -> None:
         self._require_open()

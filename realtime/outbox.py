@@ -128,10 +128,6 @@ class Outbox:
         self._wakeup.set()
         return self._evaluate()
 
-    def listener(self, thread_id: str) -> OutboxListener:
-        """An object to register with `Hub.add(thread_id, ...)` that feeds this outbox."""
-        return OutboxListener(self, thread_id)
-
     def get_nowait(self) -> bytes | None:
         """The next frame, or None if nothing is queued."""
         self._raise_if_done()
@@ -233,24 +229,3 @@ class Outbox:
         self._live = 0
         self._over_since = None
 
-
-class OutboxListener:
-    """Adapts an outbox to the hub's `Listener` protocol for one thread."""
-
-    __slots__ = ("outbox", "thread_id")
-
-    def __init__(self, outbox: Outbox, thread_id: str) -> None:
-        self.outbox = outbox
-        self.thread_id = thread_id
-
-    def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
-        self.outbox.put(data, kind, self.thread_id, version)
-
-    # Equal by (outbox, thread) so `hub.remove(t, outbox.listener(t))` finds the registration.
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, OutboxListener):
-            return NotImplemented
-        return self.outbox is other.outbox and self.thread_id == other.thread_id
-
-    def __hash__(self) -> int:
-        return hash((id(self.outbox), self.thread_id))

@@ -20,6 +20,7 @@ from realtime.base import (
     DEFAULT_MAX_QUEUE,
     AsyncResource,
     BusState,
+    LocalSubscriptions,
     QueueSubscription,
     ReconnectListener,
     ReconnectListeners,
@@ -36,7 +37,7 @@ DEFAULT_REPLAY_TTL = 3600
 
 async def _close_quietly(pubsub: PubSub) -> None:
     with suppress(Exception):
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()
 
 
 class RedisBus(AsyncResource):
@@ -70,7 +71,6 @@ class RedisBus(AsyncResource):
         self.prefix = prefix
         self._prefix_bytes = prefix.encode()
         self.name = name or f"threadline-{uuid.uuid4().hex[:8]}"
-        self._max_queue = max_queue
         self._replay_ttl = replay_ttl
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
@@ -87,7 +87,7 @@ class RedisBus(AsyncResource):
         # Serialises changes of the pub/sub connection and the SUBSCRIBE/UNSUBSCRIBE commands
         # sent on it, so a reconnect never races a channel change. Reading holds no lock.
         self._lock = asyncio.Lock()
-        self._subscriptions: dict[bytes, set[QueueSubscription]] = {}
+        self._subscriptions: LocalSubscriptions[bytes] = LocalSubscriptions(max_queue)
         self._remote: set[bytes] = set()  # SUBSCRIBE sent on the current connection
         self._confirmed: set[bytes] = set()  # ... and confirmed by Redis
         self._waiters: dict[bytes, list[asyncio.Future[None]]] = {}
@@ -114,7 +114,7 @@ class RedisBus(AsyncResource):
 
     def subscriber_count(self, channel: str) -> int:
         """Local subscriptions of `channel` in this process (Redis sees at most one)."""
-        return len(self._subscriptions.get(self._prefix_bytes + channel.encode(), ()))
+        return self._subscriptions.count(self._prefix_bytes + channel.encode())
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -167,10 +167,7 @@ class RedisBus(AsyncResource):
             await cancel_and_wait(self._reader)
             self._reader = None
         await self._drop_pubsub()
-        for subscriptions in self._subscriptions.values():
-            for subscription in subscriptions:
-                subscription.close()
-        self._subscriptions.clear()
+        self._subscriptions.close_all()
         self._release_waiters()
         await self._close_clients()
 
@@ -233,19 +230,13 @@ class RedisBus(AsyncResource):
         """Works while Redis is down too: the channel is subscribed when the connection is back."""
         self._require_open()
         key = self._prefix_bytes + channel.encode()
-        subscription = QueueSubscription(channel, self._max_queue)
-        self._subscriptions.setdefault(key, set()).add(subscription)
+        subscription = self._subscriptions.add(key, channel)
         try:
             await self._sync_channels()
             await self._wait_confirmed(key)
             yield subscription
         finally:
-            subscription.close()
-            subscriptions = self._subscriptions.get(key)
-            if subscriptions is not None:
-                subscriptions.discard(subscription)
-                if not subscriptions:
-                    del self._subscriptions[key]
+            self._subscriptions.remove(key, subscription)
             if self._state is BusState.OPEN:
                 await self._sync_channels()
 
@@ -256,7 +247,7 @@ class RedisBus(AsyncResource):
             pubsub = self._pubsub
             if pubsub is None:
                 return  # the reconnect subscribes everything
-            wanted = set(self._subscriptions)
+            wanted = self._subscriptions.keys()
             added, removed = wanted - self._remote, self._remote - wanted
             try:
                 if added:
@@ -308,9 +299,9 @@ class RedisBus(AsyncResource):
         assert self._pubsub_client is not None
         async with self._lock:
             pubsub = self._pubsub_client.pubsub()
-            channels = list(self._subscriptions)
+            channels = list(self._subscriptions.keys())
             try:
-                await pubsub.connect()  # type: ignore[no-untyped-call]
+                await pubsub.connect()
                 if channels:
                     await pubsub.subscribe(*channels)
             except BaseException:
@@ -399,8 +390,7 @@ class RedisBus(AsyncResource):
         channel = message["channel"]
         if kind == "message":
             data = message["data"]
-            for subscription in self._subscriptions.get(channel, ()):
-                subscription.push(data)
+            self._subscriptions.push(channel, data)
         elif kind == "subscribe":
             self._confirmed.add(channel)
             for future in self._waiters.pop(channel, ()):

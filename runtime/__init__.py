@@ -1,0 +1,199 @@
+"""The public API for agent authors: `from runtime import Agent, tool, compose_lifecycle, ...`."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from runtime.agent import Agent
+from runtime.chunks import (
+    RunTakeoverChunk,
+    StepFinishChunk,
+    StepStartChunk,
+    StreamChunk,
+    TextDeltaChunk,
+    ToolCallChunk,
+    ToolStateChunk,
+)
+from runtime.compose import HistoryRewrittenErrors, as_lifecycle, compose_lifecycle
+from runtime.demo.redact import RedactEmails
+from runtime.lifecycle import (
+    AfterStepDecision,
+    AgentLifecycle,
+    BeforeToolDecision,
+    Block,
+    ContextNext,
+    Continue,
+    MetadataPatch,
+    ModelCall,
+    PrepareRunDecision,
+    Reject,
+    ReplaceInput,
+    Respond,
+    RewriteContext,
+    RewriteOutcome,
+    RunContext,
+    RuntimeContextInput,
+    Skip,
+    StepContext,
+    StepResult,
+    ToolCall,
+    ToolCallContext,
+    ToolResult,
+)
+from runtime.models import (
+    MessageRole,
+    Principal,
+    Role,
+    RunStatus,
+    RunTrigger,
+    Snapshot,
+    TextPart,
+    ToolCallPart,
+    ToolState,
+    Visibility,
+    WaitKind,
+)
+from runtime.providers.base import (
+    ContextMessage,
+    FinishDelta,
+    Model,
+    ModelDelta,
+    ModelRequest,
+    ProviderError,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+    UsageDelta,
+)
+from runtime.providers.context import message_text, message_turns
+from runtime.providers.scripted import (
+    FunctionModel,
+    ScriptedModel,
+    ScriptedToolCall,
+    text_response,
+    tool_call_response,
+    tool_calls_response,
+)
+from runtime.tools import (
+    ALL_ROLES,
+    TRUSTED_ROLES,
+    ResultPayload,
+    SuspendStep,
+    Tool,
+    ToolContext,
+    manual_tool,
+    tool,
+)
+
+if TYPE_CHECKING:
+    from runtime.providers.anthropic import AnthropicModel
+    from runtime.providers.openai_compat import OpenAICompatModel
+    from runtime.publisher import Publisher
+    from runtime.service import ThreadService
+    from runtime.storage import PostgresStore, SqliteStore
+    from runtime.worker import Worker
+
+__all__ = [
+    "ALL_ROLES",
+    "TRUSTED_ROLES",
+    "AfterStepDecision",
+    "Agent",
+    "AgentLifecycle",
+    "AnthropicModel",
+    "BeforeToolDecision",
+    "Block",
+    "ContextMessage",
+    "ContextNext",
+    "Continue",
+    "FinishDelta",
+    "FunctionModel",
+    "HistoryRewrittenErrors",
+    "MessageRole",
+    "MetadataPatch",
+    "Model",
+    "ModelCall",
+    "ModelDelta",
+    "ModelRequest",
+    "OpenAICompatModel",
+    "PostgresStore",
+    "PrepareRunDecision",
+    "Principal",
+    "ProviderError",
+    "Publisher",
+    "RedactEmails",
+    "Reject",
+    "ReplaceInput",
+    "Respond",
+    "ResultPayload",
+    "RewriteContext",
+    "RewriteOutcome",
+    "Role",
+    "RunContext",
+    "RunStatus",
+    "RunTakeoverChunk",
+    "RunTrigger",
+    "RuntimeContextInput",
+    "ScriptedModel",
+    "ScriptedToolCall",
+    "Skip",
+    "Snapshot",
+    "SqliteStore",
+    "StepContext",
+    "StepFinishChunk",
+    "StepResult",
+    "StepStartChunk",
+    "StreamChunk",
+    "SuspendStep",
+    "TextDelta",
+    "TextDeltaChunk",
+    "TextPart",
+    "ThreadService",
+    "Tool",
+    "ToolCall",
+    "ToolCallChunk",
+    "ToolCallContext",
+    "ToolCallDelta",
+    "ToolCallPart",
+    "ToolContext",
+    "ToolResult",
+    "ToolSpec",
+    "ToolState",
+    "ToolStateChunk",
+    "UsageDelta",
+    "Visibility",
+    "WaitKind",
+    "Worker",
+    "as_lifecycle",
+    "compose_lifecycle",
+    "manual_tool",
+    "message_text",
+    "message_turns",
+    "text_response",
+    "tool",
+    "tool_call_response",
+    "tool_calls_response",
+]
+
+# Loaded on first use: the vendor SDKs take seconds to import (`python -X importtime`), and the
+# hosting classes (to run an agent in-process without the server) pull in storage and the bus.
+_LAZY = {
+    "AnthropicModel": "runtime.providers.anthropic",
+    "OpenAICompatModel": "runtime.providers.openai_compat",
+    "PostgresStore": "runtime.storage",
+    "Publisher": "runtime.publisher",
+    "SqliteStore": "runtime.storage",
+    "ThreadService": "runtime.service",
+    "Worker": "runtime.worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from runtime.chunks import StreamChunk
 from runtime.lifecycle import (
@@ -38,12 +38,16 @@ from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest
 
 __all__ = ["HistoryRewrittenErrors", "as_lifecycle", "compose_lifecycle"]
 
+D = TypeVar("D")
+
 
 class HistoryRewrittenErrors(ExceptionGroup[Exception]):
     """Failures of history_rewritten observers, in observer order. Raised only after every
     observer ran; the rewrite has already committed, so the runtime reports it, never undoes."""
 
-    def derive(self, excs: Sequence[Exception]) -> HistoryRewrittenErrors:  # type: ignore[override]
+    # The ignore: typeshed's overloads also promise BaseException groups, which split()/subgroup()
+    # never derive from a group that holds only Exceptions.
+    def derive(self, excs: Sequence[Exception], /) -> HistoryRewrittenErrors:  # type: ignore[override]
         # Keep the type through split()/subgroup() so `except HistoryRewrittenErrors` still works.
         return HistoryRewrittenErrors(self.message, excs)
 
@@ -55,39 +59,10 @@ def compose_lifecycle(*lifecycles: object) -> AgentLifecycle:
     skipped), an AgentLifecycle subclass, or another composed lifecycle. Composition is
     associative: compose(compose(a, b), c) behaves as compose(a, b, c).
 
-    Semantics per hook, for compose_lifecycle(a, b, c):
-
-    - runtime_context: a, b, c; returned mappings shallow-merged (later keys win); None when
-      every hook returned None.
-    - resolve_model_context: middleware, a outermost, c closest to the runtime's leaf. Every
-      layer's `next` is memoized: the inner chain is evaluated at most once (a raised Exception
-      is cached and re-raised too; a cancellation is not cached) and each call returns a fresh
-      copy of the list. A layer that never calls `next` keeps the inner layers from running.
-    - prepare_run: a, b, c, each with the same ctx. Decisions accumulate: contexts
-      shallow-merged in order (later keys win) and the FIRST `respond` wins, but every hook
-      still runs (so all of them can contribute context and bookkeeping). None when every hook
-      returned None.
-    - prepare_model_step: a, b, c; a returned ModelRequest becomes the next hook's request.
-      Respond/Block short-circuits and is returned. Otherwise returns the final request (the
-      original object when nobody changed it).
-    - around_model_call: a outermost, c closest to the underlying call.
-    - before_tool_call: a, b, c; ReplaceInput hands later hooks a ToolCall with the patched
-      input; Skip/Reject short-circuits and is returned. Otherwise ReplaceInput(final input)
-      if any hook replaced the input, else Continue().
-    - after_tool_result: a, b, c; a returned ToolResult replaces the one later hooks see.
-      Always returns the final ToolResult (the original object when nobody changed it).
-    - transform_step_stream: c(b(a(stream))): a sees the raw stream, c yields canonical chunks.
-    - after_step: a, b, c, each with the same StepResult. Decisions fold in order: a `replace`
-      resets the accumulated messages (dropping earlier appends), an `append` adds after them.
-      The result means: next-step extra context = (replace if not None else the current extra
-      context) + append. None when every hook returned None.
-    - prepare_history_rewrite: a, b, c; public and private patches shallow-merged separately
-      (later keys win). None when every hook returned None.
-    - history_rewritten: every observer runs in order even if some raise; then, if any raised,
-      HistoryRewrittenErrors carrying all failures (nested groups are flattened).
-
-    An exception raised by any other hook propagates at once and later hooks do not run (the
-    runtime fails the run). A decision of the wrong type raises TypeError.
+    How each hook composes is documented on the hook itself, in runtime.lifecycle.AgentLifecycle
+    ("Composed: ..."). An exception raised by a hook other than history_rewritten propagates at
+    once and later hooks do not run (the runtime fails the run); a decision of the wrong type
+    raises TypeError.
     """
     return _ComposedLifecycle(lifecycles)
 
@@ -137,7 +112,7 @@ def _wrong_decision(hook_name: str, decision: object) -> TypeError:
 
 
 class _ComposedLifecycle(AgentLifecycle):
-    """The result of compose_lifecycle; see its docstring for the semantics of each hook."""
+    """The result of compose_lifecycle; each hook composes as its AgentLifecycle docstring says."""
 
     def __init__(self, lifecycles: Sequence[object]) -> None:
         self.lifecycles: tuple[object, ...] = tuple(lifecycles)
@@ -161,22 +136,29 @@ class _ComposedLifecycle(AgentLifecycle):
                 returned = True
         return merged if returned else None
 
-    async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
-        # A fresh dict: merging into a hook's returned mapping would mutate that hook's state.
-        context: dict[str, Any] = {}
-        respond: Respond | None = None
-        decided = False
-        for hook in self._hooks("prepare_run"):
-            decision = await hook(ctx)
+    async def _decisions(self, name: str, kind: type[D], *args: object) -> list[D]:
+        """The non-None decisions of every `name` hook, in order, each checked to be a `kind`.
+        Every hook gets the same arguments (hooks that accumulate, not transform)."""
+        decisions: list[D] = []
+        for hook in self._hooks(name):
+            decision = await hook(*args)
             if decision is None:
                 continue
-            if not isinstance(decision, PrepareRunDecision):
-                raise _wrong_decision("prepare_run", decision)
-            decided = True
+            if not isinstance(decision, kind):
+                raise _wrong_decision(name, decision)
+            decisions.append(decision)
+        return decisions
+
+    async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
+        decisions = await self._decisions("prepare_run", PrepareRunDecision, ctx)
+        if not decisions:
+            return None
+        # A fresh dict: merging into a hook's returned mapping would mutate that hook's state.
+        context: dict[str, Any] = {}
+        for decision in decisions:
             context.update(decision.context)
-            if respond is None:
-                respond = decision.respond
-        return PrepareRunDecision(context=context, respond=respond) if decided else None
+        respond = next((d.respond for d in decisions if d.respond is not None), None)
+        return PrepareRunDecision(context=context, respond=respond)
 
     async def resolve_model_context(
         self, ctx: RunContext, next: ContextNext
@@ -252,35 +234,27 @@ class _ComposedLifecycle(AgentLifecycle):
         return stream
 
     async def after_step(self, ctx: StepContext, result: StepResult) -> AfterStepDecision | None:
+        decisions = await self._decisions("after_step", AfterStepDecision, ctx, result)
+        if not decisions:
+            return None
         replace: tuple[ContextMessage, ...] | None = None
         append: tuple[ContextMessage, ...] = ()
-        decided = False
-        for hook in self._hooks("after_step"):
-            decision = await hook(ctx, result)
-            if decision is None:
-                continue
-            if not isinstance(decision, AfterStepDecision):
-                raise _wrong_decision("after_step", decision)
-            decided = True
+        for decision in decisions:
             if decision.replace is not None:
                 replace, append = tuple(decision.replace), ()
             append += tuple(decision.append)
-        return AfterStepDecision(append=append, replace=replace) if decided else None
+        return AfterStepDecision(append=append, replace=replace)
 
     async def prepare_history_rewrite(self, ctx: RewriteContext) -> MetadataPatch | None:
+        patches = await self._decisions("prepare_history_rewrite", MetadataPatch, ctx)
+        if not patches:
+            return None
         public: dict[str, Any] = {}
         private: dict[str, Any] = {}
-        patched = False
-        for hook in self._hooks("prepare_history_rewrite"):
-            patch = await hook(ctx)
-            if patch is None:
-                continue
-            if not isinstance(patch, MetadataPatch):
-                raise _wrong_decision("prepare_history_rewrite", patch)
-            patched = True
+        for patch in patches:
             public.update(patch.public)
             private.update(patch.private)
-        return MetadataPatch(public=public, private=private) if patched else None
+        return MetadataPatch(public=public, private=private)
 
     async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
         failures: list[Exception] = []
@@ -298,11 +272,12 @@ class _ComposedLifecycle(AgentLifecycle):
 
 def _model_call_layer(hook: Callable[..., Any], ctx: StepContext, inner: ModelCall) -> ModelCall:
     async def call(request: ModelRequest) -> AsyncIterator[ModelDelta]:
-        stream = hook(ctx, request, inner)
+        returned = hook(ctx, request, inner)
         # The hook contract is `async def` returning a stream; an async generator hook yields
         # the deltas itself, so its result is already the stream.
-        if inspect.isawaitable(stream):
-            stream = await stream
-        return stream  # type: ignore[no-any-return]
+        stream: AsyncIterator[ModelDelta] = (
+            await returned if inspect.isawaitable(returned) else returned
+        )
+        return stream
 
     return call

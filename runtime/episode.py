@@ -8,7 +8,6 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from realtime.publisher import Publisher
 from runtime import telemetry
 from runtime.agent import Agent
 from runtime.chunks import RunTakeoverChunk
@@ -34,6 +33,7 @@ from runtime.phases import (
     run_step,
     runtime_context,
 )
+from runtime.publisher import Publisher
 from runtime.storage.base import RunChange, StepCommit, Store
 from runtime.streaming import ChunkSink
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from realtime.publisher import Publisher
 from runtime.agent import Agent
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.models import Lease, Run, RunStatus
+from runtime.publisher import Publisher
 from runtime.storage.base import Store
 from runtime.streaming import ChunkSink, StepOutput
 from runtime.toolcalls import ToolPhase

@@ -177,49 +177,161 @@ class AgentLifecycle:
 
     Hooks return decisions; the runtime applies them. They never write storage, never see raw
     provider records, and are never used for queueing, leases, stop, wakeups or publishing.
+
+    Each hook's docstring gives its row of the spec's phase table (what it may change) and its
+    rule under `compose_lifecycle(a, b, c)` (runtime/compose.py): the runtime always calls the
+    composed lifecycle, so a lifecycle may also be any object with a subset of these methods.
+    Unless a hook says otherwise, an exception it raises propagates at once (later hooks do not
+    run and the run fails), and a decision of the wrong type raises TypeError.
     """
 
     async def runtime_context(self, inp: RuntimeContextInput) -> Mapping[str, Any] | None:
+        """Build trusted agent-wide state for one execution episode (`runtimeContext`).
+
+        Spec: model input indirectly; persisted transcript no; tools no. Called once per
+        episode; the mapping becomes `RunContext.state` and `ToolContext.state` (read-only).
+
+        Composed: a, b, c; returned mappings shallow-merged (later keys win); None when every
+        hook returned None.
+        """
         return None
 
     async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
+        """Per-episode guardrails, quota, cache and limits (`prepareRun`); runs again on resume.
+
+        Spec: model input only the initial execution-local context (`decision.context` becomes
+        `StepContext.local`); persisted transcript only through `respond` (a terminal assistant
+        answer that ends the run); tools no.
+
+        Composed: a, b, c, each with the same ctx. Decisions accumulate without mutating the
+        input: contexts shallow-merged in order (later keys win) and the FIRST `respond` wins,
+        but every hook still runs. None when every hook returned None.
+        """
         return None
 
     async def resolve_model_context(
         self, ctx: RunContext, next: ContextNext
     ) -> list[ContextMessage]:
+        """Choose the durable/base messages of a model step (`resolveModelContext`).
+
+        Spec: model input chooses durable/base messages; persisted transcript no; tools no.
+        Lazy middleware over provider-backed history capped at the step-start anchor: `next()`
+        returns the committed visible messages up to it.
+
+        Composed: middleware, a outermost, c closest to the runtime's leaf. Every layer's `next`
+        is memoized: the inner chain is evaluated at most once (a raised Exception is cached and
+        re-raised too; a cancellation is not) and each call returns a fresh copy of the list. A
+        layer that never calls `next` keeps the inner layers from running.
+        """
         return await next()
 
     async def prepare_model_step(
         self, ctx: StepContext, request: ModelRequest
     ) -> ModelRequest | Respond | Block | None:
+        """Patch the request of one model step (`prepareModelStep`), after tool assembly.
+
+        Spec: model input yes (an ephemeral per-step patch: return a new ModelRequest);
+        persisted transcript only through `Respond` or `Block` with a response; tools no.
+        `Block` without a response fails the run with its reason.
+
+        Composed: a, b, c; a returned ModelRequest becomes the next hook's request.
+        Respond/Block short-circuits and is returned. Otherwise returns the final request (the
+        original object when nobody changed it).
+        """
         return None
 
     async def around_model_call(
         self, ctx: StepContext, request: ModelRequest, call: ModelCall
     ) -> AsyncIterator[ModelDelta]:
+        """Wrap the model call (`aroundModelCall`): `await call(request)` returns its stream.
+
+        Spec: model input yes; persisted transcript through the returned model stream; tools
+        no. It may catch setup failures of the call it wraps; failures delivered later while
+        the stream is consumed need stream-aware handling. An async generator yielding the
+        deltas itself is accepted too.
+
+        Composed: a outermost, c closest to the underlying call.
+        """
         return await call(request)
 
     async def before_tool_call(
         self, ctx: ToolCallContext, call: ToolCall
     ) -> BeforeToolDecision | None:
+        """Validate one model-created tool call before it executes or routes (`beforeToolCall`).
+
+        Spec: model input tool input only; persisted transcript through the tool part; tools
+        no. Return Continue (or None), ReplaceInput, Skip (its output is validated and becomes
+        the result) or Reject. Within one step it runs for every call before any ready tool
+        starts, and again on backend resume (`ctx.resumed`). Not the suspend mechanism: a tool
+        that needs a person declares a SuspendStep.
+
+        Composed: a, b, c; ReplaceInput hands later hooks a ToolCall with the patched input;
+        Skip/Reject short-circuits and is returned. Otherwise ReplaceInput(final input) if any
+        hook replaced the input, else Continue().
+        """
         return None
 
     async def after_tool_result(
         self, ctx: ToolCallContext, result: ToolResult
     ) -> ToolResult | None:
+        """Normalise a final tool result before the model sees it (`afterToolResult`).
+
+        Spec: model input tool result only; persisted transcript through the tool part; tools
+        no. Runs for every final model-visible result: completion, skipped output, rejection,
+        submitted client result, manual result, failure or cancellation. A replacement must
+        stay final and JSON-serialisable.
+
+        Composed: a, b, c; a returned ToolResult replaces the one later hooks see. Always
+        returns the final ToolResult (the original object when nobody changed it).
+        """
         return None
 
     def transform_step_stream(
         self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
     ) -> AsyncIterator[StreamChunk]:
+        """Transform a step's chunk stream at the canonical boundary (`transformStepStream`).
+
+        Spec: model input future steps only; persisted transcript yes; tools no. What the
+        composed chain yields is canonical: published live, committed, and seen by the next
+        step (a redaction here holds everywhere). A plain method or an async generator, never
+        an `async def` returning a stream.
+
+        Composed: c(b(a(stream))): a sees the raw stream, c yields the canonical chunks.
+        """
         return stream
 
     async def after_step(self, ctx: StepContext, result: StepResult) -> AfterStepDecision | None:
+        """Observe a committed step and steer the next one (`afterStep`).
+
+        Spec: model input future steps only; persisted transcript no direct rewrite; tools no.
+        Runs after the canonical step commit and before the run transition; it can append or
+        replace execution-local next-step model context (`StepContext.extra_messages`).
+
+        Composed: a, b, c, each with the same StepResult. Decisions fold in order: a `replace`
+        resets the accumulated messages (dropping earlier appends), an `append` adds after
+        them; next-step extra context = (replace if not None else the current one) + append.
+        None when every hook returned None.
+        """
         return None
 
     async def prepare_history_rewrite(self, ctx: RewriteContext) -> MetadataPatch | None:
+        """Prepare a regenerate or visibility rewrite (`prepareHistoryRewrite`).
+
+        Spec: returns thread metadata patches that commit in the same transaction as the
+        history change; it cannot change model input or the transcript otherwise.
+
+        Composed: a, b, c; public and private patches shallow-merged separately (later keys
+        win). None when every hook returned None.
+        """
         return None
 
     async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
+        """Observe a committed rewrite for idempotent external reconciliation (`historyRewritten`).
+
+        Spec: a best-effort fact after commit; it cannot change model input or the transcript.
+        Its failures are reported and never undo the rewrite.
+
+        Composed: every observer runs in order even if some raise; then, if any raised,
+        HistoryRewrittenErrors carrying all failures (nested groups flattened).
+        """
         return None

@@ -382,7 +382,7 @@ def pending_actions_of(message: Message) -> list[PendingAction]:
                     tool_call_id=part.tool_call_id,
                     tool_name=part.name,
                     input=part.input,
-                    schema=part.waiting.payload_schema,
+                    payload_schema=part.waiting.payload_schema,
                     allowed_roles=part.waiting.allowed_roles,
                 )
             )

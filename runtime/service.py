@@ -10,7 +10,6 @@ from typing import Any
 import jsonschema
 from pydantic import ValidationError
 
-from realtime.publisher import Publisher
 from runtime.agent import Agent
 from runtime.compose import HistoryRewrittenErrors, compose_lifecycle
 from runtime.errors import Forbidden, InvalidInput, InvalidPayload, NotFound, RunActive
@@ -28,6 +27,7 @@ from runtime.models import (
     Visibility,
     WaitKind,
 )
+from runtime.publisher import Publisher
 from runtime.storage.base import (
     ResolveResult,
     RewriteResult,

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from realtime.publisher import Publisher
 from runtime import telemetry
 from runtime.chunks import StreamChunk, TextDeltaChunk, ToolCallChunk
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.providers.base import Model, ModelDelta, ModelRequest, TextDelta, UsageDelta
 from runtime.providers.parts import StepAssembler
+from runtime.publisher import Publisher
 from runtime.shielding import uncancellable
 
 

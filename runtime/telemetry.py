@@ -9,6 +9,9 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
+# One definition for both layers (runtime may use realtime, never the reverse).
+from realtime.telemetry import safe_add as safe_add
+
 tracer = trace.get_tracer("threadline.runtime")
 meter = metrics.get_meter("threadline.runtime")
 
@@ -27,13 +30,8 @@ STORAGE_RETRIES = meter.create_counter("threadline.storage.retries")
 PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
 
 
-def safe_add(counter: Any, amount: float, attributes: dict[str, Any] | None = None) -> None:
-    """Record a metric; a broken telemetry pipeline must never change execution."""
-    with contextlib.suppress(Exception):
-        counter.add(amount, attributes or {})
-
-
 def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None = None) -> None:
+    """Record a histogram value; like safe_add, never changes execution."""
     with contextlib.suppress(Exception):
         histogram.record(value, attributes or {})
 

@@ -6,7 +6,7 @@ import inspect
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict
 
@@ -79,13 +79,24 @@ class Tool:
         return await self.fn(args)
 
 
+@overload
+def tool(fn: ToolFn, /) -> Tool: ...
+
+
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, suspend: SuspendStep | None = None
+) -> Callable[[ToolFn], Tool]: ...
+
+
 def tool(
     fn: ToolFn | None = None,
+    /,
     *,
     name: str | None = None,
     description: str | None = None,
     suspend: SuspendStep | None = None,
-) -> Any:
+) -> Tool | Callable[[ToolFn], Tool]:
     """Decorator: `@tool` or `@tool(suspend=SuspendStep(Approval))` on
     `async def f(args: Model[, ctx: ToolContext])`."""
 

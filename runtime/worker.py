@@ -9,14 +9,13 @@ import uuid
 from types import TracebackType
 
 from realtime.bus import Bus
-from realtime.channels import CONTROL_CHANNEL
-from realtime.envelopes import StopEnvelope, WakeupEnvelope, decode_control
-from realtime.publisher import Publisher
 from runtime.agent import Agent
 from runtime.compose import compose_lifecycle
+from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decode_control
 from runtime.episode import Episode
 from runtime.errors import LeaseLost
 from runtime.models import RunStatus
+from runtime.publisher import Publisher
 from runtime.storage.base import Store
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from starlette.routing import BaseRoute, WebSocketRoute
 
 from realtime import connect_bus, open_bus
 from realtime.hub import Hub
-from realtime.publisher import Publisher
 from runtime.agent import load_agent
 from runtime.errors import ThreadlineError
+from runtime.publisher import Publisher
 from runtime.service import ThreadService
 from runtime.storage import open_store
 from runtime.worker import Worker

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import AsyncIterator
+from typing import ClassVar
 
 from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.lifecycle import AgentLifecycle, StepContext
@@ -66,7 +67,10 @@ class RedactEmails(AgentLifecycle):
     order; held text is flushed before each of them, because text on either side of a tool
     call is stored as separate parts."""
 
-    async def transform_step_stream(  # type: ignore[override]
+    # The addresses it redacts, for agents that want to accept exactly those (as input patterns).
+    pattern: ClassVar[re.Pattern[str]] = EMAIL
+
+    async def transform_step_stream(
         self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
     ) -> AsyncIterator[StreamChunk]:
         redactor = EmailRedactor()

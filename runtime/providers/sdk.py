@@ -5,12 +5,19 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from runtime.providers.base import ModelDelta, ModelRequest, ProviderError
 from runtime.providers.failures import TRANSPORT_ERRORS, Phase
 
-ClientT = TypeVar("ClientT")
+
+class _Closable(Protocol):
+    """What this base needs of a vendor client (AsyncOpenAI and AsyncAnthropic both have it)."""
+
+    async def close(self) -> None: ...
+
+
+ClientT = TypeVar("ClientT", bound=_Closable)
 
 
 def split_settings(
@@ -93,7 +100,7 @@ class SdkModel(abc.ABC, Generic[ClientT]):
     async def aclose(self) -> None:
         client, self._client, self._client_loop = self._client, None, None
         if client is not None:
-            await client.close()  # type: ignore[attr-defined]
+            await client.close()
 
     async def __aenter__(self) -> Self:
         return self

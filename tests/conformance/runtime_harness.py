@@ -13,9 +13,9 @@ import orjson
 
 from realtime.channels import thread_channel
 from realtime.memory import MemoryBus
-from realtime.publisher import Publisher
 from runtime.agent import Agent
 from runtime.models import Principal, Role, RunStatus, Snapshot
+from runtime.publisher import Publisher
 from runtime.service import ThreadService
 from runtime.storage.base import Store
 from runtime.worker import Worker

@@ -10,12 +10,13 @@ import pytest
 
 from realtime import connect_bus, open_bus
 from realtime.bus import Bus, Subscription
-from realtime.channels import CONTROL_CHANNEL, replay_key, thread_channel
-from realtime.envelopes import ChunkEnvelope, decode_control, decode_thread_message, encode
+from realtime.channels import replay_key, thread_channel
+from realtime.envelopes import ChunkEnvelope, decode_thread_message, encode
 from realtime.errors import BusClosedError, BusUnavailableError
 from realtime.memory import MemoryBus
-from realtime.publisher import Publisher
 from realtime.redis import RedisBus
+from runtime.control import CONTROL_CHANNEL, decode_control
+from runtime.publisher import Publisher
 from tests.conformance.conftest_bus import (
     BACKENDS,
     TcpProxy,

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 
 import orjson
 import pytest
 
 from realtime.bus import Bus
-from realtime.channels import thread_channel
+from realtime.channels import replay_key, thread_channel
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, MessageKind, encode
 from realtime.errors import BusClosedError
-from realtime.hub import Hub
+from realtime.hub import Hub, ListenerLike
 from realtime.memory import MemoryBus
 from realtime.outbox import Outbox
-from realtime.publisher import Publisher
 from realtime.redis import RedisBus
 from tests.conformance.conftest_bus import (
     BACKENDS,
@@ -42,6 +42,23 @@ class Recorder:
 
     def kinds(self) -> list[MessageKind]:
         return [kind for _, kind, _ in self.received]
+
+
+@asynccontextmanager
+async def listening(hub: Hub, *registrations: tuple[str, ListenerLike]) -> AsyncIterator[None]:
+    """Registers (thread, listener) pairs with `Hub.add` for the block, as a session does."""
+    for thread_id, listener in registrations:
+        await hub.add(thread_id, listener)
+    try:
+        yield
+    finally:
+        for thread_id, listener in registrations:
+            await hub.remove(thread_id, listener)
+
+
+async def publish_invalidate(bus: Bus, thread_id: str, version: int) -> None:
+    frame = encode(InvalidateEnvelope(thread_id=thread_id, version=version))
+    await bus.publish(thread_channel(thread_id), frame)
 
 
 class FakeVersions:
@@ -111,7 +128,7 @@ async def test_redis_sees_one_subscriber_for_a_watched_thread() -> None:
     async with open_test_bus("redis") as bus, Hub(bus) as hub, admin_redis() as admin:
         assert isinstance(bus, RedisBus)
         channel = bus.prefix + thread_channel("t1")
-        async with hub.watch("t1", Recorder()), hub.watch("t1", Recorder()):
+        async with listening(hub, ("t1", Recorder()), ("t1", Recorder())):
             await hub.add("t1", extra := Recorder())
             assert await numsub(admin, channel) == 1
             await hub.remove("t1", extra)
@@ -133,14 +150,13 @@ async def test_every_listener_gets_the_same_bytes_object(bus: Bus, hub: Hub) -> 
 
 async def test_messages_are_classified_once_for_listeners(bus: Bus, hub: Hub) -> None:
     recorder = Recorder()
-    async with hub.watch("t1", recorder):
-        publisher = Publisher(bus)
-        await publisher.chunk("t1", "run", 0, {"type": "text-delta", "delta": "a"})
-        await publisher.invalidate("t1", 4)
-        await publisher.invalidate("t1", 3)  # older than what was seen: not delivered
+    async with listening(hub, ("t1", recorder)):
+        await bus.publish(thread_channel("t1"), chunk_frame("t1", 0))
+        await publish_invalidate(bus, "t1", 4)
+        await publish_invalidate(bus, "t1", 3)  # older than what was seen: not delivered
         await bus.publish(thread_channel("t1"), b"not json")  # dropped, never delivered
         await bus.publish(thread_channel("t1"), b'{"type": "surprise"}')
-        await publisher.invalidate("t1", 5)
+        await publish_invalidate(bus, "t1", 5)
         await eventually(lambda: len(recorder.received) == 3)
     assert [(kind, version) for _, kind, version in recorder.received] == [
         ("chunk", None),
@@ -156,7 +172,7 @@ async def test_messages_are_classified_once_for_listeners(bus: Bus, hub: Hub) ->
 
 async def test_threads_are_delivered_separately(bus: Bus, hub: Hub) -> None:
     one, two = Recorder(), Recorder()
-    async with hub.watch("one", one), hub.watch("two", two):
+    async with listening(hub, ("one", one), ("two", two)):
         await bus.publish(thread_channel("one"), chunk_frame("one", 0))
         await bus.publish(thread_channel("two"), chunk_frame("two", 0))
         await eventually(lambda: bool(one.received and two.received))
@@ -168,12 +184,13 @@ async def test_threads_are_delivered_separately(bus: Bus, hub: Hub) -> None:
 async def test_plain_callables_and_outboxes_are_listeners(bus: Bus, hub: Hub) -> None:
     seen: list[Received] = []
     outbox = Outbox(max_bytes=10_000)
-    async with (
-        hub.watch("t1", lambda data, kind, version: seen.append((data, kind, version))),
-        hub.watch("t1", outbox.listener("t1")),
+    async with listening(
+        hub,
+        ("t1", lambda data, kind, version: seen.append((data, kind, version))),
+        ("t1", lambda data, kind, version: outbox.put(data, kind, "t1", version)),
     ):
-        await Publisher(bus).invalidate("t1", 1)
-        await Publisher(bus).invalidate("t1", 2)
+        await publish_invalidate(bus, "t1", 1)
+        await publish_invalidate(bus, "t1", 2)
         await eventually(lambda: len(seen) == 2)
     assert await within(outbox.get()) == encode(InvalidateEnvelope(thread_id="t1", version=2))
     assert outbox.get_nowait() is None  # coalesced: only the latest version is sent
@@ -184,18 +201,17 @@ async def test_a_failing_listener_does_not_starve_the_others(bus: Bus, hub: Hub)
         raise RuntimeError("listener bug")
 
     recorder = Recorder()
-    async with hub.watch("t1", broken), hub.watch("t1", recorder):
+    async with listening(hub, ("t1", broken), ("t1", recorder)):
         await bus.publish(thread_channel("t1"), chunk_frame("t1", 0))
         await eventually(lambda: bool(recorder.received))
 
 
 async def test_replay_for_late_joiners(bus: Bus, hub: Hub) -> None:
-    publisher = Publisher(bus)
     for seq in range(3):
-        await publisher.chunk("t1", "run", seq, {"type": "text-delta", "delta": "x"})
+        await bus.append_replay(replay_key("t1"), chunk_frame("t1", seq), limit=10)
     frames = await within(hub.replay("t1"))
     assert [orjson.loads(f)["seq"] for f in frames] == [0, 1, 2]
-    await publisher.clear_replay("t1")
+    await bus.clear_replay(replay_key("t1"))
     assert await within(hub.replay("t1")) == []
 
 
@@ -253,7 +269,7 @@ async def test_versions_are_polled_only_while_the_bus_is_unhealthy() -> None:
         one, two = Recorder(), Recorder()
         await hub.add("t1", one)
         await hub.add("t2", two)
-        await Publisher(bus).invalidate("t1", 3)
+        await publish_invalidate(bus, "t1", 3)
         await eventually(lambda: bool(one.received))
         await asyncio.sleep(0.1)
         assert versions.calls == []  # healthy bus: no polling

@@ -1,4 +1,5 @@
-"""Bus envelopes: exact client frames, strict validation, channel names."""
+"""Bus envelopes (realtime thread frames, runtime control signals): exact bytes, strict validation,
+channel names."""
 
 from __future__ import annotations
 
@@ -6,17 +7,15 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from realtime.channels import CONTROL_CHANNEL, replay_key, thread_channel
+from realtime.channels import replay_key, thread_channel
 from realtime.envelopes import (
     ChunkEnvelope,
     InvalidateEnvelope,
     ResyncEnvelope,
-    StopEnvelope,
-    WakeupEnvelope,
-    decode_control,
     decode_thread_message,
     encode,
 )
+from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decode_control
 
 
 def test_chunk_bytes_are_the_protocol_frame() -> None:

@@ -190,19 +190,6 @@ def test_discard_thread_drops_its_frames_but_keeps_its_version_floor() -> None:
     assert drain(outbox) == [b"t2-chunk"]
 
 
-def test_listener_adapter_feeds_the_outbox() -> None:
-    outbox = Outbox(max_bytes=10_000)
-    listener = outbox.listener("t1")
-    listener.deliver(inv("t1", 1), "invalidate", 1)
-    listener.deliver(inv("t1", 2), "invalidate", 2)
-    listener.deliver(b"chunk", "chunk", None)
-    assert drain(outbox) == [inv("t1", 2), b"chunk"]
-    assert listener == outbox.listener("t1")
-    assert listener != outbox.listener("t2")
-    assert listener != Outbox().listener("t1")
-    assert hash(listener) == hash(outbox.listener("t1"))
-
-
 async def test_get_waits_for_a_frame() -> None:
     outbox = Outbox(max_bytes=10_000)
     getter = asyncio.create_task(outbox.get())

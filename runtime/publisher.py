@@ -1,4 +1,4 @@
-"""Best-effort publishing of chunks, invalidations and control signals for the runtime."""
+"""Best-effort publishing of the runtime's chunks, invalidations and run control signals."""
 
 from __future__ import annotations
 
@@ -7,17 +7,13 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
+from pydantic import BaseModel
+
 from realtime.bus import Bus
-from realtime.channels import CONTROL_CHANNEL, replay_key, thread_channel
-from realtime.envelopes import (
-    ChunkEnvelope,
-    Envelope,
-    InvalidateEnvelope,
-    StopEnvelope,
-    WakeupEnvelope,
-    encode,
-)
+from realtime.channels import replay_key, thread_channel
+from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, encode
 from realtime.telemetry import PUBLISH_ERRORS, PUBLISHED, safe_add
+from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +52,9 @@ class Publisher:
 
     async def invalidate(self, thread_id: str, version: int) -> bool:
         return await self._publish(
-            thread_channel(thread_id), InvalidateEnvelope(thread_id=thread_id, version=version)
+            thread_channel(thread_id),
+            "invalidate",
+            InvalidateEnvelope(thread_id=thread_id, version=version),
         )
 
     async def clear_replay(self, thread_id: str) -> bool:
@@ -64,13 +62,13 @@ class Publisher:
         return await self._attempt("clear_replay", self._bus.clear_replay(replay_key(thread_id)))
 
     async def wakeup(self, run_id: str | None = None) -> bool:
-        return await self._publish(CONTROL_CHANNEL, WakeupEnvelope(run_id=run_id))
+        return await self._publish(CONTROL_CHANNEL, "wakeup", WakeupEnvelope(run_id=run_id))
 
     async def stop(self, run_id: str) -> bool:
-        return await self._publish(CONTROL_CHANNEL, StopEnvelope(run_id=run_id))
+        return await self._publish(CONTROL_CHANNEL, "stop", StopEnvelope(run_id=run_id))
 
-    async def _publish(self, channel: str, envelope: Envelope) -> bool:
-        return await self._attempt(envelope.type, self._bus.publish(channel, encode(envelope)))
+    async def _publish(self, channel: str, kind: str, envelope: BaseModel) -> bool:
+        return await self._attempt(kind, self._bus.publish(channel, encode(envelope)))
 
     async def _attempt(self, kind: str, operation: Awaitable[None]) -> bool:
         try:

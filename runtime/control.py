@@ -1,0 +1,37 @@
+"""Run control signals on the bus: wakeups and stops for workers, never forwarded to clients."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+# The bus channel workers listen on (the bus backend adds its own prefix).
+CONTROL_CHANNEL = "control"
+
+
+class _Signal(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WakeupEnvelope(_Signal):
+    """Work is available: a specific run, or any queued work when `run_id` is None."""
+
+    type: Literal["wakeup"] = "wakeup"
+    run_id: str | None = None
+
+
+class StopEnvelope(_Signal):
+    """The worker executing `run_id` must stop it."""
+
+    type: Literal["stop"] = "stop"
+    run_id: str
+
+
+ControlMessage: TypeAlias = Annotated[WakeupEnvelope | StopEnvelope, Field(discriminator="type")]
+CONTROL_MESSAGE_ADAPTER: TypeAdapter[WakeupEnvelope | StopEnvelope] = TypeAdapter(ControlMessage)
+
+
+def decode_control(data: bytes) -> WakeupEnvelope | StopEnvelope:
+    """Parse a control-channel message; raises `pydantic.ValidationError` on anything else."""
+    return CONTROL_MESSAGE_ADAPTER.validate_json(data)
