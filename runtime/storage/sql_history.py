@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from runtime.errors import NotFound
 from runtime.models import MAX_METADATA_BYTES, Lease, LeaseKind, MessageRole, RunTrigger, Visibility
@@ -87,11 +87,13 @@ async def _truncate(conn: Conn, thread_id: str, op: Truncate) -> tuple[str, tupl
     return run_id, plan.removed_ids
 
 
-async def _merge_metadata(conn: Conn, thread: Row, column: str, patch: dict[str, Any]) -> None:
+async def _merge_metadata(
+    conn: Conn, thread: Row, column: Literal["metadata", "private_metadata"], patch: dict[str, Any]
+) -> None:
     merged = merge_patch(loads(thread[column]), patch)
     if merged is None:
         return
-    # `column` is one of two fixed names chosen above, never caller input.
+    # `column` is one of two fixed names, never caller input.
     await conn.execute(
         f"UPDATE threads SET {column} = $2 WHERE id = $1",
         thread["id"],
