@@ -1,5 +1,4 @@
-"""`SqlStore`: the `Store` over a dialect and a connection pool, each method one transaction
-function (`sql_threads`, `sql_queue`, `sql_leases`, `sql_runs`, `sql_actions`, `sql_history`)."""
+"""`SqlStore`: the `Store` over a dialect and a connection pool, one transaction per method."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The connection and transaction abstraction every SQL backend plugs into, and the primitives
-every write uses: the thread lock and the version bump."""
+"""Connections, transactions, retries and migrations for SQL backends; the thread lock and bump."""
 
 from __future__ import annotations
 

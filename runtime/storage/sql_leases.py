@@ -1,5 +1,4 @@
-"""Transaction functions for run and admin leases on the database clock, and the fence every
-runtime write passes first."""
+"""Transaction functions for leases on the database clock, and the fence of every runtime write."""
 
 from __future__ import annotations
 

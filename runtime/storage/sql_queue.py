@@ -1,5 +1,4 @@
-"""Transaction functions for input admission: idempotent sends, the per-thread queue, and
-admitting the next queued item."""
+"""Transaction functions for input admission: idempotent sends, the queue, admitting the next."""
 
 from __future__ import annotations
 
