@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+from runtime.storage.dialect import Dialect
 from runtime.storage.sql import SqlStore
 from runtime.storage.sql_core import Conn
 from runtime.storage.sql_rows import Row
@@ -29,9 +30,23 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, _TRANSIENT)
+
+
+POSTGRES = Dialect(
+    name="postgres",
+    now_sql="extract(epoch from clock_timestamp())::double precision",
+    # READ COMMITTED writes see everything committed before this lock was granted.
+    thread_lock=" FOR UPDATE",
+    is_transient=_is_transient,
+    migration_lock=f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_KEY})",
+)
+
+
 class _PgConn(Conn):
-    def __init__(self, connection: asyncpg.Connection, now_sql: str) -> None:
-        super().__init__(now_sql)
+    def __init__(self, connection: asyncpg.Connection) -> None:
+        super().__init__(POSTGRES)
         self._connection = connection
 
     async def execute(self, sql: str, *args: Any) -> None:
@@ -45,38 +60,26 @@ class _PgConn(Conn):
         await self._connection.execute(script)
 
 
-class PostgresStore(SqlStore):
-    """Writes lock the thread row first (READ COMMITTED sees everything committed before the
-    lock was granted); snapshots read in one REPEATABLE READ read-only transaction."""
+class PostgresPool:
+    """Writes run READ COMMITTED (the dialect's `FOR UPDATE` on the thread row orders them);
+    reads (snapshots) run in one REPEATABLE READ read-only transaction."""
 
-    backend = "postgres"
-    now_sql = "extract(epoch from clock_timestamp())::double precision"
-    lock_suffix = " FOR UPDATE"
-
-    def __init__(
-        self, dsn: str, *, min_size: int = 1, max_size: int = 10, close_timeout: float = 10.0
-    ) -> None:
+    def __init__(self, dsn: str, min_size: int, max_size: int, close_timeout: float) -> None:
         self.dsn = dsn
         self.min_size = min_size
         self.max_size = max_size
         self.close_timeout = close_timeout
         self._pool: asyncpg.Pool | None = None
 
-    async def open(self) -> None:
-        if self._pool is not None:
-            return
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
 
-        async def connect() -> asyncpg.Pool:
-            return await asyncpg.create_pool(
+    async def open(self) -> None:
+        if self._pool is None:
+            self._pool = await asyncpg.create_pool(
                 self.dsn, min_size=self.min_size, max_size=self.max_size
             )
-
-        self._pool = await self._retry_call(connect)
-        try:
-            await self.migrate()
-        except BaseException:
-            await self.close()
-            raise
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -87,14 +90,8 @@ class PostgresStore(SqlStore):
         except TimeoutError:
             pool.terminate()
 
-    def _is_transient(self, exc: BaseException) -> bool:
-        return isinstance(exc, _TRANSIENT)
-
-    async def _migration_lock(self, conn: Conn) -> None:
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK_KEY)
-
     @asynccontextmanager
-    async def _transaction(self, *, write: bool) -> AsyncIterator[Conn]:
+    async def transaction(self, *, write: bool) -> AsyncIterator[Conn]:
         pool = self._pool
         if pool is None:
             raise RuntimeError("PostgresStore is not open")
@@ -103,7 +100,20 @@ class PostgresStore(SqlStore):
                 isolation="read_committed" if write else "repeatable_read", readonly=not write
             )
             async with transaction:
-                yield _PgConn(connection, self.now_sql)
+                yield _PgConn(connection)
 
 
-__all__ = ["PostgresStore"]
+class PostgresStore(SqlStore):
+    """`SqlStore` over the Postgres dialect and an asyncpg pool on `dsn`."""
+
+    def __init__(
+        self, dsn: str, *, min_size: int = 1, max_size: int = 10, close_timeout: float = 10.0
+    ) -> None:
+        self.dsn = dsn
+        self.min_size = min_size
+        self.max_size = max_size
+        self.close_timeout = close_timeout
+        super().__init__(POSTGRES, PostgresPool(dsn, min_size, max_size, close_timeout))
+
+
+__all__ = ["POSTGRES", "PostgresPool", "PostgresStore"]

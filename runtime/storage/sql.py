@@ -1,84 +1,298 @@
-"""`SqlStore`: the Store logic written once; pending-action resolution and history rewrites."""
+"""`SqlStore`: the `Store` over a dialect and a connection pool, one transaction per method."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
-from runtime.errors import (
-    ActionConflict,
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    RunActive,
-    VersionMismatch,
-)
+from runtime.errors import InvalidInput
 from runtime.models import (
-    MAX_METADATA_BYTES,
+    Admission,
+    InputPolicy,
     Lease,
     LeaseKind,
-    MessageRole,
+    Message,
+    Principal,
+    QueuedItem,
     Resolution,
-    RunStatus,
-    RunTrigger,
-    ToolCallPart,
-    Visibility,
+    Role,
+    Run,
+    Snapshot,
+    Thread,
 )
+from runtime.storage import sql_actions, sql_history, sql_leases, sql_queue, sql_runs, sql_threads
 from runtime.storage.base import (
     ResolveResult,
     RewriteResult,
     SetVisibility,
+    StepCommit,
+    StopResult,
     Truncate,
 )
-from runtime.storage.sql_core import Conn
-from runtime.storage.sql_rows import (
-    Row,
-    decode_parts,
-    dumps,
-    encode_json,
-    encode_parts,
-    has_pending,
-    like_pattern,
-    loads,
+from runtime.storage.dialect import Dialect
+from runtime.storage.inputs import (
+    check_owner,
+    check_patch,
+    check_submit,
+    check_text,
+    check_thread_fields,
+    check_token,
+    check_ttl,
 )
-from runtime.storage.sql_runs import RunOps
+from runtime.storage.sql_core import (
+    Conn,
+    Pool,
+    applied_migrations,
+    apply_migrations,
+    migration_scripts,
+    normalize_scopes,
+    retry_call,
+)
+from runtime.storage.sql_rows import (
+    dumps,
+    encode_client_tools,
+    encode_metadata,
+    encode_parts,
+    new_id,
+    validate_parts,
+)
+
+T = TypeVar("T")
 
 
-def _conflict(action_id: str, part: ToolCallPart) -> ActionConflict:
-    resolution = part.waiting.resolution if part.waiting is not None else None
-    if resolution is not None:
-        message = f"action {action_id} was already resolved by {resolution.subject}"
-    else:
-        message = f"action {action_id} is no longer awaiting a resolution ({part.state})"
-    return ActionConflict(
-        message,
-        resolved_by=None if resolution is None else resolution.subject,
-        state=part.state.value,
-    )
+class SqlStore:
+    """Every `Store` method, written once: check the input, then run one transaction function
+    through `_run`. What differs per backend is in `dialect` and `pool`, never in a subclass."""
 
+    retry_attempts: int = 6
+    retry_initial_wait: float = 0.02
+    retry_max_wait: float = 1.0
 
-def _find_action(parts: tuple[Any, ...], action_id: str) -> int | None:
-    for index, part in enumerate(parts):
-        if (
-            isinstance(part, ToolCallPart)
-            and part.waiting is not None
-            and part.waiting.action_id == action_id
-        ):
-            return index
-    return None
+    def __init__(self, dialect: Dialect, pool: Pool) -> None:
+        self.dialect = dialect
+        self.pool = pool
 
+    @property
+    def backend(self) -> str:
+        return self.dialect.name
 
-def _check_patch(patch: dict[str, Any] | None, what: str) -> dict[str, Any]:
-    if patch is None:
-        return {}
-    if not isinstance(patch, dict):
-        raise InvalidInput(f"{what} must be a JSON object")
-    encode_json(patch, what, MAX_METADATA_BYTES)
-    return patch
+    # --- lifecycle ----------------------------------------------------------------------
 
+    async def open(self) -> None:
+        if self.pool.is_open:
+            return
+        await self._retry(self.pool.open)
+        try:
+            await self.migrate()
+        except BaseException:
+            await self.close()
+            raise
 
-class SqlStore(RunOps):
-    """Every Store method, written once over `Conn`; backends add connections and the clock."""
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations in one transaction; returns the names applied now."""
+        scripts = migration_scripts(self.dialect)
+        return await self._write(lambda conn: apply_migrations(conn, scripts))
+
+    async def applied_migrations(self) -> list[str]:
+        return await self._read(applied_migrations)
+
+    # --- the one path of every transaction ----------------------------------------------
+
+    def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
+        return self.pool.transaction(write=write)
+
+    async def _retry(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await retry_call(
+            fn,
+            backend=self.backend,
+            is_transient=self.dialect.is_transient,
+            attempts=self.retry_attempts,
+            initial_wait=self.retry_initial_wait,
+            max_wait=self.retry_max_wait,
+        )
+
+    async def _run(self, fn: Callable[[Conn], Awaitable[T]], *, write: bool) -> T:
+        # The whole transaction function is retried: a retry re-reads everything it decides on.
+        # (A per-transaction idempotency key would be checked and recorded here, around `fn`,
+        # inside the same transaction: see docs/architecture.md, "Storage and its invariants".)
+        async def once() -> T:
+            async with self._transaction(write=write) as conn:
+                result = await fn(conn)
+            for callback in conn.after_commit:
+                callback()
+            return result
+
+        return await self._retry(once)
+
+    async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        return await self._run(fn, write=False)
+
+    async def _write(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        return await self._run(fn, write=True)
+
+    # --- threads and snapshots ----------------------------------------------------------
+
+    async def create_thread(
+        self,
+        scope: str,
+        title: str = "",
+        metadata: dict[str, Any] | None = None,
+        private_metadata: dict[str, Any] | None = None,
+    ) -> Thread:
+        check_thread_fields(scope, title)
+        public_json = encode_metadata(metadata, "metadata")
+        private_json = encode_metadata(private_metadata, "private_metadata")
+        thread_id = new_id("th")
+        return await self._write(
+            lambda conn: sql_threads.create_thread(
+                conn, thread_id, scope, title, public_json, private_json
+            )
+        )
+
+    async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread:
+        return await self._read(lambda conn: sql_threads.get_thread(conn, thread_id, scopes))
+
+    async def list_threads(self, scopes: Collection[str], limit: int = 100) -> list[Thread]:
+        if limit <= 0:
+            return []
+        return await self._read(lambda conn: sql_threads.list_threads(conn, scopes, limit))
+
+    async def snapshot(
+        self, thread_id: str, scopes: Collection[str], *, include_hidden: bool = False
+    ) -> Snapshot:
+        return await self._read(
+            lambda conn: sql_threads.snapshot(conn, thread_id, scopes, include_hidden)
+        )
+
+    async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]:
+        ids = list(dict.fromkeys(thread_ids))
+        if not ids:
+            return {}
+        return await self._read(lambda conn: sql_threads.thread_versions(conn, ids))
+
+    async def list_messages(
+        self, thread_id: str, up_to_position: int | None = None
+    ) -> list[Message]:
+        return await self._read(
+            lambda conn: sql_threads.list_messages(conn, thread_id, up_to_position)
+        )
+
+    # --- input and queue admission ------------------------------------------------------
+
+    async def submit_input(
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        *,
+        text: str,
+        submitted_by: str,
+        client_request_id: str | None = None,
+        policy: InputPolicy = InputPolicy.ENQUEUE,
+        client_tools: Sequence[dict[str, Any]] = (),
+    ) -> Admission:
+        text = check_text(text)
+        policy = check_submit(submitted_by, client_request_id, policy)
+        tools_json = encode_client_tools(client_tools)
+        return await self._write(
+            lambda conn: sql_queue.submit_input(
+                conn,
+                thread_id,
+                scopes,
+                text=text,
+                submitted_by=submitted_by,
+                client_request_id=client_request_id,
+                policy=policy,
+                tools_json=tools_json,
+            )
+        )
+
+    async def cancel_queued_item(
+        self, thread_id: str, scopes: Collection[str], item_id: str
+    ) -> int:
+        return await self._write(
+            lambda conn: sql_queue.cancel_queued_item(conn, thread_id, scopes, item_id)
+        )
+
+    async def list_queue(self, thread_id: str) -> list[QueuedItem]:
+        return await self._read(lambda conn: sql_threads.list_queue(conn, thread_id))
+
+    # --- runs ---------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self._read(lambda conn: sql_runs.get_run(conn, run_id))
+
+    async def active_run(self, thread_id: str) -> Run | None:
+        return await self._read(lambda conn: sql_runs.active_run(conn, thread_id))
+
+    async def find_runnable_runs(self, limit: int = 10) -> list[Run]:
+        if limit <= 0:
+            return []
+        return await self._read(lambda conn: sql_runs.find_runnable_runs(conn, limit))
+
+    async def request_stop(
+        self, thread_id: str, scopes: Collection[str], run_id: str
+    ) -> StopResult:
+        return await self._write(
+            lambda conn: sql_runs.request_stop(conn, thread_id, scopes, run_id)
+        )
+
+    async def start_episode(self, lease: Lease) -> tuple[Run, int]:
+        return await self._write(lambda conn: sql_runs.start_episode(conn, lease))
+
+    async def commit(self, lease: Lease, commit: StepCommit) -> int:
+        # Validate (and serialise) everything before taking any lock.
+        tail = commit.update_tail
+        tail_parts = validate_parts(tail.parts) if tail is not None else None
+        appends = [(message, encode_parts(message.parts)) for message in commit.append]
+        return await self._write(
+            lambda conn: sql_runs.commit(conn, lease, commit, tail_parts, appends)
+        )
+
+    # --- leases -------------------------------------------------------------------------
+
+    async def acquire_run_lease(self, run_id: str, owner: str, ttl: float) -> Lease | None:
+        ttl, owner = check_ttl(ttl), check_owner(owner)
+        lease = await self._write(
+            lambda conn: sql_leases.acquire_run_lease(conn, run_id, owner, ttl)
+        )
+        if lease is None:
+            sql_leases.lease_event("busy", LeaseKind.RUN)
+        return lease
+
+    async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
+        ttl, owner = check_ttl(ttl), check_owner(owner)
+        lease = await self._write(
+            lambda conn: sql_leases.acquire_admin_lease(conn, thread_id, owner, ttl)
+        )
+        if lease is None:
+            sql_leases.lease_event("busy", LeaseKind.ADMIN)
+        return lease
+
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+        ttl = check_ttl(ttl)
+        return await self._write(lambda conn: sql_leases.renew_lease(conn, lease, ttl))
+
+    async def release_lease(self, lease: Lease) -> None:
+        await self._write(lambda conn: sql_leases.release_lease(conn, lease))
+
+    # --- pending actions and history rewrites -------------------------------------------
 
     async def resolve_action(
         self,
@@ -88,81 +302,10 @@ class SqlStore(RunOps):
         resolution: Resolution,
         expected_version: int | None = None,
     ) -> ResolveResult:
-        async def tx(conn: Conn) -> ResolveResult:
-            # The thread lock makes the compare-and-set on the tool part race-free: of
-            # concurrent resolutions the first to lock wins, every later one sees its result.
-            thread = await self._lock_thread(conn, thread_id, scopes)
-            current = int(thread["version"])
-            if expected_version is not None and expected_version != current:
-                raise VersionMismatch(
-                    f"thread {thread_id} is at version {current}, not {expected_version}",
-                    current_version=current,
-                )
-            tail = await self._tail_row(conn, thread_id)
-            if tail is not None:
-                parts = decode_parts(tail["parts"])
-                index = _find_action(parts, action_id)
-                if index is not None:
-                    return await self._resolve_in_tail(conn, tail, parts, index, resolution)
-            rows = await conn.fetch(
-                "SELECT parts FROM messages WHERE thread_id = $1 AND parts LIKE $2 ESCAPE '\\'"
-                " ORDER BY position DESC",
-                thread_id,
-                like_pattern(dumps(action_id)[1:-1]),
+        return await self._write(
+            lambda conn: sql_actions.resolve(
+                conn, thread_id, scopes, action_id, resolution, expected_version
             )
-            for row in rows:
-                parts = decode_parts(row["parts"])
-                index = _find_action(parts, action_id)
-                if index is not None:
-                    part = parts[index]
-                    assert isinstance(part, ToolCallPart)
-                    raise _conflict(action_id, part)
-            raise NotFound(f"action {action_id} not found")
-
-        return await self._write(tx)
-
-    async def _resolve_in_tail(
-        self,
-        conn: Conn,
-        tail: Row,
-        parts: tuple[Any, ...],
-        index: int,
-        resolution: Resolution,
-    ) -> ResolveResult:
-        part = parts[index]
-        assert isinstance(part, ToolCallPart) and part.waiting is not None
-        action_id = part.waiting.action_id
-        if not part.is_pending:
-            raise _conflict(action_id, part)
-        if resolution.role not in part.waiting.allowed_roles:
-            raise Forbidden(f"role {resolution.role} may not resolve action {action_id}")
-        resolved = part.model_copy(
-            update={"waiting": part.waiting.model_copy(update={"resolution": resolution})}
-        )
-        new_parts = (*parts[:index], resolved, *parts[index + 1 :])
-        await conn.execute(
-            "UPDATE messages SET parts = $2, updated_at = $3 WHERE id = $1",
-            tail["id"],
-            encode_parts(new_parts),
-            await conn.now(),
-        )
-        thread_id = tail["thread_id"]
-        run_id = tail["run_id"]
-        resumed = False
-        if run_id is not None and not has_pending(new_parts):
-            status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
-            if status == RunStatus.WAITING:
-                await conn.execute(
-                    "UPDATE runs SET status = 'running', updated_at = $2 WHERE id = $1",
-                    run_id,
-                    await conn.now(),
-                )
-                resumed = True
-        return ResolveResult(
-            thread_id=thread_id,
-            version=await self._bump(conn, thread_id),
-            run_id=run_id,
-            run_resumed=resumed,
         )
 
     async def rewrite_history(
@@ -174,101 +317,28 @@ class SqlStore(RunOps):
     ) -> RewriteResult:
         if not isinstance(op, Truncate | SetVisibility):
             raise InvalidInput("op must be Truncate or SetVisibility")
-        public = _check_patch(public_patch, "public_patch")
-        private = _check_patch(private_patch, "private_patch")
+        public = check_patch(public_patch, "public_patch")
+        private = check_patch(private_patch, "private_patch")
+        return await self._write(
+            lambda conn: sql_history.rewrite_history(conn, lease, op, public, private)
+        )
 
-        async def tx(conn: Conn) -> RewriteResult:
-            thread, _ = await self._fence(conn, lease, LeaseKind.ADMIN)
-            thread_id = lease.thread_id
-            active = await self._active_run_row(conn, thread_id)
-            if active is not None:
-                raise RunActive(
-                    f"thread {thread_id} has an active run; history cannot be rewritten",
-                    run_id=active["id"],
-                )
-            run_id = None
-            removed: tuple[str, ...] = ()
-            if isinstance(op, Truncate):
-                run_id, removed = await self._truncate(conn, thread_id, op)
-            else:
-                updated = await conn.fetchval(
-                    "UPDATE messages SET visibility = $3, updated_at = $4"
-                    " WHERE id = $1 AND thread_id = $2 RETURNING id",
-                    op.message_id,
-                    thread_id,
-                    Visibility(op.visibility).value,
-                    await conn.now(),
-                )
-                if updated is None:
-                    raise NotFound(f"message {op.message_id} not found")
-            await self._merge_metadata(conn, thread, public, private)
-            return RewriteResult(
-                thread_id=thread_id,
-                version=await self._bump(conn, thread_id),
-                run_id=run_id,
-                removed_message_ids=removed,
-            )
+    # --- principals and the clock -------------------------------------------------------
 
-        return await self._write(tx)
-
-    async def _truncate(
-        self, conn: Conn, thread_id: str, op: Truncate
-    ) -> tuple[str, tuple[str, ...]]:
-        position = await conn.fetchval(
-            "SELECT position FROM messages WHERE id = $1 AND thread_id = $2",
-            op.from_message_id,
-            thread_id,
-        )
-        if position is None:
-            raise NotFound(f"message {op.from_message_id} not found")
-        user = await conn.fetchrow(
-            "SELECT id FROM messages WHERE thread_id = $1 AND position < $2 AND role = $3"
-            " ORDER BY position DESC LIMIT 1",
-            thread_id,
-            int(position),
-            MessageRole.USER.value,
-        )
-        if user is None:
-            raise InvalidInput("no user message remains before the truncation point")
-        removed = await conn.fetch(
-            "DELETE FROM messages WHERE thread_id = $1 AND position >= $2 RETURNING id, position",
-            thread_id,
-            int(position),
-        )
-        # Regenerating keeps the client tools the original request brought.
-        tools = await conn.fetchval(
-            "SELECT client_tools FROM runs WHERE input_message_id = $1"
-            " ORDER BY created_version DESC LIMIT 1",
-            user["id"],
-        )
-        run_id = await self._create_run(
-            conn,
-            thread_id,
-            trigger=RunTrigger.REGENERATE,
-            started_by=op.started_by,
-            input_message_id=user["id"],
-            client_tools_json=tools or "[]",
-        )
-        ordered = sorted(removed, key=lambda row: int(row["position"]))
-        return run_id, tuple(row["id"] for row in ordered)
-
-    async def _merge_metadata(
-        self, conn: Conn, thread: Row, public: dict[str, Any], private: dict[str, Any]
+    async def create_token(
+        self, token_hash: str, subject: str, role: Role, scopes: Collection[str]
     ) -> None:
-        if public:
-            merged = {**loads(thread["metadata"]), **public}
-            await conn.execute(
-                "UPDATE threads SET metadata = $2 WHERE id = $1",
-                thread["id"],
-                encode_json(merged, "metadata", MAX_METADATA_BYTES),
-            )
-        if private:
-            merged = {**loads(thread["private_metadata"]), **private}
-            await conn.execute(
-                "UPDATE threads SET private_metadata = $2 WHERE id = $1",
-                thread["id"],
-                encode_json(merged, "private_metadata", MAX_METADATA_BYTES),
-            )
+        role = check_token(token_hash, subject, role)
+        scopes_json = dumps(list(normalize_scopes(scopes)))
+        await self._write(
+            lambda conn: sql_threads.create_token(conn, token_hash, subject, role, scopes_json)
+        )
+
+    async def principal_for_token(self, token_hash: str) -> Principal | None:
+        return await self._read(lambda conn: sql_threads.principal_for_token(conn, token_hash))
+
+    async def db_time(self) -> float:
+        return await self._read(lambda conn: conn.now())
 
 
 __all__ = ["SqlStore"]

@@ -1,4 +1,4 @@
-"""Shared SQL plumbing: the connection adapter, retried transactions, migrations, thread locks."""
+"""Connections, transactions, retries and migrations for SQL backends; the thread lock and bump."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
-from types import TracebackType
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -22,28 +21,25 @@ from tenacity import (
 
 from runtime import telemetry
 from runtime.errors import NotFound, Unavailable
+from runtime.storage.dialect import Dialect
 from runtime.storage.sql_rows import Row
 
 T = TypeVar("T")
 
-_SCHEMA_MIGRATIONS = (
-    "CREATE TABLE IF NOT EXISTS schema_migrations ("
-    "version TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-)
-
-
 log = logging.getLogger(__name__)
 
+
 class Conn(abc.ABC):
-    """One connection inside one transaction. SQL uses `$n` placeholders on every backend.
+    """One connection inside one transaction. The shared SQL uses `$n` placeholders; the
+    dialect renders them for the driver.
 
     Also carries per-transaction state: the database time (read once, after the thread lock,
     so every check in the transaction uses the same instant), the version bumps done (at most
     one per thread) and telemetry to emit only once the transaction committed.
     """
 
-    def __init__(self, now_sql: str) -> None:
-        self._now_sql = now_sql
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
         self._now: float | None = None
         self.bumped: dict[str, int] = {}
         self.after_commit: list[Callable[[], None]] = []
@@ -68,11 +64,111 @@ class Conn(abc.ABC):
 
     async def now(self) -> float:
         if self._now is None:
-            self._now = float(await self.fetchval(f"SELECT {self._now_sql} AS now"))
+            self._now = float(await self.fetchval(f"SELECT {self.dialect.now_sql} AS now"))
         return self._now
 
     def on_commit(self, callback: Callable[[], None]) -> None:
         self.after_commit.append(callback)
+
+
+class Pool(Protocol):
+    """A backend's connections: `transaction` yields a `Conn` inside BEGIN … COMMIT, rolls back
+    on any exception (a cancellation too) and, for `write`, holds whatever lock the dialect's
+    `thread_lock` does not take."""
+
+    @property
+    def is_open(self) -> bool: ...
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    def transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]: ...
+
+
+TxFn = Callable[[Conn], Awaitable[T]]
+
+
+# --- retries ------------------------------------------------------------------------------
+
+
+async def retry_call(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    backend: str,
+    is_transient: Callable[[BaseException], bool],
+    attempts: int,
+    initial_wait: float,
+    max_wait: float,
+) -> T:
+    """Run `fn` with backoff on transient errors; `Unavailable` once retries run out."""
+
+    def count(state: RetryCallState) -> None:
+        telemetry.safe_add(telemetry.STORAGE_RETRIES, 1, {"backend": backend})
+
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(attempts),
+        # Exponential backoff plus jitter, so processes that collided do not collide again.
+        wait=wait_exponential(multiplier=initial_wait, max=max_wait) + wait_random(0, initial_wait),
+        retry=retry_if_exception(is_transient),
+        before_sleep=count,
+        reraise=False,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                result = await fn()
+    except RetryError as exc:
+        cause = exc.last_attempt.exception()
+        log.warning("%s storage unavailable: %r", backend, cause)
+        # The driver's text can name hosts and ports: it goes to the log, not to clients.
+        raise Unavailable(
+            f"{backend} storage unavailable after {attempts} attempts", backend=backend
+        ) from cause
+    return result
+
+
+# --- migrations ---------------------------------------------------------------------------
+
+_SCHEMA_MIGRATIONS = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+    "version TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+)
+
+
+def migration_scripts(dialect: Dialect) -> list[tuple[str, str]]:
+    folder = resources.files("runtime.storage").joinpath("migrations", dialect.name)
+    scripts = [
+        (entry.name.removesuffix(".sql"), entry.read_text(encoding="utf-8"))
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql")
+    ]
+    return sorted(scripts)
+
+
+async def apply_migrations(conn: Conn, migrations: list[tuple[str, str]]) -> list[str]:
+    """Apply the scripts not yet recorded, in name order; returns the names applied now."""
+    if conn.dialect.migration_lock is not None:
+        await conn.execute(conn.dialect.migration_lock)
+    await conn.run_script(_SCHEMA_MIGRATIONS)
+    done = {row["version"] for row in await conn.fetch("SELECT version FROM schema_migrations")}
+    applied = []
+    for name, script in migrations:
+        if name in done:
+            continue
+        await conn.run_script(script)
+        await conn.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)",
+            name,
+            await conn.now(),
+        )
+        applied.append(name)
+    return applied
+
+
+async def applied_migrations(conn: Conn) -> list[str]:
+    rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY version")
+    return [row["version"] for row in rows]
+
+
+# --- scopes, the thread lock and the version ----------------------------------------------
 
 
 def normalize_scopes(scopes: Collection[str]) -> tuple[str, ...]:
@@ -94,182 +190,44 @@ def scope_clause(column: str, scopes: Collection[str], start: int) -> tuple[str,
     return f"{column} IN ({placeholders(start, len(values))})", list(values)
 
 
-class SqlCore(abc.ABC):
-    """Transaction plumbing shared by every SQL backend; the backend supplies the connection."""
+async def thread_row(
+    conn: Conn,
+    thread_id: str,
+    scopes: Collection[str] | None = None,
+    *,
+    lock: bool = False,
+) -> Row:
+    """The thread row, optionally locked for the rest of the transaction; NotFound outside
+    `scopes` exactly as for an unknown id."""
+    sql = "SELECT * FROM threads WHERE id = $1"
+    args: list[Any] = [thread_id]
+    if scopes is not None:
+        clause, values = scope_clause("scope", scopes, 2)
+        sql += f" AND {clause}"
+        args += values
+    if lock:
+        sql += conn.dialect.thread_lock
+    row = await conn.fetchrow(sql, *args)
+    if row is None:
+        raise NotFound(f"thread {thread_id} not found")
+    return row
 
-    backend: ClassVar[str] = "sql"
-    # Database clock in epoch seconds; lease expiry never trusts the application's clock.
-    now_sql: ClassVar[str] = ""
-    # Row lock taken on the thread at the start of a write transaction (empty where the
-    # whole database is locked by the transaction itself, as in SQLite).
-    lock_suffix: ClassVar[str] = ""
-    retry_attempts: int = 6
-    retry_initial_wait: float = 0.02
-    retry_max_wait: float = 1.0
 
-    # --- backend hooks ------------------------------------------------------------------
+async def lock_thread(conn: Conn, thread_id: str, scopes: Collection[str] | None = None) -> Row:
+    """First statement of every write that touches a thread: it orders them per thread."""
+    return await thread_row(conn, thread_id, scopes, lock=True)
 
-    @abc.abstractmethod
-    async def open(self) -> None: ...
 
-    @abc.abstractmethod
-    async def close(self) -> None: ...
-
-    @abc.abstractmethod
-    def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]: ...
-
-    def _is_transient(self, exc: BaseException) -> bool:
-        return False
-
-    async def _migration_lock(self, conn: Conn) -> None:
-        return None
-
-    # --- lifecycle ----------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    # --- retried transactions -----------------------------------------------------------
-
-    def _count_retry(self, state: RetryCallState) -> None:
-        telemetry.safe_add(telemetry.STORAGE_RETRIES, 1, {"backend": self.backend})
-
-    def _retrying(self) -> AsyncRetrying:
-        return AsyncRetrying(
-            stop=stop_after_attempt(self.retry_attempts),
-            # Exponential backoff plus jitter, so processes that collided do not collide again.
-            wait=wait_exponential(multiplier=self.retry_initial_wait, max=self.retry_max_wait)
-            + wait_random(0, self.retry_initial_wait),
-            retry=retry_if_exception(self._is_transient),
-            before_sleep=self._count_retry,
-            reraise=False,
-        )
-
-    async def _retry_call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        """Run `fn` with backoff on transient errors; `Unavailable` once retries run out."""
-        try:
-            async for attempt in self._retrying():
-                with attempt:
-                    result = await fn()
-        except RetryError as exc:
-            cause = exc.last_attempt.exception()
-            log.warning("%s storage unavailable: %r", self.backend, cause)
-            # The driver's text can name hosts and ports: it goes to the log, not to clients.
-            raise Unavailable(
-                f"{self.backend} storage unavailable after {self.retry_attempts} attempts",
-                backend=self.backend,
-            ) from cause
-        return result
-
-    async def _run(self, fn: Callable[[Conn], Awaitable[T]], *, write: bool) -> T:
-        # The whole transaction function is retried: a retry re-reads everything it decides on.
-        async def once() -> T:
-            async with self._transaction(write=write) as conn:
-                result = await fn(conn)
-            for callback in conn.after_commit:
-                callback()
-            return result
-
-        return await self._retry_call(once)
-
-    async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        return await self._run(fn, write=False)
-
-    async def _write(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        return await self._run(fn, write=True)
-
-    # --- migrations ---------------------------------------------------------------------
-
-    def _migrations(self) -> list[tuple[str, str]]:
-        folder = resources.files("runtime.storage").joinpath("migrations", self.backend)
-        scripts = [
-            (entry.name.removesuffix(".sql"), entry.read_text(encoding="utf-8"))
-            for entry in folder.iterdir()
-            if entry.name.endswith(".sql")
-        ]
-        return sorted(scripts)
-
-    async def migrate(self) -> list[str]:
-        """Apply pending migrations in one transaction; returns the names applied now."""
-        migrations = self._migrations()
-
-        async def apply(conn: Conn) -> list[str]:
-            await self._migration_lock(conn)
-            await conn.run_script(_SCHEMA_MIGRATIONS)
-            rows = await conn.fetch("SELECT version FROM schema_migrations")
-            done = {row["version"] for row in rows}
-            applied = []
-            for name, script in migrations:
-                if name in done:
-                    continue
-                await conn.run_script(script)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)",
-                    name,
-                    await conn.now(),
-                )
-                applied.append(name)
-            return applied
-
-        return await self._write(apply)
-
-    async def applied_migrations(self) -> list[str]:
-        async def tx(conn: Conn) -> list[str]:
-            rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY version")
-            return [row["version"] for row in rows]
-
-        return await self._read(tx)
-
-    # --- helpers used inside transactions -----------------------------------------------
-
-    async def _thread_row(
-        self,
-        conn: Conn,
-        thread_id: str,
-        scopes: Collection[str] | None = None,
-        *,
-        lock: bool = False,
-    ) -> Row:
-        """The thread row, optionally locked for the rest of the transaction; NotFound outside
-        `scopes` exactly as for an unknown id."""
-        sql = "SELECT * FROM threads WHERE id = $1"
-        args: list[Any] = [thread_id]
-        if scopes is not None:
-            clause, values = scope_clause("scope", scopes, 2)
-            sql += f" AND {clause}"
-            args += values
-        if lock:
-            sql += self.lock_suffix
-        row = await conn.fetchrow(sql, *args)
-        if row is None:
-            raise NotFound(f"thread {thread_id} not found")
-        return row
-
-    async def _lock_thread(
-        self, conn: Conn, thread_id: str, scopes: Collection[str] | None = None
-    ) -> Row:
-        return await self._thread_row(conn, thread_id, scopes, lock=True)
-
-    async def _bump(self, conn: Conn, thread_id: str) -> int:
-        """+1 on the thread's version, at most once per transaction; returns the new version."""
-        if thread_id in conn.bumped:
-            return conn.bumped[thread_id]
-        version = await conn.fetchval(
-            "UPDATE threads SET version = version + 1, updated_at = $2 WHERE id = $1 "
-            "RETURNING version",
-            thread_id,
-            await conn.now(),
-        )
-        if version is None:
-            raise NotFound(f"thread {thread_id} not found")
-        conn.bumped[thread_id] = int(version)
-        return int(version)
+async def bump(conn: Conn, thread_id: str) -> int:
+    """+1 on the thread's version, at most once per transaction; returns the new version."""
+    if thread_id in conn.bumped:
+        return conn.bumped[thread_id]
+    version = await conn.fetchval(
+        "UPDATE threads SET version = version + 1, updated_at = $2 WHERE id = $1 RETURNING version",
+        thread_id,
+        await conn.now(),
+    )
+    if version is None:
+        raise NotFound(f"thread {thread_id} not found")
+    conn.bumped[thread_id] = int(version)
+    return int(version)

@@ -25,7 +25,6 @@ from runtime.models import (
     RunStatus,
     RunTrigger,
     Thread,
-    ToolCallPart,
     Visibility,
 )
 
@@ -101,10 +100,6 @@ def decode_parts(text: str) -> tuple[Part, ...]:
 
 def text_parts(text: str) -> str:
     return dumps([{"type": "text", "text": text}])
-
-
-def has_pending(parts: Iterable[Part]) -> bool:
-    return any(isinstance(part, ToolCallPart) and part.is_pending for part in parts)
 
 
 def like_pattern(fragment: str) -> str:

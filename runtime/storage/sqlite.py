@@ -14,6 +14,7 @@ from typing import Any
 
 import aiosqlite
 
+from runtime.storage.dialect import Dialect
 from runtime.storage.sql import SqlStore
 from runtime.storage.sql_core import Conn
 from runtime.storage.sql_rows import Row
@@ -26,6 +27,23 @@ _TRANSIENT_MESSAGES = ("database is locked", "database table is locked", "databa
 def to_sqlite(sql: str) -> str:
     """`$1` -> `?1`: SQLite's numbered parameters bind the same argument list as asyncpg's."""
     return _PLACEHOLDER.sub(r"?\1", sql)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return any(message in text for message in _TRANSIENT_MESSAGES)
+    return False
+
+
+SQLITE = Dialect(
+    name="sqlite",
+    now_sql="((julianday('now') - 2440587.5) * 86400.0)",
+    # The write transaction is BEGIN IMMEDIATE (`SqlitePool`): it holds the database lock.
+    thread_lock="",
+    is_transient=_is_transient,
+    render=to_sqlite,
+)
 
 
 def _dict_row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> Row:
@@ -52,34 +70,35 @@ def _ensure_parent(path: str) -> None:
 
 
 class _SqliteConn(Conn):
-    def __init__(self, db: aiosqlite.Connection, now_sql: str) -> None:
-        super().__init__(now_sql)
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        super().__init__(SQLITE)
         self._db = db
 
     async def execute(self, sql: str, *args: Any) -> None:
-        await self._db.execute_fetchall(to_sqlite(sql), args)
+        await self._db.execute_fetchall(self.dialect.render(sql), args)
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         # Fetching every row also completes RETURNING statements before the next one runs.
-        return list(await self._db.execute_fetchall(to_sqlite(sql), args))
+        return list(await self._db.execute_fetchall(self.dialect.render(sql), args))
 
     async def run_script(self, script: str) -> None:
         for statement in split_script(script):
             await self._db.execute_fetchall(statement)
 
 
-class SqliteStore(SqlStore):
-    """One connection per store, serialised by an asyncio lock; other processes on the same
-    file wait on SQLite's own lock (busy_timeout) and then get retried."""
+class SqlitePool:
+    """One connection, serialised by an asyncio lock; other processes on the same file wait on
+    SQLite's own lock (busy_timeout) and then get retried."""
 
-    backend = "sqlite"
-    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
-
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 5000) -> None:
-        self.path = os.fspath(path)
+    def __init__(self, path: str, busy_timeout_ms: int) -> None:
+        self.path = path
         self.busy_timeout_ms = busy_timeout_ms
         self._db: aiosqlite.Connection | None = None
         self._lock = asyncio.Lock()
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
 
     async def open(self) -> None:
         if self._db is not None:
@@ -98,11 +117,6 @@ class SqliteStore(SqlStore):
             await db.close()
             raise
         self._db = db
-        try:
-            await self.migrate()
-        except BaseException:
-            await self.close()
-            raise
 
     async def close(self) -> None:
         db, self._db = self._db, None
@@ -110,14 +124,8 @@ class SqliteStore(SqlStore):
             async with self._lock:
                 await db.close()
 
-    def _is_transient(self, exc: BaseException) -> bool:
-        if isinstance(exc, sqlite3.OperationalError):
-            text = str(exc).lower()
-            return any(message in text for message in _TRANSIENT_MESSAGES)
-        return False
-
     @asynccontextmanager
-    async def _transaction(self, *, write: bool) -> AsyncIterator[Conn]:
+    async def transaction(self, *, write: bool) -> AsyncIterator[Conn]:
         db = self._db
         if db is None:
             raise RuntimeError("SqliteStore is not open")
@@ -126,32 +134,41 @@ class SqliteStore(SqlStore):
                 # IMMEDIATE takes the write lock up front: a deferred transaction that later
                 # writes could fail with SQLITE_BUSY_SNAPSHOT after having read stale data.
                 await db.execute_fetchall("BEGIN IMMEDIATE" if write else "BEGIN")
-                yield _SqliteConn(db, self.now_sql)
+                yield _SqliteConn(db)
                 await db.execute_fetchall("COMMIT")
             except BaseException:
-                await self._rollback(db)
+                await _rollback(db)
                 raise
 
-    @staticmethod
-    async def _rollback(db: aiosqlite.Connection) -> None:
-        """Leave the shared connection outside any transaction, even for a cancelled caller.
 
-        aiosqlite runs statements in order on its own thread, so a ROLLBACK queued now also
-        undoes a BEGIN whose caller was cancelled while it was still executing.
-        """
+async def _rollback(db: aiosqlite.Connection) -> None:
+    """Leave the shared connection outside any transaction, even for a cancelled caller.
 
-        async def rollback() -> None:
-            # OperationalError: no transaction was open (BEGIN failed or COMMIT went through).
-            with contextlib.suppress(sqlite3.OperationalError):
-                await db.execute_fetchall("ROLLBACK")
+    aiosqlite runs statements in order on its own thread, so a ROLLBACK queued now also undoes
+    a BEGIN whose caller was cancelled while it was still executing.
+    """
 
-        task = asyncio.ensure_future(rollback())
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # Hold the store lock until the rollback ran, then let the cancellation through.
-            await task
-            raise
+    async def rollback() -> None:
+        # OperationalError: no transaction was open (BEGIN failed or COMMIT went through).
+        with contextlib.suppress(sqlite3.OperationalError):
+            await db.execute_fetchall("ROLLBACK")
+
+    task = asyncio.ensure_future(rollback())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # Hold the store lock until the rollback ran, then let the cancellation through.
+        await task
+        raise
 
 
-__all__ = ["SqliteStore"]
+class SqliteStore(SqlStore):
+    """`SqlStore` over the SQLite dialect and one shared connection to the file at `path`."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 5000) -> None:
+        self.path = os.fspath(path)
+        self.busy_timeout_ms = busy_timeout_ms
+        super().__init__(SQLITE, SqlitePool(self.path, busy_timeout_ms))
+
+
+__all__ = ["SQLITE", "SqlitePool", "SqliteStore"]

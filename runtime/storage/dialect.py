@@ -1,0 +1,41 @@
+"""What differs between SQL backends, as one small value the shared transaction code consults."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+def _same(sql: str) -> str:
+    return sql
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """Everything the shared SQL needs to know about a backend; the rest is common.
+
+    Common on purpose (a backend that differs here needs a new field, not a fork): `$n`
+    placeholders in the shared SQL (`render` rewrites them), upserts as `INSERT … ON CONFLICT
+    (…) DO UPDATE SET … = excluded.…` and `RETURNING` (SQLite ≥ 3.35), `TRUE`/`FALSE` literals,
+    JSON stored as TEXT encoded by orjson (`sql_rows.py`), `LIKE … ESCAPE '\\'`.
+    """
+
+    # Also the migrations folder (`migrations/<name>/`) and the `backend` metric attribute.
+    name: str
+    # The database clock in epoch seconds: lease expiry never trusts the application's clock.
+    now_sql: str
+    # Appended to the thread SELECT that opens a write transaction to lock the row (Postgres
+    # `FOR UPDATE`); empty where the write transaction itself holds the database lock (SQLite
+    # `BEGIN IMMEDIATE`, taken by its connection pool).
+    thread_lock: str
+    # Whether an error is worth retrying the whole transaction for (lock contention, a dropped
+    # connection); domain errors never are.
+    is_transient: Callable[[BaseException], bool]
+    # Run first in the migration transaction so concurrent processes migrate one at a time
+    # (None: the write transaction already serialises them).
+    migration_lock: str | None = None
+    # The shared SQL's `$n` placeholders in the driver's spelling.
+    render: Callable[[str], str] = _same
+
+
+__all__ = ["Dialect"]
