@@ -35,7 +35,7 @@ from realtime import open_bus
 from realtime.channels import thread_channel
 from runtime.agent import Agent
 from runtime.demo import demo_agent
-from runtime.models import Principal, Role
+from runtime.domain import Principal, Role
 from runtime.providers.base import FinishDelta, ModelDelta, ModelRequest, TextDelta
 from runtime.providers.scripted import FunctionModel
 from runtime.publisher import Publisher

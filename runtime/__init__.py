@@ -17,6 +17,19 @@ from runtime.chunks import (
 )
 from runtime.compose import HistoryRewrittenErrors, as_lifecycle, compose_lifecycle
 from runtime.demo.redact import RedactEmails
+from runtime.domain import (
+    MessageRole,
+    Principal,
+    Role,
+    RunStatus,
+    RunTrigger,
+    Snapshot,
+    TextPart,
+    ToolCallPart,
+    ToolState,
+    Visibility,
+    WaitKind,
+)
 from runtime.lifecycle import (
     AfterStepDecision,
     AgentLifecycle,
@@ -40,19 +53,6 @@ from runtime.lifecycle import (
     ToolCall,
     ToolCallContext,
     ToolResult,
-)
-from runtime.models import (
-    MessageRole,
-    Principal,
-    Role,
-    RunStatus,
-    RunTrigger,
-    Snapshot,
-    TextPart,
-    ToolCallPart,
-    ToolState,
-    Visibility,
-    WaitKind,
 )
 from runtime.providers.base import (
     ContextMessage,

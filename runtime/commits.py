@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime import telemetry
-from runtime.episode_state import EpisodeDeps, EpisodeState, Finalisation, Phase, finalisation
-from runtime.models import (
+from runtime.domain import (
     MessageRole,
     NewMessage,
     RunStatus,
@@ -14,6 +13,7 @@ from runtime.models import (
     ToolCallPart,
     ToolState,
 )
+from runtime.episode_state import EpisodeDeps, EpisodeState, Finalisation, Phase, finalisation
 from runtime.shielding import uncancellable
 from runtime.storage.base import RunChange, StepCommit, TailUpdate
 from runtime.toolcalls import ToolPhase, overlay_parts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.models import Message, MessageRole, Visibility
+from runtime.domain import Message, MessageRole, Visibility
 from runtime.providers.base import ContextMessage
 from runtime.storage.base import Store
 

@@ -12,10 +12,7 @@ from runtime import telemetry
 from runtime.agent import Agent
 from runtime.chunks import RunTakeoverChunk
 from runtime.commits import commit, end, transition
-from runtime.episode_state import EpisodeDeps, EpisodeState, Phase
-from runtime.errors import LeaseLost, Unavailable
-from runtime.lifecycle import AgentLifecycle, StepContext
-from runtime.models import (
+from runtime.domain import (
     Lease,
     Message,
     MessageRole,
@@ -24,6 +21,9 @@ from runtime.models import (
     ToolCallPart,
     ToolState,
 )
+from runtime.episode_state import EpisodeDeps, EpisodeState, Phase
+from runtime.errors import LeaseLost, Unavailable
+from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.phases import (
     RunFailed,
     after_step,

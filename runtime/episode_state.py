@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass, field
 
 from runtime.agent import Agent
+from runtime.domain import Lease, Run, RunStatus
 from runtime.lifecycle import AgentLifecycle, StepContext
-from runtime.models import Lease, Run, RunStatus
 from runtime.publisher import Publisher
 from runtime.storage.base import Store
 from runtime.streaming import ChunkSink, StepOutput

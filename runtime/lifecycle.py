@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from runtime.chunks import StreamChunk
-from runtime.models import Resolution, RunTrigger, ToolState, Visibility
+from runtime.domain import Resolution, RunTrigger, ToolState, Visibility
 from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest
 
 # --- contexts handed to hooks (read-only views; hooks never touch storage) ------------------

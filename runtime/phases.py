@@ -10,6 +10,15 @@ from runtime import telemetry
 from runtime.chunks import StepFinishChunk, StepStartChunk
 from runtime.commits import commit, transition
 from runtime.context import DurableContext
+from runtime.domain import (
+    Message,
+    MessageRole,
+    NewMessage,
+    RunStatus,
+    TextPart,
+    Thread,
+    ToolCallPart,
+)
 from runtime.episode_state import EpisodeDeps, EpisodeState, Phase
 from runtime.lifecycle import (
     AfterStepDecision,
@@ -21,15 +30,6 @@ from runtime.lifecycle import (
     StepResult,
     ToolCall,
     ToolResult,
-)
-from runtime.models import (
-    Message,
-    MessageRole,
-    NewMessage,
-    RunStatus,
-    TextPart,
-    Thread,
-    ToolCallPart,
 )
 from runtime.providers.base import ContextMessage, ModelRequest
 from runtime.storage.base import RunChange, StepCommit, TailUpdate

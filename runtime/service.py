@@ -12,9 +12,7 @@ from pydantic import ValidationError
 
 from runtime.agent import Agent
 from runtime.compose import HistoryRewrittenErrors, compose_lifecycle
-from runtime.errors import Forbidden, InvalidInput, InvalidPayload, NotFound, RunActive
-from runtime.lifecycle import RewriteContext, RewriteOutcome
-from runtime.models import (
+from runtime.domain import (
     Admission,
     InputPolicy,
     MessageRole,
@@ -27,6 +25,8 @@ from runtime.models import (
     Visibility,
     WaitKind,
 )
+from runtime.errors import Forbidden, InvalidInput, InvalidPayload, NotFound, RunActive
+from runtime.lifecycle import RewriteContext, RewriteOutcome
 from runtime.publisher import Publisher
 from runtime.storage.base import (
     ResolveResult,

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from runtime import telemetry
 from runtime.agent import Agent
 from runtime.chunks import ToolCallChunk, ToolStateChunk
+from runtime.domain import ToolCallPart, ToolState, Waiting, WaitKind
 from runtime.lifecycle import (
     AgentLifecycle,
     Reject,
@@ -25,7 +26,6 @@ from runtime.lifecycle import (
     ToolCallContext,
     ToolResult,
 )
-from runtime.models import ToolCallPart, ToolState, Waiting, WaitKind
 from runtime.streaming import ChunkSink
 from runtime.tools import ALL_ROLES, ClientToolDef, ResultPayload, Tool, ToolContext
 

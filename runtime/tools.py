@@ -10,7 +10,7 @@ from typing import Any, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict
 
-from runtime.models import Role, WaitKind
+from runtime.domain import Role, WaitKind
 from runtime.providers.base import ToolSpec
 
 ALL_ROLES: tuple[Role, ...] = (Role.USER, Role.BACKEND, Role.ADMIN)

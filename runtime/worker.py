@@ -12,9 +12,9 @@ from realtime.bus import Bus
 from runtime.agent import Agent
 from runtime.compose import compose_lifecycle
 from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decode_control
+from runtime.domain import RunStatus
 from runtime.episode import Episode
 from runtime.errors import LeaseLost
-from runtime.models import RunStatus
 from runtime.publisher import Publisher
 from runtime.storage.base import Store
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.models import Admission, Principal, Thread
+from runtime.domain import Admission, Principal, Thread
 from runtime.storage.base import ResolveResult, RewriteResult, StopResult
 
 

@@ -6,7 +6,7 @@ import hashlib
 import secrets
 from collections.abc import Collection, Mapping
 
-from runtime.models import Principal, Role
+from runtime.domain import Principal, Role
 from runtime.storage.base import Store
 from server.errors import Unauthorized
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from runtime.models import Role
+from runtime.domain import Role
 from server.logs import setup_logging, uvicorn_log_config
 from server.settings import Settings
 

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from runtime.domain import Principal, WaitKind
 from runtime.errors import InvalidInput
-from runtime.models import Principal, WaitKind
 from runtime.service import ThreadService, require_trusted
 from server.answers import (
     admission_answer,

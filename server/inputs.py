@@ -7,14 +7,14 @@ from typing import Annotated, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.errors import InvalidInput, TooLarge
-from runtime.models import (
+from runtime.domain import (
     MAX_METADATA_BYTES,
     MAX_TEXT_CHARS,
     MAX_TITLE_CHARS,
     InputPolicy,
     Visibility,
 )
+from runtime.errors import InvalidInput, TooLarge
 
 ID_MAX = 200
 ThreadId = Annotated[str, Field(min_length=1, max_length=ID_MAX)]

@@ -12,7 +12,7 @@ import orjson
 
 from realtime.envelopes import MessageKind
 from realtime.outbox import Outbox
-from runtime.models import Principal, Thread
+from runtime.domain import Principal, Thread
 from runtime.service import ThreadService
 from server.commands import BY_NAME, Caller
 from server.errors import WireError, wire_error

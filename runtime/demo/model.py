@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.demo.redact import EMAIL
-from runtime.models import MAX_TEXT_CHARS, MessageRole, Part, ToolCallPart, ToolState
+from runtime.domain import MAX_TEXT_CHARS, MessageRole, Part, ToolCallPart, ToolState
 from runtime.providers.base import (
     ContextMessage,
     FinishDelta,

@@ -10,7 +10,7 @@ import anthropic
 from anthropic import AsyncAnthropic
 from anthropic.resources.messages import AsyncMessages
 
-from runtime.models import MessageRole
+from runtime.domain import MessageRole
 from runtime.providers.base import (
     FinishDelta,
     ModelDelta,

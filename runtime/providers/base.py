@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from runtime.models import MessageRole, Part
+from runtime.domain import MessageRole, Part
 
 
 class _Delta(BaseModel):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.models import Part, TextPart, ToolCallPart, ToolState
+from runtime.domain import Part, TextPart, ToolCallPart, ToolState
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import openai
 from openai import AsyncOpenAI
 from openai.resources.chat.completions import AsyncCompletions
 
-from runtime.models import MessageRole, ToolCallPart
+from runtime.domain import MessageRole, ToolCallPart
 from runtime.providers.base import (
     FinishDelta,
     ModelDelta,

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from runtime.models import (
+from runtime.domain import (
     Admission,
     InputPolicy,
     Lease,

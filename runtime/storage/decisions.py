@@ -7,16 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from runtime.errors import (
-    ActionConflict,
-    Forbidden,
-    InvalidInput,
-    InvariantViolation,
-    NotFound,
-    RunActive,
-    VersionMismatch,
-)
-from runtime.models import (
+from runtime.domain import (
     InputPolicy,
     Lease,
     LeaseKind,
@@ -27,6 +18,15 @@ from runtime.models import (
     ToolCallPart,
     ToolState,
     check_tool_transition,
+)
+from runtime.errors import (
+    ActionConflict,
+    Forbidden,
+    InvalidInput,
+    InvariantViolation,
+    NotFound,
+    RunActive,
+    VersionMismatch,
 )
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from runtime.domain import MAX_METADATA_BYTES, MAX_TEXT_CHARS, MAX_TITLE_CHARS, InputPolicy, Role
 from runtime.errors import InvalidInput, TooLarge
-from runtime.models import MAX_METADATA_BYTES, MAX_TEXT_CHARS, MAX_TITLE_CHARS, InputPolicy, Role
 from runtime.storage.sql_rows import encode_json
 
 MAX_CLIENT_REQUEST_ID_CHARS = 200

@@ -7,8 +7,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from runtime.errors import InvalidInput
-from runtime.models import (
+from runtime.domain import (
     Admission,
     InputPolicy,
     Lease,
@@ -22,6 +21,7 @@ from runtime.models import (
     Snapshot,
     Thread,
 )
+from runtime.errors import InvalidInput
 from runtime.storage import sql_actions, sql_history, sql_leases, sql_queue, sql_runs, sql_threads
 from runtime.storage.base import (
     ResolveResult,

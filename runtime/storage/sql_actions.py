@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from runtime.models import Resolution, RunStatus
+from runtime.domain import Resolution, RunStatus
 from runtime.storage.base import ResolveResult
 from runtime.storage.decisions import check_expected_version, resolve_action, stale_action_error
 from runtime.storage.sql_core import Conn, bump, lock_thread

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from runtime.domain import MAX_METADATA_BYTES, Lease, LeaseKind, MessageRole, RunTrigger, Visibility
 from runtime.errors import NotFound
-from runtime.models import MAX_METADATA_BYTES, Lease, LeaseKind, MessageRole, RunTrigger, Visibility
 from runtime.storage.base import RewriteResult, SetVisibility, Truncate
 from runtime.storage.decisions import (
     MessageRef,

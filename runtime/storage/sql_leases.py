@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from runtime import telemetry
+from runtime.domain import Lease, LeaseKind, RunStatus
 from runtime.errors import LeaseLost, NotFound
-from runtime.models import Lease, LeaseKind, RunStatus
 from runtime.storage.decisions import (
     StoredLease,
     check_lease_kind,

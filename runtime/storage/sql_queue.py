@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from runtime import telemetry
-from runtime.errors import Conflict, NotFound, RunActive
-from runtime.models import (
+from runtime.domain import (
     Admission,
     InputPolicy,
     MessageRole,
@@ -14,6 +13,7 @@ from runtime.models import (
     RunTrigger,
     Visibility,
 )
+from runtime.errors import Conflict, NotFound, RunActive
 from runtime.storage.decisions import AdmissionAction, admission_action, check_append
 from runtime.storage.sql_core import Conn, bump, lock_thread
 from runtime.storage.sql_rows import decode_parts, new_id, text_parts

@@ -9,8 +9,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from runtime.errors import InvalidInput, TooLarge
-from runtime.models import (
+from runtime.domain import (
     MAX_METADATA_BYTES,
     MAX_PARTS_PER_MESSAGE,
     Lease,
@@ -27,6 +26,7 @@ from runtime.models import (
     Thread,
     Visibility,
 )
+from runtime.errors import InvalidInput, TooLarge
 
 # Rows are plain dicts on every backend so the shared logic never sees driver types.
 Row = dict[str, Any]

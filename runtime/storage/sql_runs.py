@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from runtime.errors import Conflict, NotFound
-from runtime.models import (
+from runtime.domain import (
     Lease,
     LeaseKind,
     NewMessage,
@@ -14,6 +13,7 @@ from runtime.models import (
     RunStatus,
     check_run_transition,
 )
+from runtime.errors import Conflict, NotFound
 from runtime.storage.base import RunChange, StepCommit, StopResult
 from runtime.storage.decisions import (
     StopOutcome,

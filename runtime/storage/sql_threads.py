@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from runtime.errors import Conflict
-from runtime.models import (
+from runtime.domain import (
     Message,
     MessageView,
     Principal,
@@ -20,6 +19,7 @@ from runtime.models import (
     Visibility,
     pending_actions_of,
 )
+from runtime.errors import Conflict
 from runtime.storage.sql_core import Conn, placeholders, scope_clause, thread_row
 from runtime.storage.sql_rows import (
     Row,

@@ -14,7 +14,7 @@ import orjson
 from realtime.channels import thread_channel
 from realtime.memory import MemoryBus
 from runtime.agent import Agent
-from runtime.models import Principal, Role, RunStatus, Snapshot
+from runtime.domain import Principal, Role, RunStatus, Snapshot
 from runtime.publisher import Publisher
 from runtime.service import ThreadService
 from runtime.storage.base import Store

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from runtime.models import (
+from runtime.domain import (
     Admission,
     Lease,
     MessageRole,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runtime.models import MessageRole, TextPart, ToolCallPart, ToolState
+from runtime.domain import MessageRole, TextPart, ToolCallPart, ToolState
 from runtime.providers.base import (
     ContextMessage,
     ModelDelta,

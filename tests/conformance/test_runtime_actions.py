@@ -8,9 +8,9 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
+from runtime.domain import RunStatus, ToolCallPart, ToolState, WaitKind
 from runtime.errors import ActionConflict, Forbidden, InvalidPayload, NotFound
 from runtime.lifecycle import AgentLifecycle, ToolResult
-from runtime.models import RunStatus, ToolCallPart, ToolState, WaitKind
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.chunks import TextDeltaChunk
+from runtime.domain import RunStatus, ToolCallPart, ToolState, Visibility
 from runtime.errors import RunActive
 from runtime.lifecycle import (
     AfterStepDecision,
@@ -22,7 +23,6 @@ from runtime.lifecycle import (
     Respond,
     Skip,
 )
-from runtime.models import RunStatus, ToolCallPart, ToolState, Visibility
 from runtime.providers.base import ContextMessage, ProviderError
 from runtime.providers.scripted import (
     ScriptedModel,

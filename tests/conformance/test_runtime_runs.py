@@ -8,9 +8,9 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
+from runtime.domain import InputPolicy, RunStatus, TextPart, ToolCallPart, ToolState
 from runtime.errors import RunActive
 from runtime.lifecycle import AgentLifecycle
-from runtime.models import InputPolicy, RunStatus, TextPart, ToolCallPart, ToolState
 from runtime.providers.base import ProviderError
 from runtime.providers.scripted import (
     FunctionModel,

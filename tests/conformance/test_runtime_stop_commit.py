@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.models import Lease, MessageRole, RunStatus, Snapshot, TextPart, ToolCallPart
+from runtime.domain import Lease, MessageRole, RunStatus, Snapshot, TextPart, ToolCallPart
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from runtime.agent import Agent
-from runtime.models import Lease, RunStatus
+from runtime.domain import Lease, RunStatus
 from runtime.providers.scripted import FunctionModel, text_response
 from runtime.worker import Worker
 from tests.conformance.runtime_harness import ALICE, Runtime, settled

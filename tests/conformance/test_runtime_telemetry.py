@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.models import RunStatus
+from runtime.domain import RunStatus
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
 from runtime.tools import tool
 from tests import otel

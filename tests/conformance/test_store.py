@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import Conflict, InvalidInput, NotFound, TooLarge
-from runtime.models import (
+from runtime.domain import (
     MAX_METADATA_BYTES,
     MAX_TITLE_CHARS,
     Role,
     RunStatus,
     Visibility,
 )
+from runtime.errors import Conflict, InvalidInput, NotFound, TooLarge
 from runtime.storage import PostgresStore, SqliteStore, SqlStore, open_store
 from runtime.storage.base import SetVisibility, StepCommit
 from tests.conformance.conftest import StoreFactory

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from runtime.domain import MAX_METADATA_BYTES, Lease, Role, RunStatus, RunTrigger, Visibility
 from runtime.errors import (
     ActionConflict,
     Forbidden,
@@ -15,7 +16,6 @@ from runtime.errors import (
     TooLarge,
     VersionMismatch,
 )
-from runtime.models import MAX_METADATA_BYTES, Lease, Role, RunStatus, RunTrigger, Visibility
 from runtime.storage import SqlStore
 from runtime.storage.base import SetVisibility, StepCommit, Truncate
 from tests.conformance.store_helpers import (

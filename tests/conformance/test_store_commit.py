@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.errors import Conflict, IllegalTransition, InvalidInput, InvariantViolation, TooLarge
-from runtime.models import (
+from runtime.domain import (
     MAX_TEXT_CHARS,
     MessageRole,
     NewMessage,
@@ -14,6 +13,7 @@ from runtime.models import (
     ToolCallPart,
     ToolState,
 )
+from runtime.errors import Conflict, IllegalTransition, InvalidInput, InvariantViolation, TooLarge
 from runtime.storage import SqlStore
 from runtime.storage.base import RunChange, StepCommit, TailUpdate
 from tests.conformance.store_helpers import (

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from runtime import telemetry
+from runtime.domain import InputPolicy
 from runtime.errors import NotFound, Unavailable
-from runtime.models import InputPolicy
 from runtime.storage import PostgresStore, SqliteStore, SqlStore
 from runtime.storage.base import StepCommit
 from runtime.storage.sql_core import Conn

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from runtime.domain import Lease, LeaseKind, RunStatus, Visibility
 from runtime.errors import InvalidInput, LeaseLost
-from runtime.models import Lease, LeaseKind, RunStatus, Visibility
 from runtime.storage import SqlStore
 from runtime.storage.base import RunChange, SetVisibility, StepCommit, TailUpdate, Truncate
 from tests.conformance.store_helpers import (

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.errors import Conflict, InvalidInput, NotFound, RunActive, TooLarge
-from runtime.models import (
+from runtime.domain import (
     MAX_TEXT_CHARS,
     InputPolicy,
     MessageRole,
@@ -13,6 +12,7 @@ from runtime.models import (
     RunStatus,
     RunTrigger,
 )
+from runtime.errors import Conflict, InvalidInput, NotFound, RunActive, TooLarge
 from runtime.storage import SqlStore
 from runtime.storage.base import RunChange, StepCommit
 from tests.conformance.store_helpers import (

@@ -96,7 +96,7 @@ class Cluster:
 async def _mint(
     database_url: str, specs: dict[str, tuple[str | list[str], str, str]]
 ) -> dict[str, str]:
-    from runtime.models import Role
+    from runtime.domain import Role
     from server.app import open_storage
     from server.auth import create_token
 

@@ -17,8 +17,8 @@ from starlette.routing import Route
 import runtime.errors
 from realtime.closecodes import CloseCode
 from realtime.errors import BusUnavailableError
+from runtime.domain import Principal, Role, WaitKind
 from runtime.errors import Forbidden, ThreadlineError
-from runtime.models import Principal, Role, WaitKind
 from runtime.service import ThreadService
 from server import protocol
 from server.app import create_app

@@ -10,6 +10,7 @@ import pytest
 
 from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.compose import compose_lifecycle
+from runtime.domain import MessageRole, RunTrigger, TextPart
 from runtime.lifecycle import (
     AfterStepDecision,
     Block,
@@ -22,7 +23,6 @@ from runtime.lifecycle import (
     StepContext,
     StepResult,
 )
-from runtime.models import MessageRole, RunTrigger, TextPart
 from runtime.providers.base import (
     ContextMessage,
     FinishDelta,

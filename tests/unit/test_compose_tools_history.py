@@ -9,6 +9,7 @@ import pytest
 
 from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.compose import HistoryRewrittenErrors, as_lifecycle, compose_lifecycle
+from runtime.domain import MessageRole, RunTrigger, TextPart, ToolState
 from runtime.lifecycle import (
     AfterStepDecision,
     AgentLifecycle,
@@ -32,7 +33,6 @@ from runtime.lifecycle import (
     ToolCallContext,
     ToolResult,
 )
-from runtime.models import MessageRole, RunTrigger, TextPart, ToolState
 from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest, TextDelta
 
 # --- builders -------------------------------------------------------------------------------

@@ -30,8 +30,7 @@ from runtime.demo.model import (
 )
 from runtime.demo.redact import EMAIL, REDACTED
 from runtime.demo.tools import fake_weather
-from runtime.lifecycle import RunContext, StepContext
-from runtime.models import (
+from runtime.domain import (
     MAX_TEXT_CHARS,
     MessageRole,
     Part,
@@ -41,6 +40,7 @@ from runtime.models import (
     ToolCallPart,
     ToolState,
 )
+from runtime.lifecycle import RunContext, StepContext
 from runtime.providers.base import (
     ContextMessage,
     FinishDelta,

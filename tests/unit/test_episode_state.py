@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from realtime.memory import MemoryBus
+from runtime.domain import Run, RunStatus, RunTrigger
 from runtime.episode_state import EpisodeState, Finalisation, Phase, finalisation
-from runtime.models import Run, RunStatus, RunTrigger
 from runtime.publisher import Publisher
 from runtime.streaming import ChunkSink
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from realtime.envelopes import ResyncEnvelope, encode
-from runtime.models import InputPolicy, Visibility
+from runtime.domain import InputPolicy, Visibility
 from server.errors import wire_error
 from server.frames import (
     CLIENT_FRAME_TYPES,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.models import MessageRole, TextPart, ToolCallPart, ToolState
+from runtime.domain import MessageRole, TextPart, ToolCallPart, ToolState
 from runtime.providers.anthropic import AnthropicModel, EventMapper
 from runtime.providers.base import (
     ContextMessage,

@@ -19,8 +19,8 @@ from runtime.demo.redact import (
     RedactEmails,
     redact,
 )
+from runtime.domain import RunTrigger
 from runtime.lifecycle import RunContext, StepContext
-from runtime.models import RunTrigger
 
 # --- strategies ---------------------------------------------------------------------------------
 

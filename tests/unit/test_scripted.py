@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from runtime.models import MessageRole, TextPart
+from runtime.domain import MessageRole, TextPart
 from runtime.providers.base import (
     ContextMessage,
     FinishDelta,

@@ -10,8 +10,8 @@ import pytest
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, MessageKind, encode
 from realtime.outbox import Outbox
+from runtime.domain import Admission, Principal, Role, Thread
 from runtime.errors import ActionConflict, NotFound
-from runtime.models import Admission, Principal, Role, Thread
 from server.session import Session, SessionClosedError
 
 THREAD = "t-mine"

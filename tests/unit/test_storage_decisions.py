@@ -5,17 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.errors import (
-    ActionConflict,
-    Forbidden,
-    IllegalTransition,
-    InvalidInput,
-    InvariantViolation,
-    NotFound,
-    RunActive,
-    VersionMismatch,
-)
-from runtime.models import (
+from runtime.domain import (
     InputPolicy,
     Lease,
     LeaseKind,
@@ -29,6 +19,16 @@ from runtime.models import (
     ToolState,
     Waiting,
     WaitKind,
+)
+from runtime.errors import (
+    ActionConflict,
+    Forbidden,
+    IllegalTransition,
+    InvalidInput,
+    InvariantViolation,
+    NotFound,
+    RunActive,
+    VersionMismatch,
 )
 from runtime.storage.decisions import (
     AdmissionAction,

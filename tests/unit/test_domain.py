@@ -7,8 +7,7 @@ import itertools
 import pytest
 from pydantic import ValidationError
 
-from runtime.errors import IllegalTransition
-from runtime.models import (
+from runtime.domain import (
     MAX_TEXT_CHARS,
     Message,
     MessageRole,
@@ -27,6 +26,7 @@ from runtime.models import (
     check_tool_transition,
     pending_actions_of,
 )
+from runtime.errors import IllegalTransition
 from server.errors import STATUS
 
 LEGAL_RUN = {
