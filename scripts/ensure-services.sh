@@ -36,22 +36,23 @@ fi
 list=$(IFS=,; echo "${missing[*]}" | sed 's/,/, /g')
 say "missing: $list"
 
-if ! command -v apt-get >/dev/null 2>&1; then
-  say "no apt-get on this system: install them yourself, or point the suite at existing servers"
-  say "with THREADLINE_TEST_POSTGRES_DSN, THREADLINE_TEST_REDIS_URL, THREADLINE_TEST_CHROMIUM"
-  say "(see README.md, Set up). Tests that need them are skipped (they fail under CI=true)."
+cannot_install() {
+  say "$1. Install them yourself (Debian packages: ${packages[*]}),"
+  say "or point the suite at existing ones with THREADLINE_TEST_POSTGRES_DSN,"
+  say "THREADLINE_TEST_REDIS_URL, THREADLINE_TEST_CHROMIUM (README.md, Set up)."
+  say "Tests needing them are skipped; under CI=true they fail."
   [[ ${CI:-} == true ]] && exit 1
   exit 0
-fi
+}
 
+command -v apt-get >/dev/null 2>&1 || cannot_install "no apt-get on this system"
 if [[ $(id -u) -eq 0 ]]; then
   as_root=()
 elif command -v sudo >/dev/null 2>&1; then
   as_root=(sudo)
   say "using sudo to install packages"
 else
-  say "not root and no sudo: run as root: apt-get install ${packages[*]}"
-  exit 1
+  cannot_install "not root and no sudo"
 fi
 
 say "installing ${packages[*]} with apt-get"
