@@ -1,6 +1,8 @@
 # Two entry points (see README.md): `make run` and `make test`.
 VENV ?= .venv
 PYTHON ?= python3
+# Extra pytest arguments, e.g. a reduced selection: make test PYTEST_ARGS='tests/unit -x'
+PYTEST_ARGS ?=
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +17,7 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	bash scripts/ensure-services.sh
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -7,7 +7,8 @@ RSS per idle connection.
     python bench/fanout.py [--subscribers 1,100,1000] [--messages 20] [--idle 1000,5000]
                            [--postgres ADMIN_DSN] [--redis URL] [--quick]
 
-Everything runs on loopback: a database of its own (created through ADMIN_DSN, dropped after),
+Everything runs on loopback: a database of its own (created through ADMIN_DSN, dropped after;
+without --postgres or --redis, a throwaway cluster or redis-server of the run's own),
 `threadline serve --role gateway` twice and `--role worker` once (demo agent, no delay), and this
 client process holding every websocket. Nothing is asserted; the figures are printed.
 
@@ -63,8 +64,6 @@ import common  # bench/common.py, next to this script
 
 from tests.e2e import harness
 
-ADMIN_DSN = os.environ.get("THREADLINE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("THREADLINE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TIMEOUT = 60.0
 OPEN_CONCURRENCY = 100
 STAMP = re.compile(r"t=(\d+)")
@@ -318,8 +317,8 @@ async def main() -> None:
     parser.add_argument("--subscribers", default="1,100,1000", help="comma-separated counts")
     parser.add_argument("--messages", type=int, default=20, help="messages per subscriber count")
     parser.add_argument("--idle", default="1000,5000", help="idle connection counts (cumulative)")
-    parser.add_argument("--postgres", default=ADMIN_DSN, help="admin DSN to create a database")
-    parser.add_argument("--redis", default=REDIS_URL)
+    parser.add_argument("--postgres", help="admin DSN to create a database (default: own server)")
+    parser.add_argument("--redis", help="Redis URL (default: a redis-server of its own)")
     parser.add_argument("--quick", action="store_true", help="1 and 20 subscribers, 200 idle")
     args = parser.parse_args()
     if args.quick:
@@ -330,8 +329,15 @@ async def main() -> None:
     if idle and max(idle) + 512 > limit:
         print(f"warning: RLIMIT_NOFILE is {limit}; idle counts capped", file=sys.stderr)
         idle = [n for n in idle if n + 512 <= limit]
-    async with common.own_database(args.postgres) as database_url:
-        with processes(database_url, args.redis) as (gateway_1, gateway_2, worker):
+    with common.servers(args.postgres, args.redis) as (admin_dsn, redis_url):
+        await measure(args, admin_dsn, redis_url, counts, idle)
+
+
+async def measure(
+    args: argparse.Namespace, admin_dsn: str, redis_url: str, counts: list[int], idle: list[int]
+) -> None:
+    async with common.own_database(admin_dsn) as database_url:
+        with processes(database_url, redis_url) as (gateway_1, gateway_2, worker):
             pids = [p.process.pid for p in (gateway_1, gateway_2, worker)]
             token = harness.create_token(gateway_1.env, "bench", "user", "bench")
             print("Threadline fan-out: 2 gateways + 1 worker, Postgres + Redis, demo agent at 0 ms,"

@@ -2,9 +2,11 @@
 per second with the demo model at zero delay. Prints its figures; asserts nothing.
 
     python bench/runtime.py [--chunks 400] [--runs 200] [--threads 8] [--postgres ADMIN_DSN]
-                            [--redis URL]
+                            [--redis URL] [--scale-out]
 
 With --postgres the benchmark creates a database of its own through ADMIN_DSN and drops it after.
+--scale-out adds the Postgres + Redis column on a throwaway cluster and redis-server of the
+run's own (for whichever of --postgres / --redis is not given).
 
 Both figures are measured side by side in one run for the embedded default (SQLite + in-process
 bus) and, when given, for Postgres + Redis, so ratios are comparable on a noisy machine.
@@ -128,9 +130,16 @@ async def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--postgres", help="DSN of a database to use for the scale-out column")
     parser.add_argument("--redis", help="Redis URL for the scale-out column")
+    parser.add_argument(
+        "--scale-out", action="store_true", help="own Postgres/Redis for the scale-out column"
+    )
     args = parser.parse_args()
     async with contextlib.AsyncExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        if args.scale_out:
+            args.postgres, args.redis = stack.enter_context(
+                common.servers(args.postgres, args.redis)
+            )
         setups: list[tuple[str, str, str | None]] = [
             ("sqlite+memory", f"sqlite:///{tmp}/bench.db", None)
         ]

@@ -1,18 +1,24 @@
-"""Postgres and Redis for tests: a database or key prefix of our own, cleaned up afterwards."""
+"""Postgres and Redis for tests: servers of the run's own, a database or key prefix per test."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
-PG_ADMIN_DSN = os.environ.get("THREADLINE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("THREADLINE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+from tests.servers import PostgresServer, RedisServer, ServiceUnavailable
+
+# Point the suite at existing servers instead of starting its own: an admin DSN (a database
+# where CREATE DATABASE works) and a Redis URL.
+POSTGRES_OVERRIDE = "THREADLINE_TEST_POSTGRES_DSN"
+REDIS_OVERRIDE = "THREADLINE_TEST_REDIS_URL"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -24,22 +30,76 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
-def require_service(name: str, host: str, port: int) -> None:
+def _missing(message: str) -> None:
     """Skip when a service is missing, except under CI=true, where that is a failure."""
-    if _reachable(host, port):
-        return
-    message = f"{name} is not reachable on {host}:{port}"
     if IN_CI:
         pytest.fail(f"{message} (CI=true: services are required)")
     pytest.skip(message)
 
 
-def require_postgres() -> None:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
+class _OwnService:
+    """One server per test run, started on first use, stopped by `stop_own_services()`.
+    A start that failed is remembered: later tests fail (or skip) at once, not after another
+    attempt of several seconds each."""
+
+    def __init__(self, name: str, override: str, start: Callable[[], Any], default_port: int):
+        self.name = name
+        self.override = override
+        self._start = start
+        self._default_port = default_port
+        self._server: Any = None
+        self._problem: tuple[bool, str] | None = None  # (missing rather than broken, message)
+        self._lock = threading.Lock()
+
+    def address(self) -> str:
+        """The DSN/URL to use; skips or fails the calling test when there is none."""
+        given = os.environ.get(self.override)
+        if given:
+            parts = urlsplit(given)
+            host, port = parts.hostname or "127.0.0.1", parts.port or self._default_port
+            if not _reachable(host, port):
+                _missing(f"{self.name} is not reachable at {host}:{port} (from {self.override})")
+            return given
+        with self._lock:
+            if self._server is None and self._problem is None:
+                try:
+                    self._server = self._start()
+                except ServiceUnavailable as exc:
+                    self._problem = (True, str(exc))
+                except Exception as exc:
+                    self._problem = (False, f"starting {self.name} failed: {exc}")
+        if self._problem is not None:
+            missing, message = self._problem
+            if missing:
+                _missing(message)
+            pytest.fail(message)
+        return str(self._server.address)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
 
 
-def require_redis() -> None:
-    require_service("Redis", "127.0.0.1", 6379)
+_POSTGRES = _OwnService("PostgreSQL", POSTGRES_OVERRIDE, lambda: PostgresServer().start(), 5432)
+_REDIS = _OwnService("Redis", REDIS_OVERRIDE, lambda: RedisServer().start(), 6379)
+
+
+def require_postgres() -> str:
+    """The admin DSN of the run's PostgreSQL (its own cluster unless overridden)."""
+    return _POSTGRES.address()
+
+
+def require_redis() -> str:
+    """The URL of the run's Redis (its own server unless overridden)."""
+    return _REDIS.address()
+
+
+def stop_own_services() -> None:
+    """Stop the servers this run started (pytest_unconfigure); overrides are left alone."""
+    _POSTGRES.stop()
+    _REDIS.stop()
 
 
 async def _admin_execute(admin_dsn: str, sql: str) -> None:
@@ -72,7 +132,7 @@ async def drop_database(admin_dsn: str, dsn: str, prefix: str) -> None:
 
 @asynccontextmanager
 async def own_postgres_database(
-    admin_dsn: str = PG_ADMIN_DSN, prefix: str = "threadline_test_"
+    admin_dsn: str, prefix: str = "threadline_test_"
 ) -> AsyncIterator[str]:
     """Create a database of our own, yield its DSN, drop it (and only it) afterwards."""
     dsn = await create_database(admin_dsn, prefix)
@@ -85,8 +145,7 @@ async def own_postgres_database(
 @asynccontextmanager
 async def temporary_postgres_database() -> AsyncIterator[str]:
     """A database of the test's own (Postgres is required under CI=true)."""
-    require_postgres()
-    async with own_postgres_database() as dsn:
+    async with own_postgres_database(require_postgres()) as dsn:
         yield dsn
 
 
@@ -107,18 +166,19 @@ def _run_in_own_loop(fn: Any) -> None:
 
 def create_postgres_database_sync() -> str:
     """Create a database of our own outside any running event loop (for session fixtures)."""
-    require_postgres()
+    admin_dsn = require_postgres()
     created: list[str] = []
 
     async def create() -> None:
-        created.append(await create_database(PG_ADMIN_DSN, "threadline_test_"))
+        created.append(await create_database(admin_dsn, "threadline_test_"))
 
     _run_in_own_loop(create)
     return created[0]
 
 
 def drop_postgres_database_sync(dsn: str) -> None:
-    _run_in_own_loop(lambda: drop_database(PG_ADMIN_DSN, dsn, "threadline_test_"))
+    admin_dsn = require_postgres()
+    _run_in_own_loop(lambda: drop_database(admin_dsn, dsn, "threadline_test_"))
 
 
 async def empty_postgres_database(dsn: str) -> None:

@@ -24,7 +24,8 @@ from playwright.sync_api import Error as PlaywrightError
 from tests.browser.helpers import WATCH_SCRIPT, Api, ConsoleLog, OpenPage, wait_loaded
 from tests.e2e import harness
 
-CHROMIUM = Path("/usr/bin/chromium")
+# Debian's package; THREADLINE_TEST_CHROMIUM names another Chromium/Chrome binary.
+CHROMIUM = Path(os.environ.get("THREADLINE_TEST_CHROMIUM") or "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 ARTIFACTS = harness.ROOT / "test-artifacts" / "browser"
 # Slow enough that a reply of a few hundred characters streams for seconds.
@@ -96,7 +97,7 @@ def tokens(server: harness.ServerHandle) -> dict[str, str]:
 def chromium_present() -> None:
     """Skip the browser suite without Chromium (before starting a server); fail under CI=true."""
     if not CHROMIUM.exists():
-        reason = f"{CHROMIUM} is missing (apt-get install chromium)"
+        reason = f"{CHROMIUM} is missing (apt-get install chromium, or THREADLINE_TEST_CHROMIUM)"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true: {reason}")
         pytest.skip(reason)

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from realtime.bus import Bus
 from realtime.memory import MemoryBus
 from realtime.redis import RedisBus
-from tests.services import REDIS_URL, require_redis, unique_prefix
+from tests.services import require_redis, unique_prefix
 
 BACKENDS = ["memory", "redis"]
 TIMEOUT = 5.0
@@ -41,7 +41,7 @@ async def eventually(
 
 async def cleanup_prefix(prefix: str) -> None:
     """Delete every key under a test prefix (bounded: SCAN stops when the cursor wraps)."""
-    client = Redis.from_url(REDIS_URL)
+    client = Redis.from_url(require_redis())
     try:
         keys = [key async for key in client.scan_iter(match=prefix + "*", count=500)]
         if keys:
@@ -52,7 +52,7 @@ async def cleanup_prefix(prefix: str) -> None:
 
 @asynccontextmanager
 async def admin_redis() -> AsyncIterator[Redis]:
-    client = Redis.from_url(REDIS_URL)
+    client = Redis.from_url(require_redis())
     try:
         yield client
     finally:
@@ -69,7 +69,8 @@ async def numsub(admin: Redis, channel: str) -> int:
     return int(counts[0][1])
 
 
-def make_redis_bus(url: str = REDIS_URL, **options: Any) -> RedisBus:
+def make_redis_bus(url: str | None = None, **options: Any) -> RedisBus:
+    url = url or require_redis()
     options.setdefault("min_backoff", 0.02)
     options.setdefault("max_backoff", 0.2)
     options.setdefault("connect_timeout", 1.0)
@@ -102,8 +103,8 @@ def subscription_count(bus: Bus, channel: str) -> int:
 class TcpProxy:
     """A TCP relay in front of Redis that a test can stop and restart: a real outage."""
 
-    def __init__(self, target_url: str = REDIS_URL) -> None:
-        parts = urlsplit(target_url)
+    def __init__(self, target_url: str | None = None) -> None:
+        parts = urlsplit(target_url or require_redis())
         self._target = (parts.hostname or "127.0.0.1", parts.port or 6379)
         self.port = 0
         self._server: asyncio.Server | None = None

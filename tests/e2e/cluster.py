@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from tests.e2e import harness
-from tests.services import REDIS_URL, temporary_postgres_database
+from tests.services import require_redis, temporary_postgres_database
 
 # Fast fallbacks: a lost wakeup or a bus outage costs a fifth of a second, not a whole second.
 POLL_INTERVAL = "0.2"
@@ -35,10 +35,13 @@ def postgres_database() -> Iterator[str]:
 
 
 def cluster_env(
-    database_url: str, redis_url: str = REDIS_URL, extra: dict[str, str] | None = None
+    database_url: str, redis_url: str | None = None, extra: dict[str, str] | None = None
 ) -> dict[str, str]:
     """The environment every process of one cluster shares (storage, bus, poll interval)."""
-    shared = {"THREADLINE_REDIS_URL": redis_url, "THREADLINE_POLL_INTERVAL": POLL_INTERVAL}
+    shared = {
+        "THREADLINE_REDIS_URL": redis_url or require_redis(),
+        "THREADLINE_POLL_INTERVAL": POLL_INTERVAL,
+    }
     return harness.server_env(database_url, {**shared, **(extra or {})})
 
 
@@ -156,7 +159,7 @@ def parse_client_list(text: str) -> list[dict[str, str]]:
 
 
 async def kill_redis_clients(
-    pids: Sequence[int], suffixes: tuple[str, ...] = ("-pubsub",), redis_url: str = REDIS_URL
+    pids: Sequence[int], suffixes: tuple[str, ...] = ("-pubsub",), redis_url: str | None = None
 ) -> list[dict[str, str]]:
     """CLIENT KILL the connections that `pids` opened and named `*<suffix>` (realtime.redis
     names them `<bus name>-pubsub` and `<bus name>-cmd`).
@@ -166,6 +169,7 @@ async def kill_redis_clients(
     """
     from redis.asyncio import Redis
 
+    redis_url = redis_url or require_redis()
     redis_port = _redis_port(redis_url)
     ours = {port for pid in pids for port in local_ports_to(pid, redis_port)}
     client = Redis.from_url(redis_url)

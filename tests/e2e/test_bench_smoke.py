@@ -16,11 +16,10 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
 def test_fanout_bench_quick() -> None:
-    require_postgres()
-    require_redis()
+    servers = ["--postgres", require_postgres(), "--redis", require_redis()]
     # A session of its own: on a timeout the bench and the servers it started die together.
     bench = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "fanout.py"), "--quick"],
+        [sys.executable, str(ROOT / "bench" / "fanout.py"), "--quick", *servers],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

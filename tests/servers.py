@@ -1,0 +1,321 @@
+"""Throwaway PostgreSQL clusters and Redis servers on free loopback ports, for tests and benches."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+# A free port can be taken by someone else between our probe and the server's bind: retry.
+PORT_ATTEMPTS = 3
+DIR_PREFIXES = ("threadline-pg-", "threadline-redis-")
+OWNER_FILE = "owner.pid"
+
+
+class ServiceUnavailable(RuntimeError):
+    """The server's programs are not installed (the caller decides: skip, or fail under CI)."""
+
+
+class ServiceFailed(RuntimeError):
+    """The programs exist but the server did not come up: always an error."""
+
+
+# --- finding programs --------------------------------------------------------------------
+
+
+def _version_key(path: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", path)) or (0,)
+
+
+def postgres_bindir() -> Path:
+    """The directory holding `initdb` and `postgres`: PATH first, then Debian's versioned
+    /usr/lib/postgresql/<ver>/bin (newest), which is not on PATH."""
+    on_path = shutil.which("initdb")
+    if on_path and shutil.which("postgres"):
+        return Path(os.path.realpath(on_path)).parent
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=_version_key)
+    if candidates:
+        return Path(candidates[-1]).parent
+    raise ServiceUnavailable(
+        "PostgreSQL server programs (initdb, postgres) are not installed"
+        " (apt-get install postgresql, or set THREADLINE_TEST_POSTGRES_DSN)"
+    )
+
+
+def redis_server_program() -> str:
+    found = shutil.which("redis-server")
+    if found is None:
+        raise ServiceUnavailable(
+            "redis-server is not installed"
+            " (apt-get install redis-server, or set THREADLINE_TEST_REDIS_URL)"
+        )
+    return found
+
+
+# --- process plumbing --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run_as() -> pwd.struct_passwd | None:
+    """PostgreSQL refuses to run as root: as root, run it as `postgres` (Debian's package
+    creates that user) or else `nobody`. None: run as ourselves."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+    raise ServiceFailed("running as root and neither user `postgres` nor `nobody` exists")
+
+
+def _die_with_us(signal_name: str) -> list[str]:
+    """A prefix that makes the server die with the thread that starts it, so a test run killed
+    outright leaves no server behind. Only from the main thread: the kernel signals when the
+    creating *thread* ends, and helper threads end early."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return []
+    return [setpriv, f"--pdeathsig={signal_name}", "--"]
+
+
+def _make_dir(prefix: str, user: pwd.struct_passwd | None) -> Path:
+    """A private directory for one server, marked with our pid so a later run can sweep it if
+    we die without cleaning up. Under /tmp when switching user: TMPDIR may not be traversable
+    for that user."""
+    sweep_stale_dirs()
+    base = "/tmp" if user is not None and os.path.isdir("/tmp") else None
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    (directory / OWNER_FILE).write_text(str(os.getpid()))
+    if user is not None:
+        os.chown(directory, user.pw_uid, user.pw_gid)
+    return directory
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_dirs() -> None:
+    """Remove server directories whose owning process is gone (a run that was killed)."""
+    base = tempfile.gettempdir()
+    for root in {base, "/tmp"}:
+        for prefix in DIR_PREFIXES:
+            for path in glob.glob(os.path.join(root, prefix + "*")):
+                owner = Path(path) / OWNER_FILE
+                with contextlib.suppress(OSError, ValueError):
+                    if not _pid_alive(int(owner.read_text())):
+                        shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop_process(process: subprocess.Popen[bytes], sig: int) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT)
+
+
+def _log_tail(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace")[-3000:]
+    return ""
+
+
+# --- PostgreSQL --------------------------------------------------------------------------
+
+
+class PostgresServer:
+    """One throwaway cluster: initdb into a temp dir, trust auth, a free port on 127.0.0.1,
+    its unix socket in the same dir, durability off (fsync etc.) since nothing here must
+    survive a crash. `stop()` shuts it down and removes the directory."""
+
+    def __init__(self) -> None:
+        self.bindir = postgres_bindir()
+        self.user = _run_as()
+        self.directory = _make_dir("threadline-pg-", self.user)
+        self.data = self.directory / "data"
+        self.log = self.directory / "server.log"
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        """The admin DSN: superuser `postgres`, database `postgres`."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _spawn(self, args: list[str], **options: object) -> subprocess.Popen[bytes]:
+        ids: dict[str, object] = {}
+        if self.user is not None:
+            ids = {"user": self.user.pw_uid, "group": self.user.pw_gid, "extra_groups": []}
+        return subprocess.Popen(args, cwd=self.directory, **ids, **options)  # type: ignore[call-overload, no-any-return]
+
+    def start(self) -> PostgresServer:
+        try:
+            self._initdb()
+            for _attempt in range(PORT_ATTEMPTS):
+                self.port = free_port()
+                if self._launch():
+                    return self
+            raise ServiceFailed(f"PostgreSQL did not start:\n{_log_tail(self.log)}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _initdb(self) -> None:
+        initdb = self._spawn(
+            [str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
+             "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        output, _ = initdb.communicate(timeout=120)
+        if initdb.returncode != 0:
+            raise ServiceFailed(f"initdb failed ({initdb.returncode}):\n{output.decode()[-3000:]}")
+
+    def _launch(self) -> bool:
+        """Start the postmaster on self.port; False when it exited (e.g. the port was taken)."""
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self.directory),
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": "200",
+            "shared_buffers": "32MB",
+        }
+        args = [*_die_with_us("SIGQUIT"), str(self.bindir / "postgres"), "-D", str(self.data),
+                "-p", str(self.port)]
+        for key, value in settings.items():
+            args += ["-c", f"{key}={value}"]
+        with open(self.log, "ab") as log:
+            self._process = self._spawn(args, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                self._process = None
+                return False
+            if self._ready():
+                return True
+            time.sleep(0.05)
+        raise ServiceFailed(f"PostgreSQL not ready after {START_TIMEOUT:.0f} s")
+
+    def _ready(self) -> bool:
+        # postmaster.pid's last line says "ready" once connections are accepted.
+        with contextlib.suppress(OSError):
+            lines = (self.data / "postmaster.pid").read_text().splitlines()
+            return len(lines) >= 8 and lines[7].strip() == "ready"
+        return False
+
+    def stop(self) -> None:
+        if self._process is not None:
+            # SIGINT is the fast shutdown: open sessions are ended, not waited for.
+            _stop_process(self._process, signal.SIGINT)
+            self._process = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# --- Redis -------------------------------------------------------------------------------
+
+
+class RedisServer:
+    """One throwaway redis-server on a free loopback port, no persistence; `stop()` ends it
+    and removes its directory."""
+
+    def __init__(self) -> None:
+        self.program = redis_server_program()
+        self.directory = _make_dir("threadline-redis-", None)
+        self.log = self.directory / "server.log"
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        try:
+            for _attempt in range(PORT_ATTEMPTS):
+                self.port = free_port()
+                if self._launch():
+                    return self
+            raise ServiceFailed(f"redis-server did not start:\n{_log_tail(self.log)}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _launch(self) -> bool:
+        args = [*_die_with_us("SIGTERM"), self.program, "--bind", "127.0.0.1",
+                "--port", str(self.port), "--save", "", "--appendonly", "no",
+                "--dir", str(self.directory), "--daemonize", "no", "--maxclients", "2000"]
+        with open(self.log, "ab") as log:
+            self._process = subprocess.Popen(args, cwd=self.directory, stdout=log,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                self._process = None
+                return False
+            if self._pings():
+                return True
+            time.sleep(0.05)
+        raise ServiceFailed(f"redis-server not ready after {START_TIMEOUT:.0f} s")
+
+    def _pings(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(
+            ("127.0.0.1", self.port), timeout=1.0
+        ) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith(b"+PONG")
+        return False
+
+    def stop(self) -> None:
+        if self._process is not None:
+            _stop_process(self._process, signal.SIGTERM)
+            self._process = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def own_postgres_server() -> Iterator[str]:
+    """A throwaway cluster for the block; yields its admin DSN."""
+    server = PostgresServer().start()
+    try:
+        yield server.address
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def own_redis_server() -> Iterator[str]:
+    """A throwaway redis-server for the block; yields its URL."""
+    server = RedisServer().start()
+    try:
+        yield server.address
+    finally:
+        server.stop()
