@@ -37,7 +37,7 @@ def docker(*args: str, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> 
 @dataclass
 class Stack:
     """`docker-compose --compatibility -p <project>` on the repository's docker-compose.yml,
-    publishing nginx on `port` (THREADLINE_PUBLISH_PORT)."""
+    publishing nginx on 127.0.0.1:`port` (THREADLINE_PUBLISH_PORT)."""
 
     project: str
     port: int
@@ -54,7 +54,8 @@ class Stack:
     def compose(
         self, *args: str, timeout: float = COMMAND_TIMEOUT, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "THREADLINE_PUBLISH_PORT": str(self.port)}
+        # Published on loopback only (compose accepts "address:port" for the host side).
+        env = {**os.environ, "THREADLINE_PUBLISH_PORT": f"127.0.0.1:{self.port}"}
         done = subprocess.run(
             ["docker-compose", "--compatibility", "-p", self.project, *args],
             cwd=ROOT,
