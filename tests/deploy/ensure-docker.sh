@@ -33,6 +33,8 @@ command -v docker >/dev/null || missing+=(docker.io)
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+# The Python stand-in gets this machine's CA bundle (pip inside image builds needs it).
+[ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
 if ((${#missing[@]})); then
     say "installing ${missing[*]}"
     as_root apt-get update -qq
@@ -122,13 +124,14 @@ label_of() {
 }
 
 build_standin() {
-    local image=$1 name=${STANDIN[$1]} context hash current
+    local image=$1 name=${STANDIN[$1]} context hash
     context=$(mktemp -d)
     cp "$STANDINS/$name.Dockerfile" "$context/Dockerfile"
     cp "$STANDINS/$name"-*.sh "$context/" 2>/dev/null || true
     cp /etc/ssl/certs/ca-certificates.crt "$context/"
     printf '%s\n' "$PIP_CONF" >"$context/pip.conf"
-    hash=$(cd "$context" && shopt -s nullglob && cat Dockerfile ./*.sh ca-certificates.crt pip.conf | sha256sum | cut -c1-16)
+    hash=$(cd "$context" && shopt -s nullglob \
+        && cat Dockerfile ./*.sh ca-certificates.crt pip.conf | sha256sum | cut -c1-16)
     if [ "$(label_of "$image")" = "$hash" ]; then rm -rf "$context"; return 0; fi
     ensure_base
     say "building stand-in $image from standins/$name.Dockerfile"
