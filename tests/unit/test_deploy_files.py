@@ -1,4 +1,5 @@
-"""Structure of the deployment files (no Docker engine needed): compose, nginx, Dockerfile."""
+"""Structure of the deployment files (no Docker engine needed): compose, nginx, Dockerfile.
+tests/deploy starts them for real."""
 
 from __future__ import annotations
 
@@ -121,10 +122,22 @@ def test_gateways_and_workers(services: dict[str, Any], name: str) -> None:
 def test_load_balancer_publishes_port_8000(services: dict[str, Any]) -> None:
     lb = services["lb"]
     assert lb["image"].startswith("nginx:1.27")
-    assert "8000:8000" in [str(port) for port in lb["ports"]]
+    # Port 8000 unless THREADLINE_PUBLISH_PORT says otherwise (tests/deploy uses a free one).
+    assert [str(port) for port in lb["ports"]] == ["${THREADLINE_PUBLISH_PORT:-8000}:8000"]
     mounts = [str(volume) for volume in lb["volumes"]]
     assert any(m.startswith("./deploy/nginx.conf:/etc/nginx/nginx.conf") for m in mounts)
     assert depends(lb)["gateway"] == "service_healthy"
+
+
+def test_load_balancer_error_log_is_redacted(services: dict[str, Any]) -> None:
+    # nginx's error log repeats request lines (with ?token=): nginx runs behind a sed filter.
+    lb = services["lb"]
+    script = lb["entrypoint"][-1]
+    mounts = [str(volume) for volume in lb["volumes"]]
+    assert f"./deploy/nginx-entrypoint.sh:{script}:ro" in mounts
+    text = (ROOT / "deploy" / "nginx-entrypoint.sh").read_text()
+    assert re.search(r"sed -u -E 's/\(\[\?&\]token=\)[^/]*/\\1\[redacted\]/g'", text)
+    assert re.search(r"^exec nginx -g 'daemon off;' 2>\"\$fifo\"$", text, flags=re.M)
 
 
 def test_named_volumes_are_declared(compose: dict[str, Any], services: dict[str, Any]) -> None:
@@ -150,8 +163,11 @@ def test_nginx_proxies_http_and_websockets_to_the_gateways(nginx: str) -> None:
     assert re.search(r"proxy_set_header\s+Upgrade\s+\$http_upgrade\s*;", nginx)
     assert re.search(r"proxy_set_header\s+Connection\s+\$connection_upgrade\s*;", nginx)
     assert re.search(r"map\s+\$http_upgrade\s+\$connection_upgrade", nginx)
-    timeout = re.search(r"proxy_read_timeout\s+(\d+)s\s*;", nginx)
-    assert timeout and int(timeout.group(1)) >= 600
+    # Idle websockets are kept alive by the server's pings: nginx must wait longer than that.
+    for directive in ("proxy_read_timeout", "proxy_send_timeout"):
+        timeout = re.search(directive + r"\s+(\d+)s\s*;", nginx)
+        assert timeout, directive
+        assert int(timeout.group(1)) >= max(600, Settings().ws_ping_interval), directive
     assert re.search(r"proxy_buffering\s+off\s*;", nginx)
 
 
@@ -165,7 +181,10 @@ def test_nginx_does_not_log_tokens(nginx: str) -> None:
 def test_dockerfile(dockerfile: list[tuple[str, str]]) -> None:
     keywords = [keyword for keyword, _ in dockerfile]
     assert dockerfile[0] == ("FROM", "python:3.11-slim")
-    assert any(k == "RUN" and "pip install ." in args for k, args in dockerfile)
+    assert any(k == "RUN" and "pip install --no-deps ." in args for k, args in dockerfile)
+    # A container never mints (and logs) a development token.
+    env = " ".join(args for k, args in dockerfile if k == "ENV")
+    assert re.search(r"\bTHREADLINE_DEV_TOKEN=false\b", env)
     assert ("EXPOSE", "8000") in dockerfile
     health = [args for k, args in dockerfile if k == "HEALTHCHECK"]
     assert len(health) == 1 and "/healthz" in health[0]
@@ -189,3 +208,14 @@ def test_dockerignore_keeps_local_state_out() -> None:
     # What the Dockerfile copies must not be ignored.
     for needed in ("runtime", "realtime", "server", "static", "examples", "README.md"):
         assert needed not in ignored
+
+
+def test_every_base_image_has_a_test_stand_in(services: dict[str, Any]) -> None:
+    """tests/deploy builds these only where the public images cannot be pulled."""
+    script = (ROOT / "tests" / "deploy" / "ensure-docker.sh").read_text()
+    images = {str(s["image"]) for s in services.values() if "build" not in s}
+    images.add("python:3.11-slim")
+    for image in images:
+        name = re.search(r"\[" + re.escape(image) + r"\]=(\w+)", script)
+        assert name, image
+        assert (ROOT / "tests" / "deploy" / "standins" / f"{name.group(1)}.Dockerfile").is_file()
