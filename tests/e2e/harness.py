@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [sys.executable, "-m", "server.cli"]
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
-COMMAND_TIMEOUT = 30.0
+COMMAND_TIMEOUT = 90.0  # a guard against a hung CLI, not a speed check
 
 
 def free_port() -> int:

@@ -208,10 +208,12 @@ def any_frame(ids: dict[str, list[str]]) -> st.SearchStrategy[Sent]:
 
 def open_connection(server: ServerHandle, token: str) -> ClientConnection:
     """An open connection; the caller closes it (used as a context manager, as websockets
-    asks: entering it only marks it as such)."""
+    asks: entering it only marks it as such). No keepalive pings: websockets draws their
+    payload from the global `random` in a background thread, and Hypothesis rejects a draw
+    during which the global random state changed (a flaky failure on a slow machine)."""
     ws = connect(
         f"{server.ws_url}?token={token}", open_timeout=TIMEOUT, close_timeout=2,
-        compression=None, max_size=2**24, max_queue=None,
+        compression=None, max_size=2**24, max_queue=None, ping_interval=None,
     )
     return ws.__enter__()
 
