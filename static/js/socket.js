@@ -34,6 +34,8 @@ export class ThreadSocket {
     WebSocketImpl = globalThis.WebSocket,
     pingIntervalMs = 20000,
     pongTimeoutMs = 10000,
+    // Where timeouts come from: the platform's by default, a fake clock in tests.
+    clock = { setTimeout: (fn, ms) => setTimeout(fn, ms), clearTimeout: (id) => clearTimeout(id) },
   }) {
     this.url = url;
     this.onFrame = onFrame || (() => {});
@@ -41,6 +43,7 @@ export class ThreadSocket {
     this.WebSocketImpl = WebSocketImpl;
     this.pingIntervalMs = pingIntervalMs;
     this.pongTimeoutMs = pongTimeoutMs;
+    this.clock = clock;
     this.state = 'idle';
     this.attempt = 0;
     this.ws = null;
@@ -105,7 +108,7 @@ export class ThreadSocket {
     if (this.state === 'reconnecting') this.onStateChange(this.state, this.attempt);
     else this.setState('reconnecting');
     this.clearTimer('reconnect');
-    this.timers.reconnect = setTimeout(() => this.connect(), delay);
+    this.timers.reconnect = this.clock.setTimeout(() => this.connect(), delay);
   }
 
   /** Skip the backoff wait (the browser came back online, the tab became visible). */
@@ -150,17 +153,20 @@ export class ThreadSocket {
 
   startPing() {
     this.stopPing();
-    this.timers.ping = setInterval(() => {
+    // A chain of timeouts rather than an interval: one kind of timer to schedule and clear.
+    const ping = () => {
+      this.timers.ping = this.clock.setTimeout(ping, this.pingIntervalMs);
       if (!this.send({ type: 'ping' })) return;
       if (this.timers.pong === null) {
-        this.timers.pong = setTimeout(() => {
+        this.timers.pong = this.clock.setTimeout(() => {
           this.timers.pong = null;
           // No answer: the connection is dead, and a closing handshake may never finish.
           // Drop it (its late events are ignored) and reconnect right away.
           this.dropConnection(CLOSE_PING_TIMEOUT, 'ping timeout');
         }, this.pongTimeoutMs);
       }
-    }, this.pingIntervalMs);
+    };
+    this.timers.ping = this.clock.setTimeout(ping, this.pingIntervalMs);
   }
 
   dropConnection(code, reason) {
@@ -184,8 +190,7 @@ export class ThreadSocket {
 
   clearTimer(name) {
     if (this.timers[name] !== null) {
-      clearTimeout(this.timers[name]);
-      clearInterval(this.timers[name]);
+      this.clock.clearTimeout(this.timers[name]);
       this.timers[name] = null;
     }
   }

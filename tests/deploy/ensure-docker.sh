@@ -81,7 +81,7 @@ for name in sys.argv[1:]:
             words = [w for w in line.split("#", 1)[0].split() if not w.startswith("[")]
             if len(words) >= 3 and words[0] == "deb" and words[2] == "bookworm":
                 print(words[1]); sys.exit(0)
-print("http://deb.debian.org/debian")
+sys.exit("no bookworm source in this machine's apt sources: debootstrap needs its mirror")
 PY
 }
 

@@ -6,6 +6,41 @@ import { ApiError, createApi, describeError, resolvedBy } from '../../../static/
 import { readSession, threadUrl, TOKEN_KEY } from '../../../static/js/session.js';
 import { ThreadSocket, backoffDelay, socketUrl } from '../../../static/js/socket.js';
 
+// A fake clock for ThreadSocket: timeouts run in due order when the test advances time
+// (Node's own mock timers differ between Node 18, Debian bookworm's, and Node 20).
+class FakeClock {
+  constructor() {
+    this.now = 0;
+    this.nextId = 1;
+    this.pending = new Map();
+  }
+
+  setTimeout(fn, ms) {
+    const id = this.nextId++;
+    this.pending.set(id, { at: this.now + ms, fn });
+    return id;
+  }
+
+  clearTimeout(id) {
+    this.pending.delete(id);
+  }
+
+  tick(ms) {
+    const end = this.now + ms;
+    for (;;) {
+      let due = null;
+      for (const [id, timer] of this.pending) {
+        if (timer.at <= end && (due === null || timer.at < due[1].at)) due = [id, timer];
+      }
+      if (due === null) break;
+      this.pending.delete(due[0]);
+      this.now = due[1].at;
+      due[1].fn();
+    }
+    this.now = end;
+  }
+}
+
 function memoryStorage(initial = {}) {
   const data = new Map(Object.entries(initial));
   return { getItem: (k) => (data.has(k) ? data.get(k) : null), setItem: (k, v) => data.set(k, String(v)), data };
@@ -131,12 +166,12 @@ describe('socket', () => {
     assert.equal(socketUrl({ protocol: 'http:', host: '127.0.0.1:8000' }, 't'), 'ws://127.0.0.1:8000/v1/ws?token=t');
   });
 
-  test('subscriptions are re-sent after a reconnect; frames reach the handler', (t) => {
-    t.mock.timers.enable({ apis: ['setTimeout', 'setInterval'] });
+  test('subscriptions are re-sent after a reconnect; frames reach the handler', () => {
+    const clock = new FakeClock();
     FakeWebSocket.instances = [];
     const frames = [];
     const states = [];
-    const sock = new ThreadSocket({ url: 'ws://x/v1/ws?token=t', WebSocketImpl: FakeWebSocket, onFrame: (f) => frames.push(f), onStateChange: (s) => states.push(s) });
+    const sock = new ThreadSocket({ url: 'ws://x/v1/ws?token=t', WebSocketImpl: FakeWebSocket, clock, onFrame: (f) => frames.push(f), onStateChange: (s) => states.push(s) });
     sock.subscribe('t1');
     sock.connect();
     const first = FakeWebSocket.instances[0];
@@ -146,7 +181,7 @@ describe('socket', () => {
     assert.deepEqual(frames, [{ type: 'invalidate', thread_id: 't1', version: 2 }]);
     first.serverClose(1006);
     assert.equal(sock.state, 'reconnecting');
-    t.mock.timers.tick(600);
+    clock.tick(600);
     const second = FakeWebSocket.instances[1];
     assert.ok(second, 'reconnected after the backoff');
     second.serverOpen();
@@ -155,34 +190,34 @@ describe('socket', () => {
     sock.close();
   });
 
-  test('close code 4401 is final: no reconnect', (t) => {
-    t.mock.timers.enable({ apis: ['setTimeout', 'setInterval'] });
+  test('close code 4401 is final: no reconnect', () => {
+    const clock = new FakeClock();
     FakeWebSocket.instances = [];
-    const sock = new ThreadSocket({ url: 'ws://x', WebSocketImpl: FakeWebSocket });
+    const sock = new ThreadSocket({ url: 'ws://x', WebSocketImpl: FakeWebSocket, clock });
     sock.connect();
     FakeWebSocket.instances[0].serverClose(4401);
     assert.equal(sock.state, 'unauthorized');
-    t.mock.timers.tick(60000);
+    clock.tick(60000);
     assert.equal(FakeWebSocket.instances.length, 1);
     sock.connect();
     assert.equal(FakeWebSocket.instances.length, 1);
   });
 
-  test('a missing pong drops the connection and reconnects', (t) => {
-    t.mock.timers.enable({ apis: ['setTimeout', 'setInterval'] });
+  test('a missing pong drops the connection and reconnects', () => {
+    const clock = new FakeClock();
     FakeWebSocket.instances = [];
-    const sock = new ThreadSocket({ url: 'ws://x', WebSocketImpl: FakeWebSocket, pingIntervalMs: 1000, pongTimeoutMs: 500 });
+    const sock = new ThreadSocket({ url: 'ws://x', WebSocketImpl: FakeWebSocket, clock, pingIntervalMs: 1000, pongTimeoutMs: 500 });
     sock.connect();
     const ws = FakeWebSocket.instances[0];
     ws.serverOpen();
-    t.mock.timers.tick(1000);
+    clock.tick(1000);
     assert.deepEqual(ws.sent.map((f) => f.type), ['ping']);
     ws.serverFrame({ type: 'pong' });
-    t.mock.timers.tick(1000);
-    t.mock.timers.tick(500);
+    clock.tick(1000);
+    clock.tick(500);
     assert.equal(ws.closed.code, 4000);
     assert.equal(sock.state, 'reconnecting');
-    t.mock.timers.tick(600);
+    clock.tick(600);
     assert.equal(FakeWebSocket.instances.length, 2);
     sock.close();
   });
