@@ -18,7 +18,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [sys.executable, "-m", "server.cli"]
-START_TIMEOUT = 30.0
+START_TIMEOUT = 90.0  # a hang guard: a loaded 2-core box can take long to import and bind
 STOP_TIMEOUT = 15.0
 COMMAND_TIMEOUT = 90.0  # a guard against a hung CLI, not a speed check
 
