@@ -45,14 +45,16 @@ async def rewrite(
     with telemetry.span(
         "threadline.history_rewrite", **{"threadline.rewrite.kind": kind, "thread_id": thread_id}
     ) as span:
-        await store.get_thread(thread_id, principal.scopes)  # NotFound outside the scopes
+        before = await store.get_thread(thread_id, principal.scopes)  # NotFound outside scopes
         if await store.active_run(thread_id) is not None:
             raise RunActive("the thread has an active run; stop it before rewriting history")
         lease = await store.acquire_admin_lease(thread_id, owner, ADMIN_LEASE_TTL)
         if lease is None:
             raise RunActive("another history rewrite of this thread is in progress")
         try:
-            thread = await store.get_thread(thread_id, principal.scopes)
+            # Read again under the lease: what the hook computes its patch from must be what the
+            # rewrite commits over (`before` may be stale by now).
+            thread = await store.get_thread(before.id, principal.scopes)
             check_expected_version(thread_id, thread.version, expected_version)
             ctx = RewriteContext(
                 thread_id=thread_id,
