@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jsonschema
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from runtime.agent import Agent
@@ -43,8 +44,10 @@ def check_payload(agent: Agent, part: ToolCallPart, payload: Mapping[str, Any]) 
 
 
 def _check_model(model: type[BaseModel], value: Any, prefix: tuple[str, ...] = ()) -> BaseModel:
+    # Strict JSON validation: the payload arrived as JSON and its public contract is the
+    # model's JSON Schema, so "yes" is no boolean and "1" no integer (lax mode would coerce).
     try:
-        return model.model_validate(dict(value) if isinstance(value, Mapping) else value)
+        return model.model_validate_json(orjson.dumps(value), strict=True)
     except ValidationError as exc:
         raise InvalidPayload(
             _MESSAGE,
