@@ -113,7 +113,9 @@ async def _close_parts(
     deps: EpisodeDeps, state: EpisodeState, parts: list[Any], cancel_hooks: bool
 ) -> list[Any]:
     if cancel_hooks and state.step is not None:
-        phase = ToolPhase(deps.agent, deps.lifecycle, state.sink, state.step, ())
+        # The open phase itself when there is one: it knows which calls already had their
+        # after_tool_result, so none gets a second one.
+        phase = state.tools or ToolPhase(deps.agent, deps.lifecycle, state.sink, state.step, ())
         return await phase.cancel_open(parts)
     return [
         p.transition(ToolState.CANCELLED, error="the run failed")

@@ -150,15 +150,23 @@ class _ComposedLifecycle(AgentLifecycle):
         return decisions
 
     async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
-        decisions = await self._decisions("prepare_run", PrepareRunDecision, ctx)
+        decisions: list[PrepareRunDecision] = []
+        for hook in self._hooks("prepare_run"):
+            decision = await hook(ctx)
+            if decision is None:
+                continue
+            if not isinstance(decision, PrepareRunDecision):
+                raise _wrong_decision("prepare_run", decision)
+            decisions.append(decision)
+            if decision.respond is not None:
+                break  # the short-circuit rule: a terminal decision ends the phase
         if not decisions:
             return None
         # A fresh dict: merging into a hook's returned mapping would mutate that hook's state.
         context: dict[str, Any] = {}
         for decision in decisions:
             context.update(decision.context)
-        respond = next((d.respond for d in decisions if d.respond is not None), None)
-        return PrepareRunDecision(context=context, respond=respond)
+        return PrepareRunDecision(context=context, respond=decisions[-1].respond)
 
     async def resolve_model_context(
         self, ctx: RunContext, next: ContextNext

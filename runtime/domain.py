@@ -229,6 +229,7 @@ class RunTrigger(StrEnum):
     MESSAGE = "message"
     QUEUED = "queued"
     REGENERATE = "regenerate"
+    RETRY = "retry"
 
 
 class Run(_Frozen):

@@ -27,6 +27,7 @@ from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.phases import (
     RunFailed,
     after_step,
+    close_tail,
     prepare_run,
     respond,
     resume,
@@ -63,6 +64,8 @@ class Episode:
         self.lease_lost = False
         # None until start_episode has committed.
         self.state: EpisodeState | None = None
+        # Why this episode failed its run, if it did (for the episode span's status).
+        self.failure: BaseException | None = None
 
     @property
     def lease(self) -> Lease:
@@ -83,8 +86,16 @@ class Episode:
         self.stop_requested.set()
 
     async def run(self) -> RunStatus | None:
-        with telemetry.span("threadline.episode", run_id=self.run_id, thread_id=self.thread_id):
-            return await self._run()
+        with telemetry.span(
+            "threadline.episode", run_id=self.run_id, thread_id=self.thread_id
+        ) as span:
+            outcome = await self._run()
+            # Errors are handled inside (the run fails, it does not raise): the span says so.
+            if outcome is not None:
+                span.set_attribute("threadline.run.outcome", outcome.value)
+            if self.failure is not None:
+                telemetry.fail_span(span, self.failure)
+            return outcome
 
     async def _run(self) -> RunStatus | None:
         # start_episode runs before the stop is watched: nothing cancels it, and a stop that
@@ -97,6 +108,7 @@ class Episode:
             return None
         except Exception as exc:
             log.exception("run %s: the episode could not start", self.run_id)
+            self.failure = exc
             await self._fail_unstarted(exc)
             return None
         if state.ended:
@@ -171,7 +183,9 @@ class Episode:
             # late joiners must not get them replayed (nor have live chunks deduplicated away).
             await deps.publisher.clear_replay(self.thread_id)
             await state.sink.emit(RunTakeoverChunk(episode=run.episode))
-        event = "started" if resumable is None else "resumed"
+        # A takeover continues a run that already started: it is not counted as a new start.
+        takeover = before.status is RunStatus.RUNNING and before.episode > 0
+        event = "takeover" if takeover else "started" if resumable is None else "resumed"
         telemetry.safe_add(telemetry.RUNS, 1, {"event": event})
         step = sum(1 for m in messages if m.run_id == run.id and m.role is MessageRole.ASSISTANT)
         run_ctx = await runtime_context(deps, state, thread, step, resumed=resumable is not None)
@@ -181,6 +195,8 @@ class Episode:
             return
         ctx, answer = await prepare_run(deps, state, run_ctx, step)
         if answer is not None:
+            if resumable is not None:
+                await close_tail(deps, state, ctx, resumable)
             await respond(deps, state, ctx, answer.text)
             return
         if resumable is not None:
@@ -221,6 +237,7 @@ class Episode:
             await self._finish_failed(state, RuntimeError("stop finalisation failed"))
 
     async def _finish_failed(self, state: EpisodeState, exc: BaseException) -> None:
+        self.failure = exc
         reason = str(exc) or type(exc).__name__
         # Open tool parts are cancelled with after_tool_result; if a hook is what failed, they
         # are cancelled without hooks, and as a last resort only the run is marked failed.

@@ -47,7 +47,8 @@ class Phase(enum.Enum):
 _NEXT: dict[Phase, frozenset[Phase]] = {
     Phase.STARTING: frozenset({Phase.RESUMING, Phase.CONTEXT, Phase.MODEL_CALL}),
     Phase.RESUMING: frozenset({Phase.RESUMED}),
-    Phase.RESUMED: frozenset({Phase.CONTEXT, Phase.TRANSITION}),
+    # MODEL_CALL: a prepare_run Respond after the tail's open calls were closed (`close_tail`).
+    Phase.RESUMED: frozenset({Phase.CONTEXT, Phase.TRANSITION, Phase.MODEL_CALL}),
     Phase.CONTEXT: frozenset({Phase.TOOLS}),
     Phase.TOOLS: frozenset({Phase.PREPARE}),
     Phase.PREPARE: frozenset({Phase.MODEL_CALL}),

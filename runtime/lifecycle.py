@@ -85,26 +85,43 @@ class StepResult:
     continues: bool
 
 
+RewriteKind = Literal["regenerate", "retry", "visibility"]
+
+
 @dataclass(frozen=True)
 class RewriteContext:
+    """A rewrite about to commit. `metadata`, `private_metadata` and `version` are read under
+    the rewrite's admin lease, and the rewrite commits only if the thread is still at
+    `version`: a patch computed from this metadata cannot lose a concurrent update."""
+
     thread_id: str
     scope: str
-    kind: Literal["regenerate", "visibility"]
+    kind: RewriteKind
+    # regenerate: the first removed message; visibility: the message; retry: the retried run's
+    # input message ("" when it had none).
     message_id: str
     requested_by: str
     visibility: Visibility | None
     metadata: Mapping[str, Any]
     private_metadata: Mapping[str, Any]
+    version: int = 0
+    # retry: the failed or cancelled run being retried.
+    retried_run_id: str | None = None
 
 
 @dataclass(frozen=True)
 class RewriteOutcome:
     thread_id: str
     version: int
-    kind: Literal["regenerate", "visibility"]
+    kind: RewriteKind
     message_id: str
     run_id: str | None
     removed_message_ids: tuple[str, ...]
+
+    @property
+    def rewrite_id(self) -> str:
+        """Stable id of this rewrite (one commit of one thread) for idempotent reconciliation."""
+        return f"{self.thread_id}@{self.version}"
 
 
 # --- decisions ------------------------------------------------------------------------------
@@ -183,6 +200,12 @@ class AgentLifecycle:
     composed lifecycle, so a lifecycle may also be any object with a subset of these methods.
     Unless a hook says otherwise, an exception it raises propagates at once (later hooks do not
     run and the run fails), and a decision of the wrong type raises TypeError.
+
+    The short-circuit rule, the same for every decision phase: a terminal decision (prepare_run
+    `respond`, prepare_model_step `Respond`/`Block`, before_tool_call `Skip`/`Reject`) ends its
+    phase at once. The hooks after the one that returned it do not run, and it is the phase's
+    decision together with what the earlier hooks contributed (context, patched request or
+    input). Non-terminal decisions never stop later hooks.
     """
 
     async def runtime_context(self, inp: RuntimeContextInput) -> Mapping[str, Any] | None:
@@ -204,8 +227,9 @@ class AgentLifecycle:
         answer that ends the run); tools no.
 
         Composed: a, b, c, each with the same ctx. Decisions accumulate without mutating the
-        input: contexts shallow-merged in order (later keys win) and the FIRST `respond` wins,
-        but every hook still runs. None when every hook returned None.
+        input: contexts shallow-merged in order (later keys win). A `respond` short-circuits:
+        later hooks do not run, and it is returned with the contexts merged so far. None when
+        every hook returned None.
         """
         return None
 
@@ -235,8 +259,9 @@ class AgentLifecycle:
         `Block` without a response fails the run with its reason.
 
         Composed: a, b, c; a returned ModelRequest becomes the next hook's request.
-        Respond/Block short-circuits and is returned. Otherwise returns the final request (the
-        original object when nobody changed it).
+        Respond/Block short-circuits: later hooks do not run, and it is returned. Otherwise
+        returns the final request (the original object when nobody changed it). The tools of
+        the final request are the only ones the step may call (tool assembly is enforced).
         """
         return None
 
@@ -266,8 +291,8 @@ class AgentLifecycle:
         that needs a person declares a SuspendStep.
 
         Composed: a, b, c; ReplaceInput hands later hooks a ToolCall with the patched input;
-        Skip/Reject short-circuits and is returned. Otherwise ReplaceInput(final input) if any
-        hook replaced the input, else Continue().
+        Skip/Reject short-circuits: later hooks do not run, and it is returned. Otherwise
+        ReplaceInput(final input) if any hook replaced the input, else Continue().
         """
         return None
 
@@ -315,10 +340,12 @@ class AgentLifecycle:
         return None
 
     async def prepare_history_rewrite(self, ctx: RewriteContext) -> MetadataPatch | None:
-        """Prepare a regenerate or visibility rewrite (`prepareHistoryRewrite`).
+        """Prepare a regenerate, retry or visibility rewrite (`prepareHistoryRewrite`).
 
         Spec: returns thread metadata patches that commit in the same transaction as the
-        history change; it cannot change model input or the transcript otherwise.
+        history change; it cannot change model input or the transcript otherwise. It runs
+        under the rewrite's admin lease, with `ctx.metadata` read under it; the rewrite commits
+        only if the thread is still at `ctx.version` (else a 409 conflict, nothing changed).
 
         Composed: a, b, c; public and private patches shallow-merged separately (later keys
         win). None when every hook returned None.
@@ -329,7 +356,9 @@ class AgentLifecycle:
         """Observe a committed rewrite for idempotent external reconciliation (`historyRewritten`).
 
         Spec: a best-effort fact after commit; it cannot change model input or the transcript.
-        Its failures are reported and never undo the rewrite.
+        Its failures are reported (a log line, an event on the `threadline.history_rewrite`
+        span and the `threadline.history_rewritten.failures` counter, with
+        `outcome.rewrite_id`) and never undo the rewrite.
 
         Composed: every observer runs in order even if some raise; then, if any raised,
         HistoryRewrittenErrors carrying all failures (nested groups flattened).

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from runtime import telemetry
 from runtime.chunks import StepFinishChunk, StepStartChunk
 from runtime.commits import commit, transition
 from runtime.context import DurableContext
@@ -31,6 +30,7 @@ from runtime.lifecycle import (
     ToolCall,
     ToolResult,
 )
+from runtime.modeltrace import ModelCallTrace
 from runtime.providers.base import ContextMessage, ModelRequest
 from runtime.storage.base import RunChange, StepCommit, TailUpdate
 from runtime.streaming import StepOutput, model_call, model_chunks, run_stream, text_chunks
@@ -99,6 +99,19 @@ async def respond(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, text
     await commit(deps, state, change)
 
 
+async def close_tail(
+    deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, tail: Message
+) -> None:
+    """A prepare_run Respond on a resume episode: the tail's open tool calls (the resolved one
+    included) end cancelled through after_tool_result, committed before the response, so the
+    terminal run leaves no call waiting and later steps see every call finished."""
+    state.enter(Phase.RESUMING)
+    phase = _open_tool_phase(deps, state, ctx)
+    parts = await phase.cancel_open(tail.parts, error="prepare_run responded instead")
+    update = TailUpdate(message_id=tail.id, parts=tuple(parts))
+    await commit(deps, state, StepCommit(update_tail=update), Phase.RESUMED)
+
+
 async def resume(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, tail: Message) -> None:
     """Continue the resolved actions of the tail (`ToolPhase.resume`) in one commit; back to
     waiting if some are still pending, else the steps follow."""
@@ -120,9 +133,10 @@ async def run_step(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext) -> 
     request = assemble_tools(deps, state, ctx, messages)
     prepared = await prepare(deps, state, ctx, request)
     await call_model(deps, state, ctx, prepared)
-    terminal = isinstance(prepared, Respond | Block)
-    parts = await tool_phase(deps, state, ctx) if not terminal else []
-    return await commit_step(deps, state, ctx, parts, terminal)
+    if isinstance(prepared, Respond | Block):
+        return await commit_step(deps, state, ctx, [], terminal=True)
+    parts = await tool_phase(deps, state, ctx, prepared)
+    return await commit_step(deps, state, ctx, parts, terminal=False)
 
 
 async def resolve_context(
@@ -137,9 +151,15 @@ async def resolve_context(
 def assemble_tools(
     deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, messages: Sequence[ContextMessage]
 ) -> ModelRequest:
-    """Tool assembly: the agent's tools plus the client tools captured with the run's request."""
+    """Tool assembly: the agent's tools plus the client tools captured with the run's request.
+    The request is what the step offers: the tool phase refuses calls to any other tool."""
     state.enter(Phase.TOOLS)
     client_tools = client_tools_from(state.run.client_tools)
+    clashes = sorted({t.name for t in client_tools} & {t.name for t in deps.agent.tools})
+    if clashes:
+        # Refused at admission; a run stored before that check must not run the server tool
+        # for a call the model meant for the client (or the reverse).
+        raise RunFailed(f"client tools collide with server tools: {', '.join(clashes)}")
     return ModelRequest(
         instructions=deps.agent.instructions,
         messages=(*messages, *ctx.extra_messages),
@@ -173,22 +193,31 @@ async def call_model(
         text = prepared.text if isinstance(prepared, Respond) else prepared.response
         await run_stream(deps.lifecycle, ctx, text_chunks(text or ""), state.sink, output)
         return
-    model_name = getattr(deps.agent.model, "name", "model")
-    with telemetry.span("threadline.model_call", model=model_name, step=ctx.step):
-        deltas = await deps.lifecycle.around_model_call(ctx, prepared, model_call(deps.agent.model))
-        raw = model_chunks(deltas, output, model_name)
+    trace = ModelCallTrace(getattr(deps.agent.model, "name", "model"), state.run.id, ctx.step)
+    try:
+        with trace.waiting():
+            call = model_call(deps.agent.model)
+            deltas = await deps.lifecycle.around_model_call(ctx, prepared, call)
+        raw = model_chunks(deltas, output, trace)
         await run_stream(deps.lifecycle, ctx, raw, state.sink, output)
+    except BaseException as exc:
+        trace.end(None, exc)  # a no-op when the stream already ended it
+        raise
+    trace.end(output.finish_reason)  # a transform that stopped reading early
 
 
 async def tool_phase(
-    deps: EpisodeDeps, state: EpisodeState, ctx: StepContext
+    deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, request: ModelRequest
 ) -> list[ToolCallPart]:
     """before_tool_call for every call, then ready tools in parallel, suspensions, and
-    after_tool_result on every final result (`runtime/toolcalls.py`)."""
+    after_tool_result on every final result (`runtime/toolcalls.py`). Only the tools of the
+    step's (prepared) request may run: a call to another one ends as output-error."""
     if not state.output.tool_calls:
         return []
     state.enter(Phase.TOOL_PHASE)
-    return await _open_tool_phase(deps, state, ctx).run_calls(state.output.tool_calls)
+    offered = frozenset(t.name for t in request.tools)
+    phase = _open_tool_phase(deps, state, ctx, offered)
+    return await phase.run_calls(state.output.tool_calls)
 
 
 async def commit_step(
@@ -225,11 +254,16 @@ async def after_step(
     return _apply_after_step(ctx.extra_messages, decision)
 
 
-def _open_tool_phase(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext) -> ToolPhase:
+def _open_tool_phase(
+    deps: EpisodeDeps,
+    state: EpisodeState,
+    ctx: StepContext,
+    offered: frozenset[str] | None = None,
+) -> ToolPhase:
     """A tool phase with the run's captured client tools, kept in the state so that a stop or
     failure finalises the latest state of its parts."""
     client_tools = client_tools_from(state.run.client_tools)
-    state.tools = ToolPhase(deps.agent, deps.lifecycle, state.sink, ctx, client_tools)
+    state.tools = ToolPhase(deps.agent, deps.lifecycle, state.sink, ctx, client_tools, offered)
     return state.tools
 
 

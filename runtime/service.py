@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import jsonschema
 from pydantic import ValidationError
 
 from runtime.agent import Agent
-from runtime.compose import HistoryRewrittenErrors, compose_lifecycle
+from runtime.compose import compose_lifecycle
 from runtime.domain import (
     Admission,
     InputPolicy,
@@ -25,22 +24,26 @@ from runtime.domain import (
     Visibility,
     WaitKind,
 )
-from runtime.errors import Forbidden, InvalidInput, InvalidPayload, NotFound, RunActive
-from runtime.lifecycle import RewriteContext, RewriteOutcome
+from runtime.errors import Forbidden, InvalidInput, NotFound
+from runtime.lifecycle import RewriteKind
+from runtime.payloads import check_payload
 from runtime.publisher import Publisher
+from runtime.rewrites import rewrite
 from runtime.storage.base import (
     ResolveResult,
+    RetryRun,
+    RewriteOp,
     RewriteResult,
     SetVisibility,
     StopResult,
     Store,
     Truncate,
 )
+from runtime.storage.decisions import check_retryable
 from runtime.tools import client_tools_from
 
 log = logging.getLogger(__name__)
 
-ADMIN_LEASE_TTL = 10.0
 # Roles that may post manual tool results (and other operations for trusted backends).
 TRUSTED_ROLES = frozenset({Role.BACKEND, Role.ADMIN})
 
@@ -123,6 +126,7 @@ class ThreadService:
         except ValidationError as exc:
             errors = validation_field_errors(exc)
             raise InvalidInput("invalid client tool definition", errors=errors) from exc
+        _check_client_tool_names(self.agent, [t["name"] for t in tools])
         admission = await self.store.submit_input(
             thread_id,
             principal.scopes,
@@ -158,7 +162,8 @@ class ThreadService:
         expected_version: int | None = None,
         kind: WaitKind | None = None,
     ) -> ResolveResult:
-        """Validate `payload` against the action's schema, then compare-and-set its resolution.
+        """Validate `payload` once, with the tool's own payload model (and a submitted result's
+        output with the tool's output model), then compare-and-set its resolution.
 
         `kind` restricts which kind of action the route may resolve (client/manual results);
         manual results are for trusted roles only, refused before any lookup.
@@ -173,7 +178,7 @@ class ThreadService:
                 )
             if principal.role not in part.waiting.allowed_roles:
                 raise Forbidden(f"role {principal.role} may not resolve this action")
-            _validate_payload(part.waiting.payload_schema, payload)
+            check_payload(self.agent, part, payload)
         resolution = Resolution(
             subject=principal.subject,
             role=principal.role,
@@ -224,7 +229,12 @@ class ThreadService:
     # --- history rewrites ----------------------------------------------------------------
 
     async def regenerate(
-        self, principal: Principal, thread_id: str, message_id: str | None = None
+        self,
+        principal: Principal,
+        thread_id: str,
+        message_id: str | None = None,
+        *,
+        expected_version: int | None = None,
     ) -> RewriteResult:
         messages = await self._messages(principal, thread_id)
         if message_id is None:
@@ -234,81 +244,119 @@ class ThreadService:
             message_id = target
         elif not any(m.id == message_id for m in messages):
             raise NotFound(f"message {message_id} not found")
+        start = message_id
         result = await self._rewrite(
             principal,
             thread_id,
-            Truncate(from_message_id=message_id, started_by=principal.subject),
+            lambda version: Truncate(
+                from_message_id=start, started_by=principal.subject, expected_version=version
+            ),
             kind="regenerate",
             message_id=message_id,
-            visibility=None,
+            expected_version=expected_version,
+        )
+        if result.run_id:
+            await self.publisher.wakeup(result.run_id)
+        return result
+
+    async def retry(
+        self,
+        principal: Principal,
+        thread_id: str,
+        run_id: str | None = None,
+        *,
+        expected_version: int | None = None,
+    ) -> RewriteResult:
+        """Answer the input of the thread's latest run again when that run failed or was
+        cancelled: its messages go, a new run (trigger `retry`) starts, through both rewrite
+        phases. `run_id`, when given, must name that latest run."""
+        snapshot = await self.store.snapshot(thread_id, principal.scopes)
+        latest = snapshot.run
+        if latest is None:
+            raise InvalidInput("the thread has no run to retry")
+        target = run_id or latest.id
+        check_retryable(target, latest.id, latest.status)
+        run = await self.store.get_run(target)
+        result = await self._rewrite(
+            principal,
+            thread_id,
+            lambda version: RetryRun(
+                run_id=target, started_by=principal.subject, expected_version=version
+            ),
+            kind="retry",
+            message_id=run.input_message_id or "",
+            expected_version=expected_version,
+            retried_run_id=target,
         )
         if result.run_id:
             await self.publisher.wakeup(result.run_id)
         return result
 
     async def set_visibility(
-        self, principal: Principal, thread_id: str, message_id: str, visibility: Visibility
+        self,
+        principal: Principal,
+        thread_id: str,
+        message_id: str,
+        visibility: Visibility,
+        *,
+        expected_version: int | None = None,
     ) -> RewriteResult:
         return await self._rewrite(
             principal,
             thread_id,
-            SetVisibility(message_id=message_id, visibility=visibility),
+            lambda version: SetVisibility(
+                message_id=message_id, visibility=visibility, expected_version=version
+            ),
             kind="visibility",
             message_id=message_id,
             visibility=visibility,
+            expected_version=expected_version,
         )
 
     async def _rewrite(
         self,
         principal: Principal,
         thread_id: str,
-        op: Truncate | SetVisibility,
+        make_op: Callable[[int], RewriteOp],
         *,
-        kind: Any,
+        kind: RewriteKind,
         message_id: str,
-        visibility: Visibility | None,
+        visibility: Visibility | None = None,
+        expected_version: int | None = None,
+        retried_run_id: str | None = None,
     ) -> RewriteResult:
-        thread = await self.store.get_thread(thread_id, principal.scopes)
-        if await self.store.active_run(thread_id) is not None:
-            raise RunActive("the thread has an active run; stop it before rewriting history")
-        ctx = RewriteContext(
-            thread_id=thread_id,
-            scope=thread.scope,
+        return await rewrite(
+            self.store,
+            self.publisher,
+            self.lifecycle,
+            self.owner,
+            principal,
+            thread_id,
+            make_op,
             kind=kind,
             message_id=message_id,
-            requested_by=principal.subject,
             visibility=visibility,
-            metadata=thread.metadata,
-            private_metadata=thread.private_metadata,
+            expected_version=expected_version,
+            retried_run_id=retried_run_id,
         )
-        patch = await self.lifecycle.prepare_history_rewrite(ctx)
-        lease = await self.store.acquire_admin_lease(thread_id, self.owner, ADMIN_LEASE_TTL)
-        if lease is None:
-            raise RunActive("another history rewrite of this thread is in progress")
-        try:
-            result = await self.store.rewrite_history(
-                lease,
-                op,
-                dict(patch.public) if patch else None,
-                dict(patch.private) if patch else None,
-            )
-        finally:
-            await self.store.release_lease(lease)
-        await self.publisher.invalidate(thread_id, result.version)
-        outcome = RewriteOutcome(
-            thread_id=thread_id,
-            version=result.version,
-            kind=kind,
-            message_id=message_id,
-            run_id=result.run_id,
-            removed_message_ids=result.removed_message_ids,
+
+
+def _check_client_tool_names(agent: Agent, names: Sequence[str]) -> None:
+    """Tool assembly needs one tool per name: a client tool may not shadow a server tool (the
+    model would see both and the server one would run) nor another client tool."""
+    seen: set[str] = set()
+    errors = []
+    for index, name in enumerate(names):
+        if agent.tool(name) is not None:
+            errors.append(((index, "name"), f"{name!r} is the name of a server tool"))
+        elif name in seen:
+            errors.append(((index, "name"), f"{name!r} is defined twice"))
+        seen.add(name)
+    if errors:
+        raise InvalidInput(
+            "client tool names must differ from server tools and each other",
+            errors=field_errors((("client_tools", *loc), msg) for loc, msg in errors),
         )
-        try:
-            await self.lifecycle.history_rewritten(ctx, outcome)
-        except HistoryRewrittenErrors as errors:
-            # Best effort after commit: reported, never undoing the rewrite.
-            log.warning("history_rewritten observers failed: %s", errors.exceptions)
-        return result
 
 
 def _default_scope(principal: Principal) -> str:
@@ -323,29 +371,6 @@ def _last_assistant_reply_start(messages: Sequence[Any]) -> str | None:
         if messages[index].role is MessageRole.USER:
             return messages[index + 1].id if index + 1 < len(messages) else None
     return None
-
-
-def _validate_payload(schema: Mapping[str, Any], payload: Mapping[str, Any]) -> None:
-    validator = jsonschema.Draft202012Validator(schema)
-    problems = sorted(validator.iter_errors(dict(payload)), key=lambda e: list(e.path))
-    if problems:
-        raise InvalidPayload(
-            "the payload does not match the action's schema",
-            errors=field_errors(
-                (e.absolute_path, _short(e.message)) for e in problems[:_MAX_FIELD_ERRORS]
-            ),
-        )
-
-
-_MAX_FIELD_ERRORS = 20
-_MAX_ERROR_CHARS = 200
-
-
-def _short(message: str) -> str:
-    # jsonschema quotes the offending value: a huge payload must not make a huge error body.
-    if len(message) <= _MAX_ERROR_CHARS:
-        return message
-    return message[: _MAX_ERROR_CHARS - 1] + "…"
 
 
 __all__ = [

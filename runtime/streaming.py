@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime import telemetry
 from runtime.chunks import StreamChunk, TextDeltaChunk, ToolCallChunk
 from runtime.lifecycle import AgentLifecycle, StepContext
+from runtime.modeltrace import ModelCallTrace
 from runtime.providers.base import Model, ModelDelta, ModelRequest, TextDelta, UsageDelta
 from runtime.providers.parts import StepAssembler
 from runtime.publisher import Publisher
@@ -81,24 +80,29 @@ async def _prepend(first: ModelDelta, rest: AsyncIterator[ModelDelta]) -> AsyncI
 
 
 async def model_chunks(
-    deltas: AsyncIterator[ModelDelta], output: StepOutput, model_name: str
+    deltas: AsyncIterator[ModelDelta], output: StepOutput, trace: ModelCallTrace
 ) -> AsyncIterator[StreamChunk]:
-    """Normalise provider deltas into raw step chunks: text as it streams, tool calls complete."""
+    """Normalise provider deltas into raw step chunks: text as it streams, tool calls complete.
+    The model call's trace ends with the provider stream, before the tool calls are yielded."""
     assembler = StepAssembler()
-    started = time.perf_counter()
+    iterator = aiter(deltas)
     try:
-        async for delta in deltas:
+        while True:
+            with trace.waiting():
+                try:
+                    delta = await anext(iterator)
+                except StopAsyncIteration:
+                    break
             assembler.feed(delta)
             if isinstance(delta, TextDelta) and delta.text:
                 yield TextDeltaChunk(delta=delta.text)
             elif isinstance(delta, UsageDelta):
-                telemetry.safe_add(telemetry.TOKENS, delta.input_tokens, {"kind": "input"})
-                telemetry.safe_add(telemetry.TOKENS, delta.output_tokens, {"kind": "output"})
-    finally:
-        telemetry.safe_record(
-            telemetry.MODEL_CALL_DURATION, time.perf_counter() - started, {"model": model_name}
-        )
-    result = assembler.result()
+                trace.usage(delta.input_tokens, delta.output_tokens)
+        result = assembler.result()
+    except BaseException as exc:
+        trace.end(None, exc)
+        raise
+    trace.end(result.finish_reason)
     output.finish_reason = result.finish_reason
     for call in result.tool_calls:
         yield ToolCallChunk(tool_call_id=call.id, name=call.name, input=_call_input(call))

@@ -27,6 +27,17 @@ TOOL_ERRORS = meter.create_counter("threadline.tool_call.errors")
 QUEUE_EVENTS = meter.create_counter("threadline.queue.events", description="admissions etc.")
 LEASE_EVENTS = meter.create_counter("threadline.lease.events", description="acquire/lost/...")
 STORAGE_RETRIES = meter.create_counter("threadline.storage.retries")
+HISTORY_REWRITTEN_FAILURES = meter.create_counter(
+    "threadline.history_rewritten.failures",
+    description="history_rewritten observer failures after a committed rewrite",
+)
+# OpenTelemetry GenAI semantic conventions (client metrics).
+GEN_AI_TOKEN_USAGE = meter.create_histogram(
+    "gen_ai.client.token.usage", unit="{token}", description="tokens used per model call"
+)
+GEN_AI_OPERATION_DURATION = meter.create_histogram(
+    "gen_ai.client.operation.duration", unit="s", description="time spent waiting on the model"
+)
 PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
 
 
@@ -34,6 +45,20 @@ def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None 
     """Record a histogram value; like safe_add, never changes execution."""
     with contextlib.suppress(Exception):
         histogram.record(value, attributes or {})
+
+
+def start_span(name: str, **attributes: Any) -> trace.Span:
+    """A span ended by the caller, for work whose end is not the end of a `with` block."""
+    return tracer.start_span(name, attributes=attributes)
+
+
+def fail_span(current: trace.Span, exc: BaseException | str) -> None:
+    """Mark `current` failed; never raises (telemetry must not change execution)."""
+    with contextlib.suppress(Exception):
+        if isinstance(exc, BaseException):
+            current.record_exception(exc)
+            current.set_attribute("error.type", type(exc).__name__)
+        current.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
 
 
 @contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -41,6 +41,7 @@ class ToolPhase:
         sink: ChunkSink,
         step: StepContext,
         client_tools: Sequence[ClientToolDef],
+        offered: frozenset[str] | None = None,
     ) -> None:
         self.agent = agent
         self.lifecycle = lifecycle
@@ -48,6 +49,12 @@ class ToolPhase:
         self.step = step
         self.client_tools = {t.name: t for t in client_tools}
         self.parts: list[ToolCallPart] = []
+        # Tool assembly: the names of the step's request after prepare_model_step; a call to
+        # any other tool is refused, even if the agent has it. None: no request (a resume).
+        self.offered = offered
+        # Calls whose after_tool_result was invoked: a stop or failure closing the phase never
+        # invokes it a second time (exactly one after_tool_result per call).
+        self.hooked: set[str] = set()
 
     # --- a fresh step ----------------------------------------------------------------------
 
@@ -75,7 +82,7 @@ class ToolPhase:
                     finals.append((index, outcome))
                 elif outcome is not None:
                     ready.append((index, outcome))
-        await asyncio.gather(
+        await _all(
             *(self._finish(index, result) for index, result in finals),
             *(self._execute(index, tool_, None) for index, tool_ in ready),
         )
@@ -86,6 +93,10 @@ class ToolPhase:
         if "__invalid_arguments__" in part.input:
             problem = part.input["__invalid_arguments__"]
             return ToolResult(ToolState.OUTPUT_ERROR, error=f"invalid arguments: {problem}")
+        if self.offered is not None and part.name not in self.offered:
+            return ToolResult(
+                ToolState.OUTPUT_ERROR, error=f"tool {part.name!r} was not offered in this step"
+            )
         client = self.client_tools.get(part.name)
         tool_ = self.agent.tool(part.name)
         if tool_ is None and client is None:
@@ -155,19 +166,23 @@ class ToolPhase:
                 finals.append((index, ToolResult(ToolState.OUTPUT_ERROR, error=str(exc))))
                 continue
             ready.append((index, tool_, typed))
-        await asyncio.gather(
+        await _all(
             *(self._finish(index, result) for index, result in finals),
             *(self._execute(index, tool_, typed) for index, tool_, typed in ready),
         )
         return self._merge(all_parts)
 
-    async def cancel_open(self, parts: Sequence[Any]) -> list[Any]:
-        """Finalise every open tool part as cancelled (after_tool_result still runs)."""
+    async def cancel_open(self, parts: Sequence[Any], error: str = "cancelled") -> list[Any]:
+        """Finalise every open tool part as cancelled: through after_tool_result, unless it was
+        already invoked for that call (then the part is closed without it)."""
         all_parts = list(parts)
         self.parts = [p for p in all_parts if isinstance(p, ToolCallPart)]
-        await asyncio.gather(
+        for index, part in enumerate(self.parts):
+            if not part.state.is_final and part.tool_call_id in self.hooked:
+                self.parts[index] = part.transition(ToolState.CANCELLED, error=error)
+        await _all(
             *(
-                self._finish(index, ToolResult(ToolState.CANCELLED, error="cancelled"))
+                self._finish(index, ToolResult(ToolState.CANCELLED, error=error))
                 for index, part in enumerate(self.parts)
                 if not part.state.is_final
             )
@@ -210,12 +225,13 @@ class ToolPhase:
 
     async def _finish(self, index: int, result: ToolResult) -> None:
         part = self.parts[index]
-        result = _validated(result)
+        result = _validated(result, self.agent.tool(part.name))
+        self.hooked.add(part.tool_call_id)
         changed = await self.lifecycle.after_tool_result(
             self._ctx(part, resumed=part.waiting is not None), result
         )
         if changed is not None:
-            result = _validated(changed)
+            result = _validated(changed, self.agent.tool(part.name))
         if not result.state.is_final:
             raise ValueError(f"after_tool_result returned non-final state {result.state}")
         self.parts[index] = part = part.transition(
@@ -255,13 +271,42 @@ def _submitted_result(payload: Mapping[str, Any]) -> ToolResult:
     return ToolResult(ToolState.OUTPUT_AVAILABLE, output=submitted.output)
 
 
-def _validated(result: ToolResult) -> ToolResult:
-    """Outputs must be JSON: they are stored, published and shown to the next model step."""
+def _validated(result: ToolResult, tool_: Tool | None = None) -> ToolResult:
+    """Outputs must be JSON: they are stored, published and shown to the next model step. An
+    output (executed, skipped or submitted) must also match the tool's declared output model."""
+    output_model = tool_.output_model if tool_ is not None else None
+    if output_model is not None and result.state in _CHECKED_STATES:
+        try:
+            typed = output_model.model_validate(result.output)
+        except ValidationError as exc:
+            return ToolResult(ToolState.OUTPUT_ERROR, error=f"invalid tool output: {exc}")
+        result = ToolResult(result.state, output=typed.model_dump(mode="json"))
     try:
         orjson.dumps(result.output)
     except TypeError as exc:
         return ToolResult(ToolState.OUTPUT_ERROR, error=f"tool output is not JSON: {exc}")
     return result
+
+
+# Results that carry an output the model will read as the tool's answer.
+_CHECKED_STATES = frozenset({ToolState.OUTPUT_AVAILABLE, ToolState.SKIPPED})
+
+
+async def _all(*work: Coroutine[Any, Any, None]) -> None:
+    """Run the calls of a step in parallel; the first failure cancels (and awaits) the others,
+    so no sibling keeps running, executing or publishing after the step has failed."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for item in work:
+                group.create_task(item)
+    except BaseExceptionGroup as failures:
+        # The run fails with the first real failure, not with the group's summary.
+        raise _first(failures) from None
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    inner = group.exceptions[0]
+    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
 
 
 def _action_id() -> str:

@@ -59,6 +59,9 @@ class Tool:
     fn: ToolFn | None
     suspend: SuspendStep | None = None
     takes_context: bool = False
+    # The declared output model (a BaseModel return annotation, or `output=`): every output of
+    # the tool, executed, skipped or submitted, must validate against it.
+    output_model: type[BaseModel] | None = None
 
     @property
     def spec(self) -> ToolSpec:
@@ -85,7 +88,11 @@ def tool(fn: ToolFn, /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, suspend: SuspendStep | None = None
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    suspend: SuspendStep | None = None,
+    output: type[BaseModel] | None = None,
 ) -> Callable[[ToolFn], Tool]: ...
 
 
@@ -96,9 +103,11 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     suspend: SuspendStep | None = None,
+    output: type[BaseModel] | None = None,
 ) -> Tool | Callable[[ToolFn], Tool]:
     """Decorator: `@tool` or `@tool(suspend=SuspendStep(Approval))` on
-    `async def f(args: Model[, ctx: ToolContext])`."""
+    `async def f(args: Model[, ctx: ToolContext])`. A pydantic model as return annotation (or
+    `output=`) declares the tool's output model."""
 
     def wrap(f: ToolFn, localns: dict[str, Any] | None = None) -> Tool:
         params = list(inspect.signature(f).parameters.values())
@@ -109,6 +118,10 @@ def tool(
             and issubclass(hints[params[0].name], BaseModel)
         ):
             raise TypeError(f"tool {f.__name__}: first parameter must be a pydantic model")
+        returned = hints.get("return")
+        declared = output or (
+            returned if isinstance(returned, type) and issubclass(returned, BaseModel) else None
+        )
         return Tool(
             name=name or f.__name__,
             description=description or inspect.getdoc(f) or "",
@@ -116,6 +129,7 @@ def tool(
             fn=f,
             suspend=suspend,
             takes_context=len(params) > 1,
+            output_model=declared,
         )
 
     return wrap(fn, sys._getframe(1).f_locals) if fn is not None else wrap
@@ -124,14 +138,17 @@ def tool(
 def manual_tool(
     name: str, input_model: type[BaseModel], description: str = "",
     allowed_roles: tuple[Role, ...] = TRUSTED_ROLES,
+    output_model: type[BaseModel] | None = None,
 ) -> Tool:
-    """A tool whose output a trusted actor supplies (no executor runs here)."""
+    """A tool whose output a trusted actor supplies (no executor runs here); a submitted
+    output must match `output_model` when one is given."""
     return Tool(
         name=name,
         description=description,
         input_model=input_model,
         fn=None,
         suspend=SuspendStep(ResultPayload, allowed_roles, WaitKind.MANUAL_RESULT),
+        output_model=output_model,
     )
 
 

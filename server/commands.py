@@ -27,6 +27,7 @@ from server.inputs import (
     NoInput,
     Regenerate,
     ResumeAction,
+    RetryRun,
     SendMessage,
     SetVisibility,
     StopRun,
@@ -264,16 +265,31 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="regenerate",
         input=Regenerate,
-        call=lambda c, i: c.service.regenerate(c.principal, i.thread_id, i.message_id),
+        call=lambda c, i: c.service.regenerate(
+            c.principal, i.thread_id, i.message_id, expected_version=i.expected_version
+        ),
         answer=lambda i, result: regenerate_answer(result),
-        answer_doc='`{"thread_id", "version", "run_id"}`',
+        answer_doc='`{"thread_id", "version", "run_id"}`; error `conflict` (409) when '
+        "`expected_version` is stale",
         http=Http("POST", f"{T}/regenerate", "regenerate", status=202),
+    ),
+    Command(
+        name="run.retry",
+        input=RetryRun,
+        call=lambda c, i: c.service.retry(
+            c.principal, i.thread_id, i.run_id, expected_version=i.expected_version
+        ),
+        answer=lambda i, result: regenerate_answer(result),
+        answer_doc='`{"thread_id", "version", "run_id"}` (the new run); error `conflict` (409) '
+        "unless the run is the thread's latest and failed or cancelled",
+        http=Http("POST", f"{T}/runs/{{run_id}}/retry", "retry_run", status=202),
     ),
     Command(
         name="message.visibility",
         input=SetVisibility,
         call=lambda c, i: c.service.set_visibility(
-            c.principal, i.thread_id, i.message_id, i.visibility
+            c.principal, i.thread_id, i.message_id, i.visibility,
+            expected_version=i.expected_version,
         ),
         answer=lambda i, result: version_answer(result),
         answer_doc=THREAD_VERSION,

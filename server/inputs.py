@@ -129,9 +129,17 @@ class StopRun(Input):
 class Regenerate(Input):
     thread_id: ThreadId
     message_id: ItemId | None = None
+    expected_version: int | None = Field(default=None, ge=0)
+
+
+class RetryRun(Input):
+    thread_id: ThreadId
+    run_id: ItemId
+    expected_version: int | None = Field(default=None, ge=0)
 
 
 class SetVisibility(Input):
     thread_id: ThreadId
     message_id: ItemId
     visibility: Visibility
+    expected_version: int | None = Field(default=None, ge=0)

@@ -22,6 +22,39 @@ class Telemetry:
     def span_names(self) -> list[str]:
         return [s.name for s in self.spans.get_finished_spans()]
 
+    def spans_where(self, name: str, **attributes: Any) -> list[Any]:
+        """Finished spans called `name` whose attributes include `attributes`: a test asserts
+        on its own spans even though the provider is shared by the whole session."""
+        return [
+            s
+            for s in self.spans.get_finished_spans()
+            if s.name == name
+            and all((s.attributes or {}).get(k) == v for k, v in attributes.items())
+        ]
+
+    def totals(self, name: str) -> dict[frozenset[tuple[str, Any]], float]:
+        """Cumulative value per attribute set of metric `name` (counters: sums; histograms:
+        sums of recorded values)."""
+        data = self.metrics.get_metrics_data()
+        totals: dict[frozenset[tuple[str, Any]], float] = {}
+        for resource in data.resource_metrics if data else []:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == name:
+                        for point in metric.data.data_points:
+                            value = getattr(point, "value", None)
+                            if value is None:
+                                value = getattr(point, "sum", 0)
+                            key = frozenset(_hashable(dict(point.attributes or {})).items())
+                            totals[key] = totals.get(key, 0) + value
+        return totals
+
+    def mark(self, *names: str) -> Mark:
+        """The current totals of `names`; `Mark.delta` later gives what this test added. The
+        MeterProvider is process-global and cumulative, so absolute values include what earlier
+        tests (other store parametrisations) recorded."""
+        return Mark(self, {name: self.totals(name) for name in names})
+
     def counter_points(self, name: str) -> list[tuple[dict[str, Any], float]]:
         data = self.metrics.get_metrics_data()
         points: list[tuple[dict[str, Any], float]] = []
@@ -35,6 +68,26 @@ class Telemetry:
                                 value = getattr(point, "count", 0)
                             points.append((dict(point.attributes or {}), value))
         return points
+
+
+def _hashable(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in attributes.items()}
+
+
+@dataclass
+class Mark:
+    telemetry: Telemetry
+    before: dict[str, dict[frozenset[tuple[str, Any]], float]]
+
+    def delta(self, name: str, **attributes: Any) -> float:
+        """How much metric `name` grew since the mark, over the attribute sets that include
+        `attributes`."""
+        wanted = set(attributes.items())
+        now = self.telemetry.totals(name)
+        old = self.before[name]
+        return sum(
+            value - old.get(key, 0) for key, value in now.items() if wanted <= set(key)
+        )
 
 
 _installed: Telemetry | None = None

@@ -64,17 +64,35 @@ class StepCommit(BaseModel):
 
 class Truncate(BaseModel):
     """Regenerate: delete `from_message_id` and every later message, then start a new run
-    from the last remaining user message (in the same transaction)."""
+    from the last remaining user message (in the same transaction).
+
+    `expected_version` (on every rewrite op): when set, the rewrite commits only if the thread
+    is still at that version, so metadata patches computed from what was read cannot be lost."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     from_message_id: str
     started_by: str
+    expected_version: int | None = None
 
 
 class SetVisibility(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     message_id: str
     visibility: Visibility
+    expected_version: int | None = None
+
+
+class RetryRun(BaseModel):
+    """Retry: the thread's latest run, failed or cancelled, is answered again: its messages are
+    deleted and a new run starts from the same input message (in the same transaction)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    run_id: str
+    started_by: str
+    expected_version: int | None = None
+
+
+RewriteOp = Truncate | SetVisibility | RetryRun
 
 
 class RewriteResult(BaseModel):
@@ -183,7 +201,7 @@ class Store(Protocol):
     async def rewrite_history(
         self,
         lease: Lease,
-        op: Truncate | SetVisibility,
+        op: RewriteOp,
         public_patch: dict[str, Any] | None = None,
         private_patch: dict[str, Any] | None = None,
     ) -> RewriteResult: ...

@@ -21,6 +21,7 @@ from runtime.domain import (
 )
 from runtime.errors import (
     ActionConflict,
+    Conflict,
     Forbidden,
     InvalidInput,
     InvariantViolation,
@@ -331,6 +332,14 @@ class TruncatePlan:
     removed_ids: tuple[str, ...]
     # The last user message that remains: the regenerate run answers it.
     input_message_id: str
+
+
+def check_retryable(run_id: str, latest_run_id: str | None, latest_status: str | None) -> None:
+    """Only the thread's latest run may be retried, and only once it failed or was cancelled."""
+    if latest_run_id != run_id:
+        raise Conflict(f"run {run_id} is not the thread's latest run; only it can be retried")
+    if latest_status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+        raise Conflict(f"run {run_id} is {latest_status}; only failed or cancelled runs retry")
 
 
 def check_rewrite_allowed(thread_id: str, active_run_id: str | None) -> None:

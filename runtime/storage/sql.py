@@ -25,6 +25,8 @@ from runtime.errors import InvalidInput
 from runtime.storage import sql_actions, sql_history, sql_leases, sql_queue, sql_runs, sql_threads
 from runtime.storage.base import (
     ResolveResult,
+    RetryRun,
+    RewriteOp,
     RewriteResult,
     SetVisibility,
     StepCommit,
@@ -311,12 +313,12 @@ class SqlStore:
     async def rewrite_history(
         self,
         lease: Lease,
-        op: Truncate | SetVisibility,
+        op: RewriteOp,
         public_patch: dict[str, Any] | None = None,
         private_patch: dict[str, Any] | None = None,
     ) -> RewriteResult:
-        if not isinstance(op, Truncate | SetVisibility):
-            raise InvalidInput("op must be Truncate or SetVisibility")
+        if not isinstance(op, Truncate | SetVisibility | RetryRun):
+            raise InvalidInput("op must be Truncate, SetVisibility or RetryRun")
         public = check_patch(public_patch, "public_patch")
         private = check_patch(private_patch, "private_patch")
         return await self._write(

@@ -1,4 +1,4 @@
-"""Transaction function for history rewrites under an admin lease: regenerate and visibility."""
+"""Transaction function for history rewrites under an admin lease: regenerate, retry, visibility."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from typing import Any, Literal
 
 from runtime.domain import MAX_METADATA_BYTES, Lease, LeaseKind, MessageRole, RunTrigger, Visibility
 from runtime.errors import NotFound
-from runtime.storage.base import RewriteResult, SetVisibility, Truncate
+from runtime.storage.base import RetryRun, RewriteOp, RewriteResult, Truncate
 from runtime.storage.decisions import (
     MessageRef,
+    check_expected_version,
+    check_retryable,
     check_rewrite_allowed,
     merge_patch,
     plan_truncate,
@@ -23,18 +25,22 @@ from runtime.storage.sql_threads import active_run_row
 async def rewrite_history(
     conn: Conn,
     lease: Lease,
-    op: Truncate | SetVisibility,
+    op: RewriteOp,
     public: dict[str, Any],
     private: dict[str, Any],
 ) -> RewriteResult:
     thread, _ = await fence(conn, lease, LeaseKind.ADMIN)
     thread_id = lease.thread_id
+    # Checked on the locked row: nothing can change the thread between this and the commit.
+    check_expected_version(thread_id, int(thread["version"]), op.expected_version)
     active = await active_run_row(conn, thread_id)
     check_rewrite_allowed(thread_id, None if active is None else active["id"])
     run_id = None
     removed: tuple[str, ...] = ()
     if isinstance(op, Truncate):
         run_id, removed = await _truncate(conn, thread_id, op)
+    elif isinstance(op, RetryRun):
+        run_id, removed = await _retry(conn, thread_id, op)
     else:
         updated = await conn.fetchval(
             "UPDATE messages SET visibility = $3, updated_at = $4"
@@ -85,6 +91,38 @@ async def _truncate(conn: Conn, thread_id: str, op: Truncate) -> tuple[str, tupl
         client_tools_json=tools or "[]",
     )
     return run_id, plan.removed_ids
+
+
+async def _retry(conn: Conn, thread_id: str, op: RetryRun) -> tuple[str, tuple[str, ...]]:
+    latest = await conn.fetchrow(
+        "SELECT id, status, input_message_id, client_tools FROM runs WHERE thread_id = $1"
+        " ORDER BY created_version DESC LIMIT 1",
+        thread_id,
+    )
+    check_retryable(
+        op.run_id,
+        None if latest is None else latest["id"],
+        None if latest is None else latest["status"],
+    )
+    assert latest is not None  # check_retryable refused a thread without runs
+    # The latest run's messages are the thread's tail: removing them keeps the tail invariant.
+    removed = await conn.fetch(
+        "SELECT id FROM messages WHERE thread_id = $1 AND run_id = $2 ORDER BY position",
+        thread_id,
+        op.run_id,
+    )
+    await conn.execute(
+        "DELETE FROM messages WHERE thread_id = $1 AND run_id = $2", thread_id, op.run_id
+    )
+    run_id = await create_run(
+        conn,
+        thread_id,
+        trigger=RunTrigger.RETRY,
+        started_by=op.started_by,
+        input_message_id=latest["input_message_id"],
+        client_tools_json=latest["client_tools"] or "[]",
+    )
+    return run_id, tuple(row["id"] for row in removed)
 
 
 async def _merge_metadata(

@@ -69,6 +69,7 @@ export function createApi(token, { fetchImpl = globalThis.fetch.bind(globalThis)
     stopRun: (threadId, runId) =>
       request('POST', `/v1/threads/${seg(threadId)}/runs/${seg(runId)}/stop`),
     regenerate: (threadId) => request('POST', `/v1/threads/${seg(threadId)}/regenerate`, {}),
+    retry: (threadId, runId) => request('POST', `/v1/threads/${seg(threadId)}/runs/${seg(runId)}/retry`, {}),
     setVisibility: (threadId, messageId, visibility) =>
       request('POST', `/v1/threads/${seg(threadId)}/messages/${seg(messageId)}/visibility`, {
         visibility,

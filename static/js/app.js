@@ -16,7 +16,7 @@ const els = {
   newThreadTitle: $('new-thread-title'), newThreadSubmit: $('new-thread-submit'),
   refreshThreads: $('refresh-threads'), threadList: $('thread-list'),
   threadListEmpty: $('thread-list-empty'), emptyState: $('empty-state'), threadView: $('thread-view'),
-  threadTitle: $('thread-title'), runStatus: $('run-status'), stopButton: $('stop-button'),
+  threadTitle: $('thread-title'), runStatus: $('run-status'), stopButton: $('stop-button'), retryButton: $('retry-button'),
   conversation: $('conversation'), messages: $('messages'), pendingActions: $('pending-actions'),
   live: $('live'), streamingText: $('streaming-text'), liveTools: $('live-tools'),
   takeover: $('takeover-note'), queueSection: $('queue-section'), queue: $('queue'),
@@ -110,7 +110,7 @@ function render() {
   const nearBottom = conv.scrollHeight - conv.scrollTop - conv.clientHeight < 80;
   const title = snapshot ? snapshot.thread.title || 'Untitled thread' : 'Loading…';
   if (els.threadTitle.textContent !== title) els.threadTitle.textContent = title;
-  renderRunBar(els, snapshot, run, state.busy.has('stop'));
+  renderRunBar(els, snapshot, run, state.busy.has('stop'), state.busy.has('retry'));
   renderThread(els, { snapshot, live, activeRun: run, me: state.me, busy: state.busy }, handlers);
   if (nearBottom || state.scrollOnNextRender) {
     conv.scrollTop = conv.scrollHeight;
@@ -287,6 +287,13 @@ async function resumeAction(action, payload, { form, status }) {
   }
 }
 
+function retryRun() {
+  const sync = state.sync;
+  const run = sync && sync.snapshot && sync.snapshot.run;
+  if (!run) return;
+  command('retry', 'Could not retry the run', () => state.api.retry(state.threadId, run.id));
+}
+
 function stopRun() {
   const sync = state.sync;
   const run = sync && activeRun(sync.snapshot, sync.liveView());
@@ -359,6 +366,7 @@ function wireUi() {
   els.composer.addEventListener('submit', send);
   els.composerInput.addEventListener('keydown', onComposerKey);
   els.stopButton.addEventListener('click', stopRun);
+  els.retryButton.addEventListener('click', retryRun);
   els.sidebarToggle.addEventListener('click', () => setSidebar(!els.sidebar.classList.contains('is-open')));
   document.addEventListener('keydown', (event) => {
     if (event.key === 'Escape' && els.sidebar.classList.contains('is-open')) {

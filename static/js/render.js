@@ -225,7 +225,7 @@ function renderQueue(els, queue, on, busy) {
   });
 }
 
-export function renderRunBar(els, snapshot, activeRun, stopBusy) {
+export function renderRunBar(els, snapshot, activeRun, stopBusy, retryBusy = false) {
   const run = activeRun || (snapshot && snapshot.run);
   const status = run ? run.status : 'idle';
   els.runStatus.textContent = run && run.status === 'failed' && run.error ? `failed: ${run.error}` : status;
@@ -233,7 +233,15 @@ export function renderRunBar(els, snapshot, activeRun, stopBusy) {
   const canStop = Boolean(activeRun && ACTIVE_RUN_STATUSES.has(activeRun.status));
   els.stopButton.hidden = !canStop;
   els.stopButton.disabled = !canStop || stopBusy;
+  // Retry answers the latest run's input again; the server accepts it only for a failed or
+  // cancelled run with nothing queued after it, so the button is offered exactly then.
+  const queued = snapshot ? snapshot.queue.length : 0;
+  const canRetry = Boolean(!activeRun && run && RETRYABLE_RUN_STATUSES.has(run.status) && !queued);
+  els.retryButton.hidden = !canRetry;
+  els.retryButton.disabled = !canRetry || retryBusy;
 }
+
+const RETRYABLE_RUN_STATUSES = new Set(['failed', 'cancelled']);
 
 export function renderConnection(el, state) {
   if (el.textContent !== state) el.textContent = state;

@@ -15,11 +15,14 @@ from tests.browser.helpers import (
     OpenPage,
     Shot,
     assistant_text,
+    committed_assistant_texts,
     echo,
     expect_matches_snapshot,
     expect_settled,
+    long_text,
     send_from,
     wait_loaded,
+    wait_partial_stream,
 )
 from tests.e2e import harness
 
@@ -280,3 +283,38 @@ def test_readme_screenshot(
     assert path.stat().st_size < MAX_DOCS_SCREENSHOT_BYTES
     if os.environ.get(UPDATE_DOCS_ENV) == "1":
         shutil.copyfile(path, DOCS_SCREENSHOT)
+
+
+def test_retry_button_answers_a_cancelled_run_again(
+    api: Api, tokens: dict[str, str], open_page: OpenPage
+) -> None:
+    """The Retry button appears for a cancelled (or failed) run and starts a retry run that
+    replaces the cancelled reply; it is gone again once the retry completed."""
+    thread = api.create_thread("Retry")
+    tab = open_page(tokens["alice"], thread, label="alice")
+    retry = tab.get_by_test_id("retry-button")
+    expect(retry).to_be_hidden()
+    text = long_text(130)
+    full = echo(text)
+    send_from(tab, text)
+    wait_partial_stream(tab, full, min_chars=40)
+    tab.get_by_test_id("stop-button").click()
+    expect_settled(tab, "cancelled")
+    cancelled = api.snapshot(thread)
+    [partial] = committed_assistant_texts(cancelled)
+    assert partial != full
+    expect(retry).to_be_visible()
+    retry.click()
+
+    def retried(snapshot: dict[str, Any]) -> bool:
+        run = snapshot["run"]
+        return run is not None and run["id"] != cancelled["run"]["id"] and (
+            run["status"] == "completed"
+        )
+
+    snapshot = api.wait(thread, "the retried run", retried)
+    assert committed_assistant_texts(snapshot) == [full]
+    assert cancelled["messages"][1]["id"] not in [m["id"] for m in snapshot["messages"]]
+    expect_settled(tab)
+    expect(retry).to_be_hidden()
+    expect_matches_snapshot(tab, snapshot)

@@ -109,7 +109,8 @@ async def test_before_tool_call_skip_and_reject_still_run_after_tool_result(runt
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "go")
     snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    # before_tool_call ran for every call before any ready tool started.
+    # Only call 3 executes; the order of hooks and several ready tools is tested by
+    # test_runtime_spec_ordering.py::test_ordering_before_tool_call_runs_for_every_call_...
     assert executed == ["before:1", "before:2", "before:3", "3"]
     parts = [p for p in snapshot.messages[1].parts if isinstance(p, ToolCallPart)]
     assert [(p.state, p.output, p.error) for p in parts] == [
@@ -151,7 +152,9 @@ async def test_after_step_context_reaches_only_the_next_model_step(runtime_for) 
     assert all(m.role != "system" for m in snapshot.messages)
 
 
-async def test_model_context_is_capped_at_the_anchor_and_skips_hidden(runtime_for) -> None:
+async def test_model_context_skips_hidden_messages(runtime_for) -> None:
+    """Hidden messages never reach a model. (The anchor cap, with a message appended after the
+    anchor while the step runs: test_runtime_spec_phases.py::test_resolve_model_context_...)"""
     model = ScriptedModel([text_response("one"), text_response("two")])
     rt = await runtime_for(Agent(model=model))
     thread_id = await rt.thread()

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.domain import RunStatus
-from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
+from runtime.domain import RunStatus, Visibility
+from runtime.lifecycle import AgentLifecycle
+from runtime.providers.scripted import (
+    FunctionModel,
+    ScriptedModel,
+    text_response,
+    tool_call_response,
+)
 from runtime.tools import tool
 from tests import otel
-from tests.conformance.runtime_harness import ALICE
+from tests.conformance.runtime_harness import ALICE, settled
 
 
 class BrokenExporter(SpanExporter):
@@ -38,27 +46,141 @@ async def explode(args: Args) -> int:
 
 
 async def test_runs_models_and_tools_are_traced_and_counted(runtime_for) -> None:
+    """Spans of this run with their attributes, and counter deltas of this test only (the
+    MeterProvider is process-global: the other store parametrisation counted before)."""
     telemetry = otel.install()
-    telemetry.spans.clear()
+    mark = telemetry.mark(
+        "threadline.runs", "threadline.tokens", "threadline.tool_call.errors",
+        "threadline.realtime.published", "gen_ai.client.token.usage",
+    )
     model = ScriptedModel(
-        [tool_call_response("explode", {"x": 1}, "e1"), text_response("sorry", usage=(7, 3))]
+        [tool_call_response("explode", {"x": 1}, "e1"), text_response("sorry", usage=(7, 3))],
+        name="scripted-7b",
     )
     rt = await runtime_for(Agent(model=model, tools=[explode]))
     thread_id = await rt.thread()
-    await rt.service.send_message(ALICE, thread_id, "go")
+    admission = await rt.service.send_message(ALICE, thread_id, "go")
     await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    names = telemetry.span_names()
-    assert {"threadline.episode", "threadline.model_call", "threadline.tool_call"} <= set(names)
-    runs = telemetry.counter_points("threadline.runs")
-    assert any(attrs.get("event") == "completed" for attrs, _ in runs)
-    assert any(attrs.get("event") == "started" for attrs, _ in runs)
-    tokens = dict(
-        (attrs["kind"], value) for attrs, value in telemetry.counter_points("threadline.tokens")
+    run_id = admission.run_id
+    [episode] = telemetry.spans_where("threadline.episode", run_id=run_id)
+    assert episode.attributes["threadline.run.outcome"] == "completed"
+    assert episode.status.status_code is StatusCode.UNSET
+    calls = telemetry.spans_where("threadline.model_call", **{"threadline.run_id": run_id})
+    assert [span.attributes["threadline.step"] for span in calls] == [0, 1]
+    last = calls[1].attributes
+    assert last["gen_ai.request.model"] == "scripted-7b"
+    assert last["gen_ai.operation.name"] == "chat"
+    assert (last["gen_ai.usage.input_tokens"], last["gen_ai.usage.output_tokens"]) == (7, 3)
+    assert tuple(last["gen_ai.response.finish_reasons"]) == ("stop",)
+    assert tuple(calls[0].attributes["gen_ai.response.finish_reasons"]) == ("tool_calls",)
+    assert [s.attributes["tool"] for s in telemetry.spans_where("threadline.tool_call")][-1:] == [
+        "explode"
+    ]
+    assert mark.delta("threadline.runs", event="started") == 1
+    assert mark.delta("threadline.runs", event="completed") == 1
+    model_attr = {"gen_ai.request.model": "scripted-7b"}
+    assert mark.delta("threadline.tokens", kind="input", **model_attr) == 1 + 7
+    assert mark.delta("threadline.tokens", kind="output", **model_attr) == 1 + 3
+    usage = {"gen_ai.token.type": "input", **model_attr}
+    assert mark.delta("gen_ai.client.token.usage", **usage) == 1 + 7
+    assert mark.delta("threadline.tool_call.errors", tool="explode") == 1
+    assert mark.delta("threadline.realtime.published") > 0
+
+
+async def test_a_failed_run_sets_an_error_status_on_its_episode_span(runtime_for) -> None:
+    """The episode span records the run's failure, although the episode handles it.
+
+    Breaks with: Episode.run skipping `telemetry.fail_span(span, self.failure)`."""
+    telemetry = otel.install()
+
+    class Broken(AgentLifecycle):
+        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+            raise RuntimeError("guardrail crashed")
+
+    rt = await runtime_for(Agent(model=ScriptedModel([]), lifecycle=Broken()))
+    thread_id = await rt.thread()
+    admission = await rt.service.send_message(ALICE, thread_id, "go")
+    await rt.wait_status(thread_id, RunStatus.FAILED)
+    [episode] = await _eventually(
+        lambda: telemetry.spans_where("threadline.episode", run_id=admission.run_id)
     )
-    assert tokens["input"] >= 7 and tokens["output"] >= 3
-    errors = telemetry.counter_points("threadline.tool_call.errors")
-    assert any(attrs.get("tool") == "explode" for attrs, _ in errors)
-    assert telemetry.counter_points("threadline.realtime.published")
+    assert episode.status.status_code is StatusCode.ERROR
+    assert episode.status.description == "guardrail crashed"
+    assert episode.attributes["threadline.run.outcome"] == "failed"
+
+
+async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for) -> None:
+    """A takeover continues a started run: `event=takeover`, not a second `started`.
+
+    Breaks with: Episode._body computing `takeover = False`."""
+    from runtime.worker import Worker
+    from tests.conformance.test_runtime_takeover import FrozenHeartbeat
+
+    telemetry = otel.install()
+    mark = telemetry.mark("threadline.runs")
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def model(request):  # type: ignore[no-untyped-def]
+        if not started.is_set():
+            started.set()
+            await asyncio.wait_for(release.wait(), 20)
+        yield text_response("answer")[0]
+
+    agent = Agent(model=FunctionModel(model))
+    rt = await runtime_for(agent, workers=0, lease_ttl=0.6)
+    stale = Worker(FrozenHeartbeat(rt.store), rt.bus, agent, lease_ttl=0.6, poll_interval=0.05)  # type: ignore[arg-type]
+    await stale.start()
+    rt.workers.append(stale)
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "hello")
+    await asyncio.wait_for(started.wait(), 10)
+    await rt.start_worker()
+    await rt.wait_for(thread_id, settled, timeout=15)
+    release.set()
+    assert mark.delta("threadline.runs", event="started") == 1
+    assert mark.delta("threadline.runs", event="takeover") == 1
+    assert mark.delta("threadline.runs", event="completed") == 1
+
+
+async def test_history_rewritten_failures_are_recorded_with_the_rewrite_id(runtime_for) -> None:
+    """A failing history_rewritten observer: an event on the rewrite span and a counter, with
+    the rewrite's id; the rewrite stays committed.
+
+    Breaks with: rewrites.rewrite putting `"threadline.rewrite.id": kind` on the event."""
+    telemetry = otel.install()
+    mark = telemetry.mark("threadline.history_rewritten.failures")
+
+    class Webhook:
+        async def history_rewritten(self, ctx, outcome):  # type: ignore[no-untyped-def]
+            raise ConnectionError("webhook down")
+
+    model = ScriptedModel([text_response("x")])
+    rt = await runtime_for(Agent(model=model, lifecycle=Webhook()))
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "go")
+    done = await rt.wait_for(thread_id, settled)
+    result = await rt.service.set_visibility(
+        ALICE, thread_id, done.messages[1].id, Visibility.HIDDEN
+    )
+    rewrite_id = f"{thread_id}@{result.version}"
+    by_id = {"threadline.rewrite.id": rewrite_id}
+    [span] = telemetry.spans_where("threadline.history_rewrite", **by_id)
+    [event] = [e for e in span.events if e.name == "history_rewritten.failed"]
+    assert event.attributes["threadline.rewrite.id"] == rewrite_id
+    assert tuple(event.attributes["error.type"]) == ("ConnectionError",)
+    kind = {"threadline.rewrite.kind": "visibility"}
+    assert mark.delta("threadline.history_rewritten.failures", **kind) == 1
+
+
+async def _eventually(read, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    """The episode span ends just after the run's last commit: poll briefly for it."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        found = read()
+        if found or asyncio.get_running_loop().time() > deadline:
+            return found
+        await asyncio.sleep(0.02)
 
 
 async def test_a_failing_exporter_never_changes_a_run(runtime_for) -> None:

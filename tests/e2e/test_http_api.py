@@ -26,6 +26,7 @@ VALID_BODIES: dict[str, Any] = {
     "manual_result": {"output": {"ok": True}},
     "stop_run": None,
     "regenerate": {},
+    "retry_run": {},
 }
 
 

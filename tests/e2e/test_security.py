@@ -73,6 +73,7 @@ VALID_BODIES: dict[str, Any] = {
     "manual_result": {"output": {"ok": True}},
     "stop_run": None,
     "regenerate": {},
+    "retry_run": {},
 }
 # Bodies that are wrong in some way, for routes that read one.
 BAD_BODIES: list[Any] = [b"{not json", [1, 2], {"unexpected": 1}, {"text": 7, "payload": "x"}]

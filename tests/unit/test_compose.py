@@ -213,11 +213,15 @@ async def test_prepare_run_runs_a_b_c_and_accumulates_without_mutating_shared_in
     )
     ctx = run_ctx(MappingProxyType({"quota": 3}))
     decision = await composed.prepare_run(ctx)
-    # The first respond wins, yet every hook ran and contributed its context.
-    assert decision == PrepareRunDecision(
-        context={"x": "a", "y": "b", "z": "c"}, respond=Respond("quota hit")
+    # The short-circuit rule: the first respond ends the phase with the contexts so far.
+    quota = Respond("quota hit")
+    assert decision == PrepareRunDecision(context={"x": "a", "y": "b"}, respond=quota)
+    assert [name for name, _ in seen] == ["a", "b"]
+    no_respond = compose_lifecycle(
+        Guard("a", PrepareRunDecision(context=a_context)), Guard("none", None)
     )
-    assert [name for name, _ in seen] == ["a", "b", "none", "c"]
+    assert await no_respond.prepare_run(ctx) == PrepareRunDecision(context=a_context)
+    assert [name for name, _ in seen] == ["a", "b", "a", "none"]
     assert all(got is ctx for _, got in seen)
     assert ctx == run_ctx(MappingProxyType({"quota": 3}))
     assert a_context == {"x": "a", "y": "a"}

@@ -349,7 +349,8 @@ async def test_nested_compose_behaves_as_flat_compose() -> None:
     assert await exercise(*build("right")) == flat
     assert flat[:2] == [
         {"k": "c", "a": 1, "b": 1, "c": 1},
-        PrepareRunDecision({"k": "c"}, Respond("b")),
+        # b's respond short-circuits: c's prepare_run does not run, at any nesting.
+        PrepareRunDecision({"k": "b"}, Respond("b")),
     ]
     assert [part.text for m in flat[2] for part in m.parts] == ["a", "b", "c", "durable"]
     assert flat[3:5] == [ModelRequest(instructions="abc", messages=()), [TextDelta(text="!!!")]]

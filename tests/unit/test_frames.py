@@ -29,6 +29,7 @@ VALID: dict[str, dict[str, Any]] = {
     "action.manual_result": {"thread_id": "t1", "action_id": "a1", "output": "x"},
     "run.stop": {"thread_id": "t1", "run_id": "r1"},
     "regenerate": {"thread_id": "t1"},
+    "run.retry": {"thread_id": "t1", "run_id": "r1"},
     "message.visibility": {"thread_id": "t1", "message_id": "m1", "visibility": "hidden"},
     "queue.cancel": {"thread_id": "t1", "item_id": "q1"},
     "ping": {},

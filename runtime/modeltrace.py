@@ -1,0 +1,73 @@
+"""The model-call span and GenAI metrics: what the model cost, not what the step did with it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from runtime import telemetry
+
+
+class ModelCallTrace:
+    """One model call, traced with OpenTelemetry GenAI attributes (`gen_ai.*`).
+
+    The `threadline.model_call` span starts when around_model_call is entered and ends when the
+    provider stream ends, before the step's tool calls go through the canonical stream; its
+    duration metrics count only the time spent awaiting the model (`waiting`), so the transform
+    and publishing interleaved with the stream are not charged to the model."""
+
+    def __init__(self, model: str, run_id: str, step: int) -> None:
+        self.model = model
+        self.span = telemetry.start_span(
+            "threadline.model_call",
+            **{
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": model,
+                "threadline.run_id": run_id,
+                "threadline.step": step,
+            },
+        )
+        self.waited = 0.0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.ended = False
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around every await on the model (setup and each delta)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.waited += time.perf_counter() - started
+
+    def usage(self, input_tokens: int, output_tokens: int) -> None:
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        attributes = {"gen_ai.request.model": self.model}
+        telemetry.safe_add(telemetry.TOKENS, input_tokens, {"kind": "input", **attributes})
+        telemetry.safe_add(telemetry.TOKENS, output_tokens, {"kind": "output", **attributes})
+
+    def end(self, finish_reason: str | None, error: BaseException | None = None) -> None:
+        """End the span once (a stop may reach here twice: from the stream and the step)."""
+        if self.ended:
+            return
+        self.ended = True
+        base = {"gen_ai.operation.name": "chat", "gen_ai.request.model": self.model}
+        telemetry.safe_record(telemetry.MODEL_CALL_DURATION, self.waited, {"model": self.model})
+        if error is None:
+            telemetry.safe_record(telemetry.GEN_AI_OPERATION_DURATION, self.waited, base)
+            for kind, count in (("input", self.input_tokens), ("output", self.output_tokens)):
+                telemetry.safe_record(
+                    telemetry.GEN_AI_TOKEN_USAGE, count, {**base, "gen_ai.token.type": kind}
+                )
+        with contextlib.suppress(Exception):
+            self.span.set_attribute("gen_ai.usage.input_tokens", self.input_tokens)
+            self.span.set_attribute("gen_ai.usage.output_tokens", self.output_tokens)
+            self.span.set_attribute("threadline.model_call.wait_s", self.waited)
+            if finish_reason is not None:
+                self.span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+            if error is not None:
+                telemetry.fail_span(self.span, error)
+            self.span.end()
