@@ -50,7 +50,10 @@ class ThreadOps(SqlCore):
         title: str = "",
         metadata: dict[str, Any] | None = None,
         private_metadata: dict[str, Any] | None = None,
+        *,
+        thread_id: str | None = None,
     ) -> Thread:
+        """A new thread; a caller-chosen `thread_id` that exists already raises Conflict."""
         if not isinstance(scope, str) or not scope.strip():
             raise InvalidInput("scope must be a non-empty string")
         if not isinstance(title, str):
@@ -61,20 +64,22 @@ class ThreadOps(SqlCore):
             )
         public_json = encode_metadata(metadata, "metadata")
         private_json = encode_metadata(private_metadata, "private_metadata")
-        thread_id = new_id("th")
+        new_thread_id = thread_id or new_id("th")
 
         async def tx(conn: Conn) -> Thread:
             row = await conn.fetchrow(
                 "INSERT INTO threads (id, scope, title, version, metadata, private_metadata,"
-                " created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $6) RETURNING *",
-                thread_id,
+                " created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $6)"
+                " ON CONFLICT (id) DO NOTHING RETURNING *",
+                new_thread_id,
                 scope,
                 title,
                 public_json,
                 private_json,
                 await conn.now(),
             )
-            assert row is not None
+            if row is None:
+                raise Conflict(f"thread {new_thread_id} exists already")
             return thread_from_row(row)
 
         return await self._write(tx)
