@@ -307,7 +307,7 @@ async def resume_endpoint(request: Request) -> Response:
     try:
         principal = await authenticate(request.app.state.store, bearer_token(request.headers))
         service = service_of(request)
-        thread_id = request.path_params["chat_id"]
+        thread_id = request.path_params["thread_id"]
         snapshot = await service.snapshot(principal, thread_id)
     except Exception as exc:
         return wire_error(exc).response()
@@ -323,7 +323,7 @@ def aisdk_routes() -> list[BaseRoute]:
     return [
         Route("/v1/ai-sdk/chat", chat_endpoint, methods=["POST"], name="ai_sdk_chat"),
         Route(
-            "/v1/ai-sdk/chat/{chat_id}/stream",
+            "/v1/ai-sdk/chat/{thread_id}/stream",
             resume_endpoint,
             methods=["GET"],
             name="ai_sdk_resume",
