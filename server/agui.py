@@ -138,6 +138,7 @@ class RunStream:
     thread_id: str
     run_id: str
     text_id: str | None = None
+    step: str | None = None  # the open step: AG-UI requires it finished before the run
     messages: int = 0
     tool_names: dict[str, str] = field(default_factory=dict)
 
@@ -145,9 +146,11 @@ class RunStream:
         data = chunk.chunk
         kind = data.get("type")
         if kind == "step-start":
-            return [StepStartedEvent(step_name=f"step-{data['step']}")]
+            events = self.close_step()
+            self.step = f"step-{data['step']}"
+            return [*events, StepStartedEvent(step_name=self.step)]
         if kind == "step-finish":
-            return [*self.close_text(), StepFinishedEvent(step_name=f"step-{data['step']}")]
+            return self.close_step()
         if kind == "text-delta":
             delta = str(data.get("delta", ""))
             if not delta:
@@ -182,7 +185,9 @@ class RunStream:
             return [
                 *self.close_text(),
                 ToolCallResultEvent(
-                    message_id=result_id(part.tool_call_id),
+                    # A streaming id, like the text's: the closing snapshot replaces both with
+                    # committed messages, which a client then holds in committed order.
+                    message_id=f"{chunk.run_id}-{part.tool_call_id}",
                     tool_call_id=part.tool_call_id,
                     content=tool_content(part),
                     role="tool",
@@ -196,10 +201,16 @@ class RunStream:
         text_id, self.text_id = self.text_id, None
         return [TextMessageEndEvent(message_id=text_id)]
 
+    def close_step(self) -> list[BaseEvent]:
+        if self.step is None:
+            return self.close_text()
+        step, self.step = self.step, None
+        return [*self.close_text(), StepFinishedEvent(step_name=step)]
+
     def finish(self, snapshot: Snapshot) -> list[BaseEvent]:
         """The run settled: converge on committed state, then say how it ended."""
         events: list[BaseEvent] = [
-            *self.close_text(),
+            *self.close_step(),
             MessagesSnapshotEvent(messages=agui_messages(snapshot)),
         ]
         run = snapshot.run
@@ -359,17 +370,17 @@ async def events(
                     yield event
                 return
             if item.reset and item is not first:
-                yield from_reset(stream, item.snapshot)
+                for event in from_reset(stream, item.snapshot):
+                    yield event
         elif not queued and item.run_id == stream.run_id:
             for event in stream.chunk(item):
                 yield event
         item = await anext(source)
 
 
-def from_reset(stream: RunStream, snapshot: Snapshot) -> MessagesSnapshotEvent:
+def from_reset(stream: RunStream, snapshot: Snapshot) -> list[BaseEvent]:
     """After a resync the client's partial message is replaced; the replay re-streams it."""
-    stream.text_id = None
-    return MessagesSnapshotEvent(messages=agui_messages(snapshot))
+    return [*stream.close_step(), MessagesSnapshotEvent(messages=agui_messages(snapshot))]
 
 
 async def agui_endpoint(request: Request) -> Response:
