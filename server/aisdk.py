@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from runtime.errors import InvalidInput
+from runtime.errors import InvalidInput, RunActive
 from runtime.models import (
+    InputPolicy,
     MessageView,
     Principal,
     RunStatus,
@@ -188,11 +189,14 @@ async def act(
     if last is None:
         raise InvalidInput("messages must not be empty")
     if last.role == "user":
+        # A chat shows one response at a time: a message for a busy thread is refused (by the
+        # store, before anything changes), never queued behind a run it could not stream.
         admission = await service.send_message(
-            principal, thread_id, _text(last), client_request_id=last.id
+            principal, thread_id, _text(last), client_request_id=last.id,
+            policy=InputPolicy.REJECT,
         )
-        if admission.run_id is None:
-            raise InvalidInput("the message was queued behind the active run; watch the thread")
+        if admission.run_id is None:  # a retried request whose first one was queued
+            raise RunActive("the message waits in the queue: no run to stream yet")
         return admission.run_id
     pending = {a.id: a for a in snapshot.pending_actions}
     by_call = {a.tool_call_id: a for a in pending.values()}

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 MAX_QUEUED = 4096
 # Without any traffic, re-read the snapshot this often: a lost invalidation never hangs a stream.
 IDLE_POLL_SECONDS = 2.0
+TAKEOVER = "run-takeover"
 THREAD_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -130,6 +131,7 @@ class ThreadFeed:
         expected: dict[str, int] = {}
         version = -1
         reset = False
+        retried = False
         while True:
             # (Re)synchronise: committed state first, then the in-flight step it does not hold.
             snapshot = await self.snapshot()
@@ -140,15 +142,20 @@ class ThreadFeed:
             yield Committed(snapshot, reset)
             reset = True
             gap = False
-            for data in await self.hub.replay(self.thread_id):
-                chunk = _chunk(data)
-                verdict = "old" if chunk is None else _admit(expected, chunk)
-                if verdict == "gap":
+            for chunk in after_takeover([_chunk(data) for data in await self.hub.replay(
+                self.thread_id
+            )]):
+                verdict = _admit(expected, chunk)
+                if verdict == "gap" and not retried:
+                    # Most likely a commit between the two reads: read both again, once. A
+                    # replay buffer trimmed to its limit keeps its gap: streaming goes on, and
+                    # the run's closing snapshot holds what was skipped.
                     gap = True
                     break
-                if chunk is not None and verdict == "new":
+                if verdict != "old":
                     expected[chunk.run_id] = chunk.seq + 1
                     yield chunk
+            retried = gap
             if gap:
                 continue
             async for event in self._live(expected, version):
@@ -189,6 +196,10 @@ class ThreadFeed:
             chunk = _chunk(data)
             if chunk is None:
                 continue
+            if chunk.chunk.get("type") == TAKEOVER:
+                # Another worker redoes the step from its committed start: seqs repeat.
+                yield None
+                return
             verdict = _admit(expected, chunk)
             if verdict == "gap":
                 yield None
@@ -201,6 +212,15 @@ class ThreadFeed:
         with contextlib.suppress(asyncio.QueueEmpty):
             while True:
                 self._queue.get_nowait()
+
+
+def after_takeover(chunks: list[Chunk | None]) -> list[Chunk]:
+    """The replay from its last takeover on: what a taken-over worker streamed is void."""
+    start = 0
+    for index, chunk in enumerate(chunks):
+        if chunk is not None and chunk.chunk.get("type") == TAKEOVER:
+            start = index
+    return [chunk for chunk in chunks[start:] if chunk is not None]
 
 
 def _admit(expected: dict[str, int], chunk: Chunk) -> str:
