@@ -349,6 +349,8 @@ async def events(
     prior = before.run.id if before.run is not None else None
     if target is not None and not queued:
         stream.run_id = target
+    elif target is None and before.run is not None:
+        stream.run_id = before.run.id  # a join ends as the thread's last run ended (or waits)
     source = feed.events()
     first = await anext(source)
     assert isinstance(first, Committed)
