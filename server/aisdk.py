@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
@@ -281,7 +282,12 @@ def respond(feed: ThreadFeed, parts: AsyncIterator[Part]) -> StreamingResponse:
                 yield sse({"type": "error", "errorText": wire_error(exc).message})
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers=HEADERS)
+    # The feed was entered before the response (to apply the request first): close it after
+    # the response too, in case the body never started (closing twice is a no-op).
+    done = BackgroundTask(feed.__aexit__, None, None, None)
+    return StreamingResponse(
+        body(), media_type="text/event-stream", headers=HEADERS, background=done
+    )
 
 
 async def chat_endpoint(request: Request) -> Response:
