@@ -14,8 +14,14 @@ $(VENV)/.installed: pyproject.toml
 run: $(VENV)/.installed
 	$(VENV)/bin/threadline serve
 
+# The JavaScript client libraries the e2e tests drive (@ag-ui/client, ai), pinned by the lockfile.
+tests/js/node_modules/.installed: tests/js/package-lock.json
+	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
+	touch $@
+
 test: $(VENV)/.installed
 	bash scripts/ensure-services.sh
+	$(MAKE) tests/js/node_modules/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 

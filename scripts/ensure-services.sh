@@ -25,11 +25,14 @@ if [[ -z ${THREADLINE_TEST_CHROMIUM:-} && ! -x /usr/bin/chromium ]]; then
   missing+=("Chromium (/usr/bin/chromium)"); packages+=(chromium)
 fi
 if ! command -v node >/dev/null 2>&1; then
-  missing+=("node (for tests/unit/js)"); packages+=(nodejs)
+  missing+=("node (for tests/unit/js and tests/js)"); packages+=(nodejs)
+fi
+if ! command -v npm >/dev/null 2>&1; then
+  missing+=("npm (installs tests/js: the AG-UI and AI SDK client libraries)"); packages+=(npm)
 fi
 
 if [[ ${#packages[@]} -eq 0 ]]; then
-  say "PostgreSQL, Redis, Chromium and node are present"
+  say "PostgreSQL, Redis, Chromium, node and npm are present"
   exit 0
 fi
 

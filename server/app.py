@@ -20,6 +20,8 @@ from runtime.publisher import Publisher
 from runtime.service import ThreadService
 from runtime.storage import open_store
 from runtime.worker import Worker
+from server.agui import agui_routes
+from server.aisdk import aisdk_routes
 from server.errors import handle_error
 from server.gateway import Gateway, websocket_endpoint
 from server.routes import api_routes, health_routes, static_routes
@@ -99,7 +101,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     routes: list[BaseRoute] = list(health_routes())
     if settings.runs_gateway:
-        routes += api_routes()
+        routes += api_routes() + agui_routes() + aisdk_routes()
         routes.append(WebSocketRoute("/v1/ws", websocket_endpoint, name="ws"))
         routes += static_routes()
     app = Starlette(

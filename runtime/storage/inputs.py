@@ -20,6 +20,20 @@ def check_text(text: Any) -> str:
     return text
 
 
+MAX_THREAD_ID_CHARS = 200
+
+
+def check_thread_id(thread_id: Any) -> str:
+    """A caller-chosen thread id (AG-UI and AI SDK clients name their threads)."""
+    if not isinstance(thread_id, str) or not thread_id.strip():
+        raise InvalidInput("thread_id must be a non-empty string")
+    if len(thread_id) > MAX_THREAD_ID_CHARS or "\x00" in thread_id:
+        raise InvalidInput(
+            f"thread_id must be at most {MAX_THREAD_ID_CHARS} characters, without NUL"
+        )
+    return thread_id
+
+
 def check_thread_fields(scope: Any, title: Any) -> None:
     if not isinstance(scope, str) or not scope.strip():
         raise InvalidInput("scope must be a non-empty string")

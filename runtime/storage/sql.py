@@ -40,6 +40,7 @@ from runtime.storage.inputs import (
     check_submit,
     check_text,
     check_thread_fields,
+    check_thread_id,
     check_token,
     check_ttl,
 )
@@ -157,11 +158,16 @@ class SqlStore:
         title: str = "",
         metadata: dict[str, Any] | None = None,
         private_metadata: dict[str, Any] | None = None,
+        *,
+        thread_id: str | None = None,
     ) -> Thread:
+        """A new thread; a caller-chosen `thread_id` that exists already raises Conflict."""
         check_thread_fields(scope, title)
+        if thread_id is not None:
+            check_thread_id(thread_id)
         public_json = encode_metadata(metadata, "metadata")
         private_json = encode_metadata(private_metadata, "private_metadata")
-        thread_id = new_id("th")
+        thread_id = thread_id or new_id("th")
         return await self._write(
             lambda conn: sql_threads.create_thread(
                 conn, thread_id, scope, title, public_json, private_json

@@ -41,7 +41,8 @@ async def create_thread(
 ) -> Thread:
     row = await conn.fetchrow(
         "INSERT INTO threads (id, scope, title, version, metadata, private_metadata,"
-        " created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $6) RETURNING *",
+        " created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $6)"
+        " ON CONFLICT (id) DO NOTHING RETURNING *",
         thread_id,
         scope,
         title,
@@ -49,7 +50,8 @@ async def create_thread(
         private_json,
         await conn.now(),
     )
-    assert row is not None
+    if row is None:
+        raise Conflict(f"thread {thread_id} exists already")
     return thread_from_row(row)
 
 

@@ -376,7 +376,8 @@ def test_fuzzed_frames_are_answered_or_closed_cleanly(pool: Pool, data: st.DataO
 
 # --- HTTP bodies: the same inputs through the routes ----------------------------------
 
-HTTP_STATUSES = {200, 201, 202, 400, 403, 404, 405, 409, 413, 422}
+# 204: the AI SDK resume route when no run is in flight (the status its client expects).
+HTTP_STATUSES = {200, 201, 202, 204, 400, 403, 404, 405, 409, 413, 422}
 BODY_FIELDS = (*FIELDS, "title", "metadata", "scope")
 
 

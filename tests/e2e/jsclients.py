@@ -1,0 +1,94 @@
+"""Run the node drivers of tests/js (official AG-UI and AI SDK clients) from e2e tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e import harness
+
+JS_DIR = harness.ROOT / "tests" / "js"
+# The one way to install the client libraries (pinned in tests/js/package-lock.json).
+INSTALL = "npm ci --prefix tests/js"
+NODE_TIMEOUT = 60.0
+
+
+def require_node_clients() -> str:
+    """The node binary; skips (fails under CI=true) without node or tests/js/node_modules."""
+    node = shutil.which("node")
+    missing = (
+        "node is not installed" if node is None
+        else f"tests/js/node_modules is missing: run `{INSTALL}`"
+        if not (JS_DIR / "node_modules" / "@ag-ui" / "client").is_dir()
+        or not (JS_DIR / "node_modules" / "ai").is_dir()
+        else ""
+    )
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{missing} (required under CI=true)")
+        pytest.skip(missing)
+    assert node is not None
+    return node
+
+
+def start_driver(node: str, script: str, options: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [node, str(JS_DIR / script), json.dumps(options)],
+        cwd=JS_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish_driver(process: subprocess.Popen[str]) -> dict[str, Any]:
+    try:
+        out, err = process.communicate(timeout=NODE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"node driver timed out\n{err[-3000:]}") from None
+    assert process.returncode == 0, f"node driver failed ({process.returncode})\n{err[-3000:]}"
+    try:
+        report: dict[str, Any] = json.loads(out)
+    except json.JSONDecodeError as exc:
+        what = f"node driver printed no report: {out[-500:]!r}\n{err[-3000:]}"
+        raise AssertionError(what) from exc
+    return report
+
+
+def drive(node: str, script: str, options: dict[str, Any]) -> dict[str, Any]:
+    return finish_driver(start_driver(node, script, options))
+
+
+def wait_for(path: Path, timeout: float = 30.0) -> str:
+    """Wait until a driver wrote `path` (its first streamed delta arrived)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text()
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never appeared")
+
+
+def snapshot(url: str, token: str, thread_id: str) -> dict[str, Any]:
+    response = httpx.get(
+        f"{url}/v1/threads/{thread_id}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10.0,
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def long_text(words: int = 200) -> str:
+    """A message the demo echoes in 200 chunks: seconds, at the tests' chunk delay."""
+    return " ".join(f"word{i}" for i in range(words))

@@ -1,0 +1,151 @@
+"""The AI SDK's own chat logic and DefaultChatTransport (npm `ai`, run with node) against a real
+Threadline server speaking the UI message stream."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e import harness
+from tests.e2e.jsclients import drive, long_text, require_node_clients, snapshot
+
+ADDRESS = "erin.roe@example.com"
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    return require_node_clients()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.ServerHandle]:
+    directory = tmp_path_factory.mktemp("aisdk")
+    env = harness.server_env(harness.sqlite_url(directory), {"THREADLINE_DEMO_DELAY_MS": "50"})
+    with harness.start("all", env, log_dir=directory) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def tokens(server: harness.ServerHandle) -> dict[str, str]:
+    return {
+        "alice": server.token("alpha", "user", "alice"),
+        "carol": server.token("beta", "user", "carol"),
+    }
+
+
+def chat(node: str, server: harness.ServerHandle, token: str, **options: Any) -> dict[str, Any]:
+    chat_id = f"chat-{uuid.uuid4().hex}"
+    report = drive(node, "aisdk_driver.mjs",
+                   {"url": server.url, "token": token, "chatId": chat_id, **options})
+    report["chatId"] = chat_id
+    report["snapshot"] = snapshot(server.url, token, chat_id)
+    assert report["errors"] == [], report["errors"]
+    return report
+
+
+def chunks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in report["raw"] if line != "[DONE]"]
+
+
+def run_text(snap: dict[str, Any], run_id: str) -> str:
+    """The committed assistant text of one run, over all its step messages."""
+    return "".join(
+        part["text"]
+        for message in snap["messages"]
+        if message["role"] == "assistant" and message.get("run_id") == run_id
+        for part in message["parts"]
+        if part["type"] == "text"
+    )
+
+
+def ui_text(message: dict[str, Any]) -> str:
+    return "".join(part["text"] for part in message["parts"] if part["type"] == "text")
+
+
+def test_streamed_text_and_tool_parts(
+    node: str, server: harness.ServerHandle, tokens: dict[str, str]
+) -> None:
+    report = chat(node, server, tokens["alice"], text="weather in Oslo please")
+    assert report["status"] == "ready"
+    types = [c["type"] for c in chunks(report)]
+    assert types[0] == "start" and types[-1] == "finish"
+    for kind in ("start-step", "tool-input-start", "tool-input-delta", "tool-input-available",
+                 "tool-output-available", "text-start", "text-delta", "text-end", "finish-step"):
+        assert kind in types, types
+    snap = report["snapshot"]
+    user, assistant = report["messages"]
+    assert user["role"] == "user" and assistant["id"] == snap["run"]["id"]
+    [tool] = [p for p in assistant["parts"] if p["type"] == "tool-get_weather"]
+    committed = next(p for m in snap["messages"] for p in m["parts"] if p["type"] == "tool-call")
+    assert tool["state"] == "output-available" and tool["toolCallId"] == committed["tool_call_id"]
+    assert tool["input"] == committed["input"] and tool["output"] == committed["output"]
+    assert ui_text(assistant) == run_text(snap, snap["run"]["id"])
+    assert "Oslo" in ui_text(assistant)
+
+
+def test_approval_round_trip_resumes_the_action(
+    node: str, server: harness.ServerHandle, tokens: dict[str, str]
+) -> None:
+    report = chat(node, server, tokens["alice"], text=f"email {ADDRESS} about lunch",
+                  approve={"approved": True})
+    requests = [c for c in chunks(report) if c["type"] == "tool-approval-request"]
+    assert [r["approvalId"] for r in requests] == [report["approvalId"]]
+    snap = report["snapshot"]
+    assert snap["run"]["status"] == "completed" and not snap["pending_actions"]
+    assistant = report["messages"][-1]
+    [tool] = [p for p in assistant["parts"] if p["type"] == "tool-send_email"]
+    assert tool["state"] == "output-available"
+    assert tool["approval"] == {"id": report["approvalId"], "approved": True}
+    assert ui_text(assistant) == run_text(snap, snap["run"]["id"])
+    assert "[redacted email]" in ui_text(assistant)
+    deltas = [c["delta"] for c in chunks(report) if c["type"] == "text-delta"]
+    assert deltas and all(ADDRESS not in delta for delta in deltas)
+
+
+def test_reconnect_resumes_the_stream_in_flight(
+    node: str, server: harness.ServerHandle, tokens: dict[str, str]
+) -> None:
+    report = chat(node, server, tokens["alice"], text=long_text(), stopAfterDeltas=3)
+    resumed = report["resumed"]
+    # Cut after 3 deltas (a chunk already read may still arrive); the reply has 200.
+    assert resumed["status"] == "ready" and 3 <= resumed["deltasBeforeStop"] < 10
+    snap = report["snapshot"]
+    # The SDK's stop() only closes its own request; the run goes on and the resume shows it all.
+    assert snap["run"]["status"] == "completed"
+    user, assistant = resumed["messages"]
+    assert user["role"] == "user"
+    assert assistant["id"] == snap["run"]["id"]
+    assert ui_text(assistant) == run_text(snap, snap["run"]["id"])
+    assert "word199" in ui_text(assistant)
+
+
+def test_resume_route_answers_204_without_a_run_and_404_for_foreign_chats(
+    node: str, server: harness.ServerHandle, tokens: dict[str, str]
+) -> None:
+    report = chat(node, server, tokens["alice"], text="hello there")
+    url = f"{server.url}/v1/ai-sdk/chat/{report['chatId']}/stream"
+    mine = httpx.get(url, headers={"Authorization": f"Bearer {tokens['alice']}"}, timeout=10.0)
+    assert mine.status_code == 204
+    foreign = httpx.get(url, headers={"Authorization": f"Bearer {tokens['carol']}"}, timeout=10.0)
+    assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "not_found"
+    body = {"id": report["chatId"], "messages": [], "trigger": "submit-message"}
+    refused = httpx.post(f"{server.url}/v1/ai-sdk/chat", json=body, timeout=10.0,
+                         headers={"Authorization": f"Bearer {tokens['alice']}"})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_input"
+
+
+def test_stream_headers(server: harness.ServerHandle, tokens: dict[str, str]) -> None:
+    body = {"id": f"chat-{uuid.uuid4().hex}", "trigger": "submit-message",
+            "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}
+    with httpx.stream("POST", f"{server.url}/v1/ai-sdk/chat", json=body, timeout=10.0,
+                      headers={"Authorization": f"Bearer {tokens['alice']}"}) as response:
+        assert response.status_code == 200
+        assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"

@@ -1,0 +1,208 @@
+"""The thread feed behind AG-UI and AI SDK streams, and their chunk mappings, with no server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from ag_ui.core import Event
+from pydantic import TypeAdapter
+
+from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope, encode
+from runtime.domain import Principal, Role, Snapshot
+from server.agui import RunStream, agui_messages
+from server.aisdk import UIStream
+from server.streams import Chunk, Committed, ThreadFeed
+
+THREAD = "t1"
+RUN = "r1"
+EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
+PRINCIPAL = Principal(subject="alice", role=Role.USER, scopes=frozenset({"alpha"}))
+
+
+def snap(version: int, status: str = "running", next_seq: int = 0, **extra: Any) -> Snapshot:
+    return Snapshot.model_validate({
+        "thread": {"id": THREAD, "scope": "alpha", "title": "", "version": version,
+                   "metadata": {}},
+        "messages": extra.get("messages", []),
+        "pending_actions": extra.get("pending_actions", []),
+        "run": {"id": RUN, "status": status, "next_seq": next_seq},
+        "queue": [],
+    })
+
+
+def chunk(seq: int, body: dict[str, Any], run_id: str = RUN) -> bytes:
+    return encode(ChunkEnvelope(thread_id=THREAD, run_id=run_id, seq=seq, chunk=body))
+
+
+def delta(seq: int, text: str = "x") -> bytes:
+    return chunk(seq, {"type": "text-delta", "delta": text})
+
+
+class FakeService:
+    def __init__(self, snapshots: list[Snapshot]) -> None:
+        self.snapshots = snapshots
+
+    async def snapshot(self, principal: Principal, thread_id: str) -> Snapshot:
+        return self.snapshots.pop(0) if len(self.snapshots) > 1 else self.snapshots[0]
+
+
+class FakeHub:
+    def __init__(self, replays: list[list[bytes]]) -> None:
+        self.replays = replays
+        self.listeners: list[Any] = []
+
+    async def add(self, thread_id: str, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    async def remove(self, thread_id: str, listener: Any) -> None:
+        self.listeners.remove(listener)
+
+    async def replay(self, thread_id: str) -> list[bytes]:
+        return self.replays.pop(0) if len(self.replays) > 1 else self.replays[0]
+
+    def send(self, data: bytes) -> None:
+        kind = orjson.loads(data)["type"]
+        for listener in self.listeners:
+            listener.deliver(data, kind, None)
+
+
+async def collect(feed: ThreadFeed, hub: FakeHub, live: list[bytes], count: int) -> list[Any]:
+    out: list[Any] = []
+    async with feed:
+        for data in live:
+            hub.send(data)
+        async with asyncio.timeout(5):
+            async for event in feed.events():
+                out.append(event)
+                if len(out) == count:
+                    break
+    assert not hub.listeners, "the feed stopped listening when closed"
+    return out
+
+
+def seqs(events: list[Any]) -> list[Any]:
+    return [e.seq if isinstance(e, Chunk) else ("reset" if e.reset else "snap") for e in events]
+
+
+async def test_replay_then_live_each_chunk_once_in_order() -> None:
+    # Chunks 0-1 are committed (next_seq 2); the replay holds 2-3; live repeats 3 and adds 4.
+    service = FakeService([snap(5, next_seq=2)])
+    hub = FakeHub([[delta(1), delta(2), delta(3)]])
+    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    events = await collect(feed, hub, [delta(3), delta(4)], 4)
+    assert seqs(events) == ["snap", 2, 3, 4]
+
+
+async def test_a_live_gap_rereads_snapshot_and_replay() -> None:
+    service = FakeService([snap(5, next_seq=0), snap(6, next_seq=3)])
+    hub = FakeHub([[delta(0)], [delta(3)]])
+    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    events = await collect(feed, hub, [delta(2)], 4)
+    assert seqs(events) == ["snap", 0, "reset", 3]
+
+
+async def test_a_resync_rereads_snapshot_and_replay() -> None:
+    service = FakeService([snap(5), snap(6, next_seq=1)])
+    hub = FakeHub([[delta(0)], [delta(1)]])
+    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    events = await collect(feed, hub, [encode(ResyncEnvelope(thread_id=THREAD))], 4)
+    assert seqs(events) == ["snap", 0, "reset", 1]
+
+
+async def test_a_takeover_voids_what_the_old_worker_streamed() -> None:
+    # The new worker redoes the step from the committed next_seq (0): its seqs repeat.
+    takeover = chunk(0, {"type": "run-takeover", "episode": 2})
+    service = FakeService([snap(5)])
+    hub = FakeHub([[delta(0, "old"), delta(1, "old")], [delta(0, "old"), takeover,
+                                                         delta(1, "new")]])
+    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    events = await collect(feed, hub, [takeover], 6)
+    assert seqs(events) == ["snap", 0, 1, "reset", 0, 1]
+    assert events[-1].chunk["delta"] == "new"
+
+
+async def test_a_trimmed_replay_is_streamed_after_one_retry() -> None:
+    # The replay starts at 5 but the run's next_seq is 2: after one re-read, stream what is there.
+    service = FakeService([snap(5, next_seq=2)])
+    hub = FakeHub([[delta(5), delta(6)]])
+    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    events = await collect(feed, hub, [], 4)
+    assert seqs(events) == ["snap", "reset", 5, 6]
+
+
+async def test_invalidations_yield_committed_state_without_reset() -> None:
+    service = FakeService([snap(5), snap(6, status="completed", next_seq=3)])
+    hub = FakeHub([[]])
+    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=6))
+    events = await collect(feed, hub, [invalidate], 2)
+    assert isinstance(events[1], Committed) and not events[1].reset
+    assert events[1].snapshot.run is not None and events[1].snapshot.run.status == "completed"
+
+
+STEP = [
+    {"type": "step-start", "step": 0},
+    {"type": "text-delta", "delta": "Hel"},
+    {"type": "text-delta", "delta": "lo"},
+    {"type": "tool-call", "tool_call_id": "c1", "name": "get_weather", "input": {"city": "Oslo"}},
+    {"type": "tool-state", "tool_call_id": "c1", "state": "running"},
+    {"type": "tool-state", "tool_call_id": "c1", "state": "output-available", "output": {"t": 1}},
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "last"),
+    [("completed", "RUN_FINISHED"), ("cancelled", "RUN_FINISHED"), ("failed", "RUN_ERROR")],
+)
+def test_agui_events_validate_and_close_what_is_open(status: str, last: str) -> None:
+    stream = RunStream(THREAD, RUN)
+    events = [e for seq, body in enumerate(STEP) for e in stream.chunk(Chunk(RUN, seq, body))]
+    events += stream.finish(snap(9, status=status))
+    wire = [e.model_dump_json(by_alias=True) for e in events]
+    types = [EVENTS.validate_json(line).type for line in wire]
+    assert types[-1] == last and types[-3] == "STEP_FINISHED"  # the step ends before the run
+    assert types.count("TEXT_MESSAGE_START") == types.count("TEXT_MESSAGE_END") == 1
+    assert "TOOL_CALL_RESULT" in types
+
+
+def test_agui_interrupt_carries_the_action_schema() -> None:
+    schema = {"type": "object", "properties": {"approved": {"type": "boolean"}},
+              "required": ["approved"]}
+    waiting = snap(9, status="waiting", pending_actions=[{
+        "id": "a1", "kind": "approval", "run_id": RUN, "message_id": "m1", "tool_call_id": "c1",
+        "tool_name": "send_email", "input": {}, "schema": schema, "allowed_roles": ["user"]}])
+    [*_, finished] = RunStream(THREAD, RUN).finish(waiting)
+    outcome = orjson.loads(finished.model_dump_json(by_alias=True))["outcome"]
+    assert outcome["type"] == "interrupt"
+    [interrupt] = outcome["interrupts"]
+    assert interrupt["id"] == "a1" and interrupt["toolCallId"] == "c1"
+    assert interrupt["responseSchema"] == schema
+
+
+def test_agui_messages_follow_the_committed_order() -> None:
+    committed = snap(3, status="completed", messages=[
+        {"id": "u", "role": "user", "visibility": "visible",
+         "parts": [{"type": "text", "text": "hi"}]},
+        {"id": "a", "role": "assistant", "visibility": "visible", "parts": [
+            {"type": "tool-call", "tool_call_id": "c1", "name": "f", "input": {"x": 1},
+             "state": "output-available", "output": [1]}]},
+    ])
+    dumped = [m.model_dump(by_alias=True) for m in agui_messages(committed)]
+    assert [(m["id"], m["role"]) for m in dumped] == [
+        ("u", "user"), ("a", "assistant"), ("result-c1", "tool")]
+    assert dumped[1]["toolCalls"][0]["function"]["arguments"] == '{"x":1}'
+
+
+def test_ui_message_chunks_of_a_step() -> None:
+    stream = UIStream(RUN)
+    out = [c for seq, body in enumerate(STEP) for c in stream.chunk(Chunk(RUN, seq, body))]
+    out += stream.finish(snap(9, status="completed"))
+    assert [c["type"] for c in out] == [
+        "start-step", "text-start", "text-delta", "text-delta", "text-end",
+        "tool-input-start", "tool-input-delta", "tool-input-available",
+        "tool-output-available", "finish",
+    ]
+    assert out[-1]["finishReason"] == "stop"
