@@ -32,7 +32,7 @@ MAX_EVENTS = 10_000
 
 EventKind = Literal[
     "snapshot", "chunk", "invalidate", "resync", "takeover", "connected", "disconnected",
-    "pending", "resolved", "synced", "frame",
+    "pending", "resolved", "synced", "frame", "presence",
 ]
 
 
@@ -249,6 +249,9 @@ class ThreadWatch(_LiveView):
         super().__init__(client, backoff)
         self.thread_id = thread_id
         self.state = ThreadState(thread_id)
+        # Who is here, by subject: {"subject", "role", "name", "connections", "typing",
+        # "reviewing"}; replaced by each `presence` frame (after every (re)subscription).
+        self.presence: dict[str, dict[str, Any]] = {}
         self.fetches = 0
         self._fetcher: asyncio.Task[None] | None = None
         self._again = False
@@ -286,8 +289,28 @@ class ThreadWatch(_LiveView):
         elif kind == "resync":
             self._emit("resync", frame)
             self._trigger(self.state.resync())
+        elif kind == "presence":
+            self.presence = {m["subject"]: m for m in frame.get("members", [])}
+            self._emit("presence", frame, self.presence)
+        elif kind in ("presence.join", "presence.update"):
+            member = frame.get("member") or {}
+            self.presence[str(member.get("subject"))] = member
+            self._emit("presence", frame, self.presence)
+        elif kind == "presence.leave":
+            self.presence.pop(str(frame.get("subject")), None)
+            self._emit("presence", frame, self.presence)
         elif kind == "error":
             self._emit("frame", frame)
+
+    async def set_presence(self, **changes: Any) -> None:
+        """Say what this connection does in the thread: `typing=True`, `reviewing=action_id`
+        (None clears it). Sent on the current connection; lost if it is down (presence is
+        live state, and a reconnect starts afresh)."""
+        socket = self._socket
+        if socket is None:
+            return
+        frame = {"type": "presence.update", "thread_id": self.thread_id, **changes}
+        await self._request(socket, frame)
 
     def _trigger(self, refetch: Refetch | None) -> None:
         if refetch is None or self._closed:
