@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 import orjson
 from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -95,12 +96,14 @@ async def toggle(readers: list[Reader], thread_id: str, seconds: float) -> None:
         await asyncio.sleep(offset)
         typing = True
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            frame = {"type": "presence.update", "thread_id": thread_id, "typing": typing}
-            await reader.ws.send(orjson.dumps(frame).decode())
-            typing = not typing
-            await asyncio.sleep(TOGGLE_EVERY)
-        await reader.ws.send(orjson.dumps({**frame, "typing": False}).decode())
+        frame = {"type": "presence.update", "thread_id": thread_id, "typing": typing}
+        with contextlib.suppress(ConnectionClosed):  # counted as closed in the summary
+            while time.monotonic() < deadline:
+                frame = {"type": "presence.update", "thread_id": thread_id, "typing": typing}
+                await reader.ws.send(orjson.dumps(frame).decode())
+                typing = not typing
+                await asyncio.sleep(TOGGLE_EVERY)
+            await reader.ws.send(orjson.dumps({**frame, "typing": False}).decode())
 
     step = TOGGLE_EVERY / max(1, len(readers))
     await asyncio.gather(*(one(r, i * step) for i, r in enumerate(readers)))
@@ -165,8 +168,10 @@ async def measure(args: argparse.Namespace, admin_dsn: str, redis_url: str) -> N
                     print(row("presence", *await phase(readers, "presence", pids, work)),
                           flush=True)
                     sent = len(typists) * int(args.seconds / TOGGLE_EVERY)
+                    closed = sum(1 for r in readers if r.ws.close_code is not None)
                     print(f"({len(typists)} typists sent about {sent} presence.update frames,"
-                          f" each a change for {args.connections} connections)")
+                          f" each a change for {args.connections} connections;"
+                          f" {closed} connections were closed by the server meanwhile)")
                 finally:
                     for reader in readers:
                         if reader.task is not None:
