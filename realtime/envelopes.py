@@ -40,6 +40,15 @@ class ResyncEnvelope(_Envelope):
     thread_id: str
 
 
+class ScopeInvalidateEnvelope(_Envelope):
+    """On a scope channel: a thread of the scope committed `version` (whatever changed)."""
+
+    type: Literal["scope.invalidate"] = "scope.invalidate"
+    scope: str
+    thread_id: str
+    version: int = Field(ge=0)
+
+
 ThreadMessage: TypeAlias = Annotated[
     ChunkEnvelope | InvalidateEnvelope, Field(discriminator="type")
 ]

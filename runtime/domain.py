@@ -388,3 +388,27 @@ def pending_actions_of(message: Message) -> list[PendingAction]:
                 )
             )
     return actions
+
+
+class InboxEntry(_Frozen):
+    """One thread's pending actions in the scope-wide inbox, with the version they were read at
+    and when their (tail) message was committed."""
+
+    thread_id: str
+    scope: str
+    thread_version: int
+    created_at: float
+    actions: tuple[PendingAction, ...]
+
+    def to_wire(self) -> list[dict[str, Any]]:
+        """One inbox item per action: the snapshot's action plus where and when it waits."""
+        return [
+            {
+                **action.model_dump(mode="json", by_alias=True),
+                "thread_id": self.thread_id,
+                "scope": self.scope,
+                "thread_version": self.thread_version,
+                "created_at": self.created_at,
+            }
+            for action in self.actions
+        ]

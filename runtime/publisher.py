@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel
 
 from realtime.bus import Bus
-from realtime.channels import replay_key, thread_channel
-from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, encode
+from realtime.channels import replay_key, scope_channel, thread_channel
+from realtime.envelopes import (
+    ChunkEnvelope,
+    InvalidateEnvelope,
+    ScopeInvalidateEnvelope,
+    encode,
+)
 from realtime.telemetry import PUBLISH_ERRORS, PUBLISHED, safe_add
 from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope
 
@@ -29,10 +34,19 @@ class Publisher:
     Each method returns whether the bus accepted everything.
     """
 
-    def __init__(self, bus: Bus, replay_limit: int = DEFAULT_REPLAY_LIMIT) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        replay_limit: int = DEFAULT_REPLAY_LIMIT,
+        *,
+        scope_of: Callable[[str], Awaitable[str | None]] | None = None,
+    ) -> None:
         if replay_limit < 1:
             raise ValueError("replay_limit must be at least 1")
         self._bus = bus
+        # With `scope_of`, every invalidation is also announced on its scope's channel, for the
+        # scope-wide action inbox (one more publish per commit, never per chunk).
+        self._scope_of = scope_of
         self._replay_limit = replay_limit
         self._failing = False
 
@@ -51,11 +65,25 @@ class Publisher:
         return published and appended
 
     async def invalidate(self, thread_id: str, version: int) -> bool:
-        return await self._publish(
+        published = await self._publish(
             thread_channel(thread_id),
             "invalidate",
             InvalidateEnvelope(thread_id=thread_id, version=version),
         )
+        if self._scope_of is None:
+            return published
+        return await self._announce(thread_id, version) and published
+
+    async def _announce(self, thread_id: str, version: int) -> bool:
+        try:
+            scope = await self._scope_of(thread_id) if self._scope_of is not None else None
+        except Exception as exc:  # storage hiccup: the inbox resyncs, the run goes on
+            log.warning("scope of thread %s unknown, not announced: %s", thread_id, exc)
+            return False
+        if scope is None:
+            return True
+        envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
+        return await self._publish(scope_channel(scope), "scope_invalidate", envelope)
 
     async def clear_replay(self, thread_id: str) -> bool:
         """Called after a step commit: its chunks are in the snapshot from now on."""

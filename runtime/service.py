@@ -13,6 +13,7 @@ from runtime.agent import Agent
 from runtime.compose import compose_lifecycle
 from runtime.domain import (
     Admission,
+    InboxEntry,
     InputPolicy,
     MessageRole,
     Principal,
@@ -101,6 +102,13 @@ class ThreadService:
 
     async def list_threads(self, principal: Principal, limit: int = 100) -> list[Thread]:
         return await self.store.list_threads(principal.scopes, limit)
+
+    async def pending_actions(
+        self, principal: Principal, limit: int = 100, after: str | None = None
+    ) -> list[InboxEntry]:
+        """The scope-wide inbox: pending actions of the principal's threads (one entry per
+        thread, at most `limit`, by thread id after the cursor `after`)."""
+        return await self.store.pending_actions(principal.scopes, limit=limit, after=after)
 
     async def snapshot(
         self, principal: Principal, thread_id: str, *, include_hidden: bool = False

@@ -16,6 +16,7 @@ from runtime.domain import RunStatus
 from runtime.episode import Episode
 from runtime.errors import LeaseLost
 from runtime.publisher import Publisher
+from runtime.scopes import ScopeCache
 from runtime.storage.base import Store
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,9 @@ class Worker:
     ) -> None:
         self.store = store
         self.bus = bus
-        self.publisher = Publisher(bus)
+        # Announce commits per scope too (the action inbox), when the store can say the scope.
+        scope_of = ScopeCache(store).scope_of if hasattr(store, "thread_scopes") else None
+        self.publisher = Publisher(bus, scope_of=scope_of)
         self.agent = agent
         self.lifecycle = compose_lifecycle(agent.lifecycle)
         self.owner = owner or f"worker-{uuid.uuid4().hex[:10]}"

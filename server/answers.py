@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.domain import Admission, Principal, Thread
+from runtime.domain import Admission, InboxEntry, Principal, Thread
 from runtime.storage.base import ResolveResult, RewriteResult, StopResult
 
 
@@ -59,4 +59,13 @@ def principal_answer(principal: Principal) -> dict[str, Any]:
         "subject": principal.subject,
         "role": principal.role,
         "scopes": sorted(principal.scopes),
+    }
+
+
+def actions_answer(entries: list[InboxEntry], limit: int) -> dict[str, Any]:
+    # A full page may have more behind it; the cursor is the last thread read (opaque to clients).
+    cursor = entries[-1].thread_id if len(entries) >= limit and entries else None
+    return {
+        "actions": [item for entry in entries for item in entry.to_wire()],
+        "next_cursor": cursor,
     }

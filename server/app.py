@@ -17,6 +17,7 @@ from realtime.hub import Hub
 from runtime.agent import load_agent
 from runtime.errors import ThreadlineError
 from runtime.publisher import Publisher
+from runtime.scopes import ScopeCache
 from runtime.service import ThreadService
 from runtime.storage import open_store
 from runtime.worker import Worker
@@ -24,6 +25,8 @@ from server.agui import agui_routes
 from server.aisdk import aisdk_routes
 from server.errors import handle_error
 from server.gateway import Gateway, websocket_endpoint
+from server.inbox import ActionInbox
+from server.presence import PresenceHub, open_presence
 from server.routes import api_routes, health_routes, static_routes
 from server.settings import Settings
 from server.telemetry import RequestTelemetry, configure_telemetry
@@ -57,7 +60,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await connect_bus(bus, timeout=settings.bus_connect_timeout)
         stack.push_async_callback(bus.close)
         state.bus = bus
-        state.publisher = Publisher(bus)
+        state.publisher = Publisher(bus, scope_of=ScopeCache(state.store).scope_of)
 
         agent = load_agent(settings.agent)
         state.agent = agent
@@ -73,7 +76,17 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             )
             await stack.enter_async_context(hub)
             state.hub = hub
-            gateway = Gateway(settings, state.service, hub)
+            inbox = ActionInbox(bus, state.store)
+            stack.push_async_callback(inbox.close)
+            presence = await stack.enter_async_context(
+                PresenceHub(
+                    bus,
+                    open_presence(settings.redis_url),
+                    refresh_interval=settings.presence_refresh,
+                )
+            )
+            state.presence = presence
+            gateway = Gateway(settings, state.service, hub, inbox, presence)
             # Registered after the hub so connections close before the hub stops.
             stack.push_async_callback(gateway.close)
             state.gateway = gateway

@@ -11,6 +11,7 @@ from runtime.domain import Principal, WaitKind
 from runtime.errors import InvalidInput
 from runtime.service import ThreadService, require_trusted
 from server.answers import (
+    actions_answer,
     admission_answer,
     principal_answer,
     regenerate_answer,
@@ -23,18 +24,29 @@ from server.inputs import (
     CreateThread,
     GetSnapshot,
     Input,
+    ListActions,
     ListThreads,
     NoInput,
+    PresenceUpdate,
     Regenerate,
     ResumeAction,
     RetryRun,
+    ScopeRef,
     SendMessage,
     SetVisibility,
     StopRun,
     ThreadRef,
     ToolResult,
 )
-from server.replies import Ack, Pong, ServerFrame, Subscribed, Unsubscribed
+from server.replies import (
+    Ack,
+    ActionsSubscribed,
+    ActionsUnsubscribed,
+    Pong,
+    ServerFrame,
+    Subscribed,
+    Unsubscribed,
+)
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")
@@ -47,6 +59,9 @@ class Connection(Protocol):
 
     async def subscribe(self, thread_id: str, frame_id: Any) -> None: ...
     async def unsubscribe(self, thread_id: str) -> None: ...
+    async def subscribe_actions(self, scope: str | None) -> list[str]: ...
+    async def unsubscribe_actions(self, scope: str | None) -> list[str]: ...
+    async def update_presence(self, thread_id: str, changes: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,16 @@ def _limit(query: Mapping[str, str]) -> dict[str, Any]:
     if not raw.isdigit() or not 1 <= int(raw) <= 500:
         raise InvalidInput("query parameter 'limit' must be an integer from 1 to 500")
     return {"limit": int(raw)}
+
+
+def _actions_query(query: Mapping[str, str]) -> dict[str, Any]:
+    status = query.get("status", "pending")
+    if status != "pending":
+        raise InvalidInput("query parameter 'status' must be 'pending'")
+    fields: dict[str, Any] = {"status": status, **_limit(query)}
+    if query.get("cursor"):
+        fields["cursor"] = query["cursor"]
+    return fields
 
 
 def _include_hidden(query: Mapping[str, str]) -> dict[str, Any]:
@@ -317,4 +342,50 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         note="a read of the token itself, which the websocket checked when it opened",
     ),
 )
+# The scope-wide action inbox (docs/protocol.md, "Action inbox"): a read over HTTP, live
+# announcements over the websocket. Added as their own tuple so the table above stays as is.
+INBOX_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="actions.list",
+        input=ListActions,
+        call=lambda c, i: c.service.pending_actions(c.principal, i.limit, i.cursor),
+        answer=lambda i, entries: actions_answer(entries, i.limit),
+        answer_doc='`{"actions": [{"id", "kind", "thread_id", "scope", "thread_version", '
+        '"tool_name", "input", "schema", "allowed_roles", "created_at", ...}], "next_cursor"}`',
+        reply=None,
+        http=Http("GET", "/v1/actions", "list_actions", body=False, query=_actions_query),
+        note=READ,
+    ),
+    Command(
+        name="actions.subscribe",
+        input=ScopeRef,
+        call=lambda c, i: c.session().subscribe_actions(i.scope),
+        answer=lambda i, scopes: {"scopes": scopes},
+        answer_doc='`{"type": "actions.subscribed", "scopes"}`, then `action.pending`, '
+        "`action.resolved` and `actions.resync` frames",
+        reply=ActionsSubscribed,
+        note=WS_ONLY,
+    ),
+    Command(
+        name="actions.unsubscribe",
+        input=ScopeRef,
+        call=lambda c, i: c.session().unsubscribe_actions(i.scope),
+        answer=lambda i, scopes: {"scopes": scopes},
+        answer_doc='`{"type": "actions.unsubscribed", "scopes"}`',
+        reply=ActionsUnsubscribed,
+        note=WS_ONLY,
+    ),
+)
+# Presence (docs/protocol.md, "Presence"): live state of a connection, never stored.
+PRESENCE_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="presence.update",
+        input=PresenceUpdate,
+        call=lambda c, i: c.session().update_presence(i.thread_id, i.changes()),
+        answer=lambda i, r: {"thread_id": i.thread_id},
+        answer_doc='`ack` `{"thread_id"}`; the thread\'s subscribers then get `presence.update`',
+        note="presence belongs to a websocket connection subscribed to the thread",
+    ),
+)
+COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

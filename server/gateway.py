@@ -17,6 +17,8 @@ from realtime.outbox import Outbox, OutboxClosedError, SlowConsumerError
 from runtime.service import ThreadService
 from server.auth import authenticate, bearer_token
 from server.errors import Unauthorized
+from server.inbox import ActionInbox
+from server.presence import PresenceHub
 from server.session import Session
 from server.settings import Settings
 from server.telemetry import WS_CLOSES, WS_CONNECTIONS, WS_FRAMES_IN
@@ -145,10 +147,19 @@ class Connection:
 class Gateway:
     """Accepts websockets for the app; tracks connections so shutdown can close them."""
 
-    def __init__(self, settings: Settings, service: ThreadService, hub: Hub) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        service: ThreadService,
+        hub: Hub,
+        inbox: ActionInbox | None = None,
+        presence: PresenceHub | None = None,
+    ) -> None:
         self.settings = settings
         self.service = service
         self.hub = hub
+        self.inbox = inbox
+        self.presence = presence
         self._connections: set[Connection] = set()
         self._closing = False
 
@@ -179,7 +190,9 @@ class Gateway:
                 connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
 
         outbox = Outbox(self.settings.ws_outbox_max_bytes, on_overflow=overflowed)
-        session = Session(principal, self.service, self.hub, outbox)
+        session = Session(
+            principal, self.service, self.hub, outbox, inbox=self.inbox, presence=self.presence
+        )
         connection = Connection(websocket, session, self.settings)
         self._connections.add(connection)
         _count(WS_CONNECTIONS, 1)

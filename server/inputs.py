@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -143,3 +143,31 @@ class SetVisibility(Input):
     message_id: ItemId
     visibility: Visibility
     expected_version: int | None = Field(default=None, ge=0)
+
+
+class ListActions(Input):
+    """`GET /v1/actions`: a page of the scope-wide inbox; `cursor` is the previous page's
+    `next_cursor` (opaque)."""
+
+    status: Literal["pending"] = "pending"
+    limit: int = Field(default=100, ge=1, le=500)
+    cursor: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+
+
+class ScopeRef(Input):
+    """A scope of the token's (none: all of them)."""
+
+    scope: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+
+
+class PresenceUpdate(Input):
+    """What this connection is doing in a subscribed thread; a field left out stays as it was
+    (`"reviewing": null` clears it)."""
+
+    thread_id: ThreadId
+    typing: bool | None = None
+    reviewing: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+
+    def changes(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in ("typing", "reviewing")
+                if name in self.model_fields_set}

@@ -48,6 +48,8 @@ def _type_doc(annotation: Any) -> str:
         return _type_doc(args[0])
     if origin in (typing.Union, types.UnionType):
         return "\\|".join(_type_doc(arg) for arg in args if arg is not type(None))
+    if origin is typing.Literal:
+        return "\\|".join(f'"{arg}"' for arg in args)
     if origin is list:
         return f"[{_type_doc(args[0])}]"
     if annotation is dict or origin is dict:

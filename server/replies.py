@@ -49,3 +49,15 @@ class ErrorFrame(ServerFrame):
     code: str
     message: str
     id: FrameId | None = None
+
+
+class ActionsSubscribed(ServerFrame):
+    type: Literal["actions.subscribed"] = "actions.subscribed"
+    scopes: list[str]
+    id: FrameId | None = None
+
+
+class ActionsUnsubscribed(ServerFrame):
+    type: Literal["actions.unsubscribed"] = "actions.unsubscribed"
+    scopes: list[str]
+    id: FrameId | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -13,10 +13,13 @@ import orjson
 from realtime.envelopes import MessageKind
 from realtime.outbox import Outbox
 from runtime.domain import Principal, Thread
+from runtime.errors import InvalidInput, NotFound
 from runtime.service import ThreadService
 from server.commands import BY_NAME, Caller
 from server.errors import WireError, wire_error
 from server.frames import Frame, FrameError, decode_frame
+from server.inbox import ActionInbox
+from server.presence import Member, PresenceHub
 from server.replies import Subscribed
 
 log = logging.getLogger(__name__)
@@ -115,6 +118,8 @@ class Session:
         outbox: Outbox,
         *,
         max_subscriptions: int = MAX_SUBSCRIPTIONS,
+        inbox: ActionInbox | None = None,
+        presence: PresenceHub | None = None,
     ) -> None:
         self.principal = principal
         self.service = service
@@ -123,6 +128,10 @@ class Session:
         self.max_subscriptions = max_subscriptions
         self.state = SessionState.OPEN
         self._listeners: dict[str, ThreadListener] = {}
+        self.inbox = inbox
+        self.presence = presence
+        self._members: dict[str, Member] = {}
+        self._inbox_listeners: dict[str, Callable[[bytes], None]] = {}
 
     @property
     def subscriptions(self) -> list[str]:
@@ -195,6 +204,33 @@ class Session:
         version = versions.get(thread_id, 0)
         self._answer(Subscribed(thread_id=thread_id, version=version, id=frame_id).to_bytes())
         listener.open(version, replay)
+        await self._join(thread_id)
+
+    async def _join(self, thread_id: str) -> None:
+        """Be present in the thread (the `presence` frame follows `subscribed` and the replay)."""
+        if self.presence is None:
+            return
+
+        def deliver(data: bytes) -> None:
+            self.outbox.put(data, "presence", thread_id)
+
+        try:
+            member = await self.presence.join(thread_id, self.principal, deliver)
+        except Exception as exc:  # presence is a nicety: the subscription stands without it
+            log.warning("presence join of %s failed: %s", thread_id, exc)
+            return
+        if self.state is SessionState.CLOSED or thread_id not in self._listeners:
+            await self.presence.leave(member)
+            return
+        self._members[thread_id] = member
+
+    async def update_presence(self, thread_id: str, changes: dict[str, Any]) -> None:
+        """A `presence.update` of a subscribed thread (coalesced and rate-bounded)."""
+        member = self._members.get(thread_id)
+        if member is None or self.presence is None:
+            # As for a foreign thread: a connection is present only where it subscribed.
+            raise NotFound(f"thread {thread_id} not found among this connection's subscriptions")
+        self.presence.update(member, changes)
 
     async def unsubscribe(self, thread_id: str) -> None:
         """Stop listening to a thread (nothing happens for one not listened to)."""
@@ -202,6 +238,9 @@ class Session:
         if listener is None:
             return
         self.outbox.discard_thread(thread_id)
+        member = self._members.pop(thread_id, None)
+        if member is not None and self.presence is not None:
+            await self.presence.leave(member)
         try:
             await self.hub.remove(thread_id, listener)
         except Exception:
@@ -214,6 +253,50 @@ class Session:
         self.state = SessionState.CLOSED
         for thread_id in list(self._listeners):
             await self.unsubscribe(thread_id)
+        await self.unsubscribe_actions(None)
+
+    # --- the scope-wide action inbox ----------------------------------------------------
+
+    def _inbox_scopes(self, scope: str | None) -> list[str]:
+        if scope is None:
+            return sorted(self.principal.scopes)
+        if scope not in self.principal.scopes:
+            raise NotFound(f"scope {scope} not found")  # as for threads: never confirm it
+        return [scope]
+
+    async def subscribe_actions(self, scope: str | None) -> list[str]:
+        """Listen to the pending actions of one scope of the token's (None: all of them)."""
+        if self.inbox is None:
+            raise InvalidInput("this server has no action inbox")
+        scopes = self._inbox_scopes(scope)
+        for name in scopes:
+            if name in self._inbox_listeners:
+                continue
+            key = f"actions:{name}"
+
+            def deliver(data: bytes, key: str = key) -> None:
+                self.outbox.put(data, "action", key)
+
+            self._inbox_listeners[name] = deliver
+            try:
+                await self.inbox.add(name, deliver)
+            except BaseException:
+                await self.unsubscribe_actions(name)
+                raise
+        if self.state is SessionState.CLOSED:
+            await self.unsubscribe_actions(None)
+        return scopes
+
+    async def unsubscribe_actions(self, scope: str | None) -> list[str]:
+        scopes = sorted(self._inbox_listeners) if scope is None else self._inbox_scopes(scope)
+        for name in scopes:
+            deliver = self._inbox_listeners.pop(name, None)
+            if deliver is not None and self.inbox is not None:
+                try:
+                    await self.inbox.remove(name, deliver)
+                except Exception:
+                    log.exception("inbox.remove(%s) failed", name)
+        return scopes
 
     # --- output -------------------------------------------------------------------------
 

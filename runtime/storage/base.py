@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from runtime.domain import (
     Admission,
+    InboxEntry,
     InputPolicy,
     Lease,
     Message,
@@ -198,6 +199,15 @@ class Store(Protocol):
         resolution: Resolution,
         expected_version: int | None = None,
     ) -> ResolveResult: ...
+    async def pending_actions(
+        self,
+        scopes: Scopes,
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        thread_ids: Sequence[str] | None = None,
+    ) -> list[InboxEntry]: ...
+    async def thread_scopes(self, thread_ids: Sequence[str]) -> dict[str, str]: ...
 
     # history rewrites (admin lease)
     async def rewrite_history(

@@ -9,6 +9,7 @@ from typing import Any, Self, TypeVar
 
 from runtime.domain import (
     Admission,
+    InboxEntry,
     InputPolicy,
     Lease,
     LeaseKind,
@@ -22,7 +23,15 @@ from runtime.domain import (
     Thread,
 )
 from runtime.errors import InvalidInput
-from runtime.storage import sql_actions, sql_history, sql_leases, sql_queue, sql_runs, sql_threads
+from runtime.storage import (
+    sql_actions,
+    sql_history,
+    sql_inbox,
+    sql_leases,
+    sql_queue,
+    sql_runs,
+    sql_threads,
+)
 from runtime.storage.base import (
     ResolveResult,
     RetryRun,
@@ -315,6 +324,30 @@ class SqlStore:
                 conn, thread_id, scopes, action_id, resolution, expected_version
             )
         )
+
+    async def pending_actions(
+        self,
+        scopes: Collection[str],
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        thread_ids: Sequence[str] | None = None,
+    ) -> list[InboxEntry]:
+        """Pending actions of up to `limit` threads in `scopes`, by thread id after `after`."""
+        if limit <= 0:
+            return []
+        ids = None if thread_ids is None else list(dict.fromkeys(thread_ids))
+        return await self._read(
+            lambda conn: sql_inbox.pending_actions(
+                conn, scopes, limit=limit, after=after, thread_ids=ids
+            )
+        )
+
+    async def thread_scopes(self, thread_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(thread_ids))[:500]
+        if not ids:
+            return {}
+        return await self._read(lambda conn: sql_inbox.thread_scopes(conn, ids))
 
     async def rewrite_history(
         self,

@@ -7,6 +7,7 @@ import { mapServerErrors } from './schema-form.js';
 import { readSession, threadUrl } from './session.js';
 import { ThreadSocket, socketUrl } from './socket.js';
 import { ThreadSync, activeRun } from './sync.js';
+import { TypingSignal, applyPresence, presenceView, reviewingText, typingText } from './presence.js';
 
 const $ = (id) => document.getElementById(id);
 const els = {
@@ -21,13 +22,69 @@ const els = {
   live: $('live'), streamingText: $('streaming-text'), liveTools: $('live-tools'),
   takeover: $('takeover-note'), queueSection: $('queue-section'), queue: $('queue'),
   composer: $('composer'), composerInput: $('composer-input'), sendButton: $('send-button'),
+  presence: $('presence'), typing: $('typing'),
 };
 
 const state = {
   token: '', api: null, socket: null, me: null, threads: [], threadId: null, sync: null,
   socketState: 'idle', subscribed: false, busy: new Set(), lastSend: null, bannerItems: [],
-  lastListRefresh: 0, focusComposer: false,
+  lastListRefresh: 0, focusComposer: false, presence: {}, reviewing: null,
 };
+
+// --- presence ------------------------------------------------------------------------------
+
+function sendPresence(changes) {
+  if (!state.threadId || !state.subscribed || !state.socket) return;
+  state.socket.send({ type: 'presence.update', thread_id: state.threadId, ...changes });
+}
+
+const typingSignal = new TypingSignal({ send: (typing) => sendPresence({ typing }) });
+
+/** The action card holding keyboard focus is the one this person is reviewing. */
+function onActionFocus(event) {
+  const card = event.target.closest && event.target.closest('[data-action-id]');
+  const actionId = card ? card.dataset.actionId : null;
+  if (event.type === 'focusout') {
+    const next = event.relatedTarget && event.relatedTarget.closest && event.relatedTarget.closest('[data-action-id]');
+    if (next && next.dataset.actionId === state.reviewing) return;
+    if (!next && state.reviewing) {
+      state.reviewing = null;
+      sendPresence({ reviewing: null });
+    }
+    return;
+  }
+  if (actionId && actionId !== state.reviewing) {
+    state.reviewing = actionId;
+    sendPresence({ reviewing: actionId });
+  }
+}
+
+function renderPresence() {
+  const view = presenceView(state.presence, state.me && state.me.subject);
+  const list = els.presence;
+  const items = view.here.map((p) => {
+    const typing = view.typing.includes(p.name) ? ' is-typing' : '';
+    const tabs = p.connections > 1 ? ` (${p.connections} tabs)` : '';
+    const label = `${p.name}${p.me ? ' (you)' : ''}${tabs}${p.role && p.role !== 'user' ? `, ${p.role}` : ''}`;
+    return h('li', { class: `presence__member${p.me ? ' is-me' : ''}${typing}`, dataset: { subject: p.subject } }, label);
+  });
+  const signature = JSON.stringify(view.here.map((p) => [p.subject, p.connections, view.typing.includes(p.name)]));
+  if (list.dataset.signature !== signature) {
+    list.replaceChildren(...items);
+    list.dataset.signature = signature;
+  }
+  const typingLine = typingText(view.typing);
+  if (els.typing.textContent !== typingLine) els.typing.textContent = typingLine;
+  for (const card of els.pendingActions.querySelectorAll('[data-action-id]')) {
+    const text = reviewingText(view.reviewing[card.dataset.actionId]);
+    let note = card.querySelector('.card__reviewers');
+    if (!note) {
+      note = h('p', { class: 'card__reviewers', testid: 'action-reviewers', role: 'status' });
+      card.insertBefore(note, card.children[1] || null);
+    }
+    if (note.textContent !== text) note.textContent = text;
+  }
+}
 
 // --- banner --------------------------------------------------------------------------------
 
@@ -117,6 +174,7 @@ function render() {
     if (snapshot) state.scrollOnNextRender = false;
   }
   syncListTitle(snapshot);
+  renderPresence();
 }
 
 function syncListTitle(snapshot) {
@@ -150,6 +208,9 @@ function openThread(threadId, { push = false, focus = false } = {}) {
   state.threadId = threadId;
   state.sync = null;
   state.subscribed = false;
+  state.presence = {};
+  state.reviewing = null;
+  typingSignal.reset();
   state.lastSend = null;
   if (threadId) {
     const sync = new ThreadSync({
@@ -230,6 +291,7 @@ async function send(event) {
   const text = els.composerInput.value;
   const threadId = state.threadId;
   if (!text.trim() || !threadId || state.busy.has('send')) return;
+  typingSignal.stop();
   // A retry of the same text reuses the request id, so a send that did arrive is not doubled.
   const last = state.lastSend;
   const requestId = last && last.text === text && last.threadId === threadId ? last.id : randomId();
@@ -322,6 +384,12 @@ function onFrame(frame) {
     case 'resync':
       if (sync && (mine || !frame.thread_id)) sync.resync();
       break;
+    case 'presence':
+    case 'presence.join':
+    case 'presence.update':
+    case 'presence.leave':
+      if (mine) state.presence = applyPresence(state.presence, frame);
+      break;
     case 'error':
       if (frame.code === 'not_found' && sync) {
         showBanner('This thread does not exist or you have no access to it.');
@@ -337,7 +405,13 @@ function onFrame(frame) {
 
 function onSocketState(next, attempt) {
   state.socketState = next;
-  if (next !== 'open') state.subscribed = false;
+  if (next !== 'open') {
+    state.subscribed = false;
+    // Presence belongs to a connection: the next one starts afresh (a new `presence` set).
+    state.presence = {};
+    state.reviewing = null;
+    typingSignal.reset();
+  }
   if (next === 'unauthorized') sessionExpired();
   // A server may refuse the upgrade with HTTP 401 instead of close 4401: browsers only see a
   // failed connection, so ask the HTTP API now and then whether the token still works.
@@ -365,6 +439,10 @@ function wireUi() {
   els.refreshThreads.addEventListener('click', loadThreads);
   els.composer.addEventListener('submit', send);
   els.composerInput.addEventListener('keydown', onComposerKey);
+  els.composerInput.addEventListener('input', () => (els.composerInput.value ? typingSignal.input() : typingSignal.stop()));
+  els.composerInput.addEventListener('blur', () => typingSignal.stop());
+  els.pendingActions.addEventListener('focusin', onActionFocus);
+  els.pendingActions.addEventListener('focusout', onActionFocus);
   els.stopButton.addEventListener('click', stopRun);
   els.retryButton.addEventListener('click', retryRun);
   els.sidebarToggle.addEventListener('click', () => setSidebar(!els.sidebar.classList.contains('is-open')));

@@ -44,3 +44,24 @@ def test_fanout_bench_quick() -> None:
     idle = lines.index(next(line for line in lines if "per connection KiB" in line))
     assert lines[idle + 1].split()[0] == "200", done.stdout
     assert float(lines[idle + 1].split()[-1]) > 0, done.stdout
+
+
+def test_presence_bench_quick() -> None:
+    servers = ["--postgres", require_postgres(), "--redis", require_redis()]
+    bench = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "presence.py"), "--quick", *servers],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = bench.communicate(timeout=150)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.communicate(timeout=10)
+    assert bench.returncode == 0, f"{stdout}\n{stderr[-4000:]}"
+    rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.strip()}
+    assert float(rows["chunks"][2]) > 0 and float(rows["presence"][2]) > 0, stdout

@@ -41,6 +41,8 @@ ERROR_CODES = {
 }
 ANSWER_OF = {"ping": "pong", "subscribe": "subscribed", "unsubscribe": "unsubscribed"}
 LIVE = {"chunk", "invalidate", "resync"}
+# What a subscriber is told about who else is in the thread (docs/protocol.md, "Presence").
+PRESENCE = {"presence", "presence.join", "presence.update", "presence.leave"}
 FIELDS = (
     "thread_id", "action_id", "run_id", "message_id", "item_id", "text", "payload", "output",
     "error", "expected_version", "client_request_id", "policy", "client_tools", "visibility",
@@ -350,7 +352,7 @@ def _send_and_collect(
             received = orjson.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
             if received == {"type": "pong", "id": sentinel}:
                 return None, answers
-            if received["type"] not in LIVE:  # live frames of a thread it subscribed to
+            if received["type"] not in LIVE | PRESENCE:  # live frames of a subscribed thread
                 answers.append(received)
     except ConnectionClosed as exc:
         return Closed(exc.rcvd.code if exc.rcvd else None), answers
@@ -463,7 +465,7 @@ def test_server_and_bystander_survived(pool: Pool, server: ServerHandle) -> None
         pool.watched.append(orjson.loads(pool.bystander.recv(timeout=deadline - time.monotonic())))
     assert pool.watched[0]["type"] == "subscribed"
     kinds = {frame["type"] for frame in pool.watched}
-    assert kinds <= {"subscribed", "pong", *LIVE}, kinds
+    assert kinds <= {"subscribed", "pong", *LIVE, *PRESENCE}, kinds
     versions = [f["version"] for f in pool.watched if f["type"] == "invalidate"]
     assert versions == sorted(set(versions))
     assert set(pool.closes) <= {1009, None}, pool.closes

@@ -33,6 +33,9 @@ VALID: dict[str, dict[str, Any]] = {
     "message.visibility": {"thread_id": "t1", "message_id": "m1", "visibility": "hidden"},
     "queue.cancel": {"thread_id": "t1", "item_id": "q1"},
     "ping": {},
+    "actions.subscribe": {},  # every field optional: all the token's scopes
+    "actions.unsubscribe": {},
+    "presence.update": {"thread_id": "t1", "typing": True},
 }
 
 

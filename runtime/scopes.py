@@ -1,0 +1,35 @@
+"""The scope of a thread by id, cached: a thread never changes scope, so entries never go stale."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+MAX_CACHED = 10_000
+
+
+class ScopeSource(Protocol):
+    async def thread_scopes(self, thread_ids: Sequence[str]) -> dict[str, str]: ...
+
+
+class ScopeCache:
+    """`scope_of(thread_id)` for the publisher's per-scope announcements, one read per thread
+    (least recently used entries go first past `max_cached`)."""
+
+    def __init__(self, source: ScopeSource, max_cached: int = MAX_CACHED) -> None:
+        self._source = source
+        self._max = max_cached
+        self._scopes: OrderedDict[str, str] = OrderedDict()
+
+    async def scope_of(self, thread_id: str) -> str | None:
+        scope = self._scopes.get(thread_id)
+        if scope is not None:
+            self._scopes.move_to_end(thread_id)
+            return scope
+        scope = (await self._source.thread_scopes([thread_id])).get(thread_id)
+        if scope is not None:
+            self._scopes[thread_id] = scope
+            if len(self._scopes) > self._max:
+                self._scopes.popitem(last=False)
+        return scope

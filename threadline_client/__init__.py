@@ -1,0 +1,63 @@
+"""Threadline's Python client for backend actors and scripts (async, typed, with a sync wrapper)."""
+
+from threadline_client.client import ThreadlineClient, payload_dict
+from threadline_client.convergence import ThreadState
+from threadline_client.errors import (
+    ActionConflict,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    InvalidPayload,
+    NotFound,
+    RateLimited,
+    RunActive,
+    ServerError,
+    ThreadlineError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from threadline_client.models import (
+    Admission,
+    Message,
+    PendingAction,
+    Principal,
+    Run,
+    Snapshot,
+    ThreadInfo,
+    VersionAnswer,
+)
+from threadline_client.sync import SyncThreadlineClient
+from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch, WatchEvent
+
+__all__ = [
+    "ActionConflict",
+    "ActionsWatch",
+    "Admission",
+    "Backoff",
+    "Conflict",
+    "Forbidden",
+    "InvalidInput",
+    "InvalidPayload",
+    "Message",
+    "NotFound",
+    "PendingAction",
+    "Principal",
+    "RateLimited",
+    "Run",
+    "RunActive",
+    "ServerError",
+    "Snapshot",
+    "SyncThreadlineClient",
+    "ThreadInfo",
+    "ThreadState",
+    "ThreadWatch",
+    "ThreadlineClient",
+    "ThreadlineError",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "VersionAnswer",
+    "WatchEvent",
+    "payload_dict",
+]

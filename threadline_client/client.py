@@ -1,0 +1,241 @@
+"""The async Threadline client: threads, messages, runs and actions over HTTP; watches over ws."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import httpx
+from pydantic import BaseModel
+
+from threadline_client.errors import error_of_response
+from threadline_client.models import (
+    Admission,
+    PendingAction,
+    Principal,
+    RegenerateAnswer,
+    Snapshot,
+    StopAnswer,
+    ThreadInfo,
+    VersionAnswer,
+)
+from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch
+
+Policy = Literal["enqueue", "reject", "interrupt"]
+# A send is retried on transport errors with the same client_request_id, which the server
+# deduplicates: a retry can never create a second message.
+SEND_ATTEMPTS = 3
+
+
+def _ws_url(base_url: str) -> str:
+    if base_url.startswith("https://"):
+        return "wss://" + base_url[len("https://") :] + "/v1/ws"
+    if base_url.startswith("http://"):
+        return "ws://" + base_url[len("http://") :] + "/v1/ws"
+    raise ValueError(f"base_url must be http(s)://…, not {base_url!r}")
+
+
+def payload_dict(payload: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """A resume payload as JSON-ready data: a pydantic model (its JSON dump, unset None left out)
+    or a mapping as is."""
+    if isinstance(payload, BaseModel):
+        dumped: dict[str, Any] = payload.model_dump(mode="json", exclude_none=True)
+        return dumped
+    return dict(payload)
+
+
+class ThreadlineClient:
+    """An async client bound to one server and one bearer token.
+
+    ```
+    async with ThreadlineClient("http://127.0.0.1:8000", token) as tl:
+        thread = await tl.create_thread(title="hello")
+        await tl.send(thread.thread.id, "hi")
+        async with tl.watch(thread.thread.id) as watch:
+            state = await watch.until(lambda s: s.snapshot.run.status == "completed")
+    ```
+    Error answers raise typed errors (`threadline_client.errors`).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        ws_url: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.ws_url = ws_url or _ws_url(self.base_url)
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request; the decoded body of a 2xx answer, a typed error otherwise."""
+        response = await self.http.request(method, path, **kwargs)
+        if response.is_success:
+            return response.json() if response.content else None
+        raise error_of_response(response)
+
+    # --- threads ---------------------------------------------------------------------------
+
+    async def me(self) -> Principal:
+        return Principal.model_validate(await self.request("GET", "/v1/me"))
+
+    async def create_thread(
+        self,
+        title: str | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        scope: str | None = None,
+    ) -> Snapshot:
+        body: dict[str, Any] = {}
+        if title is not None:
+            body["title"] = title
+        if metadata is not None:
+            body["metadata"] = metadata
+        if scope is not None:
+            body["scope"] = scope
+        return Snapshot.model_validate(await self.request("POST", "/v1/threads", json=body))
+
+    async def list_threads(self, limit: int = 100) -> list[ThreadInfo]:
+        body = await self.request("GET", "/v1/threads", params={"limit": limit})
+        return [ThreadInfo.model_validate(item) for item in body["threads"]]
+
+    async def snapshot(self, thread_id: str, *, include_hidden: bool = False) -> Snapshot:
+        params = {"include_hidden": "true"} if include_hidden else None
+        body = await self.request("GET", f"/v1/threads/{thread_id}", params=params)
+        return Snapshot.model_validate(body)
+
+    async def send(
+        self,
+        thread_id: str,
+        text: str,
+        *,
+        client_request_id: str | None = None,
+        policy: Policy | None = None,
+    ) -> Admission:
+        """Send a message. `client_request_id` (a fresh one when not given) makes the send
+        idempotent: transport failures are retried with it, and repeating it later answers
+        the first request's message and run with `duplicate=True`."""
+        body: dict[str, Any] = {
+            "text": text,
+            "client_request_id": client_request_id or f"py-{uuid.uuid4().hex}",
+        }
+        if policy is not None:
+            body["policy"] = policy
+        path = f"/v1/threads/{thread_id}/messages"
+        backoff = Backoff()
+        for attempt in range(1, SEND_ATTEMPTS + 1):
+            try:
+                return Admission.model_validate(await self.request("POST", path, json=body))
+            except httpx.TransportError:
+                if attempt == SEND_ATTEMPTS:
+                    raise
+                await asyncio.sleep(backoff.next())
+        raise AssertionError("unreachable")
+
+    async def stop(self, thread_id: str, run_id: str) -> StopAnswer:
+        body = await self.request("POST", f"/v1/threads/{thread_id}/runs/{run_id}/stop")
+        return StopAnswer.model_validate(body)
+
+    async def regenerate(self, thread_id: str, message_id: str | None = None) -> RegenerateAnswer:
+        body = {"message_id": message_id} if message_id is not None else {}
+        answer = await self.request("POST", f"/v1/threads/{thread_id}/regenerate", json=body)
+        return RegenerateAnswer.model_validate(answer)
+
+    def watch(self, thread_id: str, *, backoff: Backoff | None = None) -> ThreadWatch:
+        """A live view of one thread (see `ThreadWatch`); use with `async with`."""
+        return ThreadWatch(self, thread_id, backoff=backoff)
+
+    # --- actions ---------------------------------------------------------------------------
+
+    async def pending(self, *, page_size: int = 100) -> AsyncIterator[PendingAction]:
+        """Every pending action the token's scopes can see, across threads, oldest first
+        (`GET /v1/actions?status=pending`, followed page by page)."""
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"status": "pending", "limit": page_size}
+            if cursor is not None:
+                params["cursor"] = cursor
+            body = await self.request("GET", "/v1/actions", params=params)
+            for item in body["actions"]:
+                yield PendingAction.model_validate(item)
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return
+
+    def watch_actions(self, *, backoff: Backoff | None = None) -> ActionsWatch:
+        """A live view of the scope-wide inbox (see `ActionsWatch`); use with `async with`."""
+        return ActionsWatch(self, backoff=backoff)
+
+    async def resume(
+        self,
+        action: PendingAction | str,
+        payload: BaseModel | Mapping[str, Any],
+        *,
+        thread_id: str | None = None,
+        expected_version: int | None = None,
+    ) -> VersionAnswer:
+        """Resolve an approval action with a payload (a pydantic model or a mapping).
+
+        Raises `ActionConflict` (`resolved_by` names the winner) when it was already resolved,
+        `InvalidPayload` (`errors`) when the payload does not match the action's schema,
+        `Forbidden` for a role the action does not allow, `NotFound`, `RateLimited`.
+        """
+        action_id, thread_id = self._action_ref(action, thread_id)
+        body: dict[str, Any] = {"payload": payload_dict(payload)}
+        if expected_version is not None:
+            body["expected_version"] = expected_version
+        path = f"/v1/threads/{thread_id}/actions/{action_id}/resume"
+        return VersionAnswer.model_validate(await self.request("POST", path, json=body))
+
+    async def submit_result(
+        self,
+        action: PendingAction | str,
+        *,
+        output: Any = None,
+        error: str | None = None,
+        thread_id: str | None = None,
+        manual: bool = False,
+    ) -> VersionAnswer:
+        """The result of a client-tool action (or, `manual=True`, a manual-result action)."""
+        action_id, thread_id = self._action_ref(action, thread_id)
+        kind = "manual-result" if manual else "client-result"
+        body = {"output": output, "error": error}
+        path = f"/v1/threads/{thread_id}/actions/{action_id}/{kind}"
+        return VersionAnswer.model_validate(await self.request("POST", path, json=body))
+
+    @staticmethod
+    def _action_ref(action: PendingAction | str, thread_id: str | None) -> tuple[str, str]:
+        if isinstance(action, PendingAction):
+            thread_id = thread_id or action.thread_id
+            action_id = action.id
+        else:
+            action_id = action
+        if not thread_id:
+            raise ValueError("thread_id is needed for an action given by id only")
+        return action_id, thread_id

@@ -1,0 +1,116 @@
+"""Typed views of Threadline's wire bodies; unknown fields are kept so newer servers still parse."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
+ACTIVE_RUN_STATUSES = frozenset({"queued", "running", "waiting"})
+TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+class WireModel(BaseModel):
+    """Lenient on input (a server may add fields, docs/protocol.md says clients ignore them)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+
+
+class ThreadInfo(WireModel):
+    id: str
+    scope: str
+    title: str
+    version: int
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: Any = None
+    updated_at: Any = None
+
+
+class Message(WireModel):
+    id: str
+    role: str
+    visibility: str = "visible"
+    run_id: str | None = None
+    parts: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(str(p.get("text", "")) for p in self.parts if p.get("type") == "text")
+
+
+class PendingAction(WireModel):
+    id: str
+    kind: str
+    tool_call_id: str
+    tool_name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    payload_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    allowed_roles: list[str] = Field(default_factory=list)
+    run_id: str | None = None
+    message_id: str | None = None
+    # Set in the scope-wide inbox (GET /v1/actions), where an action is not inside a snapshot.
+    thread_id: str | None = None
+    scope: str | None = None
+    created_at: Any = None
+
+
+class Run(WireModel):
+    id: str
+    status: RunStatus
+    error: Any = None
+    started_by: str | None = None
+    next_seq: int = 0
+
+
+class Snapshot(WireModel):
+    """A thread's projected, committed state at one version."""
+
+    thread: ThreadInfo
+    messages: list[Message] = Field(default_factory=list)
+    pending_actions: list[PendingAction] = Field(default_factory=list)
+    run: Run | None = None
+    queue: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def version(self) -> int:
+        return self.thread.version
+
+    def assistant_text(self) -> str:
+        """The text of the thread's assistant messages, in order."""
+        return "".join(m.text for m in self.messages if m.role == "assistant")
+
+
+class Admission(WireModel):
+    """The answer to sending a message: a new run, or a queued item, or the first request's."""
+
+    thread_id: str
+    version: int
+    run_id: str | None = None
+    message_id: str | None = None
+    queued_item_id: str | None = None
+    duplicate: bool = False
+
+
+class VersionAnswer(WireModel):
+    thread_id: str
+    version: int
+
+
+class StopAnswer(WireModel):
+    thread_id: str
+    version: int
+    run_id: str
+    status: RunStatus
+
+
+class RegenerateAnswer(WireModel):
+    thread_id: str
+    version: int
+    run_id: str
+
+
+class Principal(WireModel):
+    subject: str
+    role: str
+    scopes: list[str]

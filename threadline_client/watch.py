@@ -1,0 +1,446 @@
+"""Live views over one websocket: a thread converging on its committed state, the action inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from threadline_client.convergence import Refetch, ThreadState
+from threadline_client.errors import ThreadlineError, Unauthorized, error_from
+from threadline_client.models import PendingAction
+
+if TYPE_CHECKING:
+    from threadline_client.client import ThreadlineClient
+
+log = logging.getLogger(__name__)
+
+UNAUTHORIZED_CLOSE = 4401
+# Events waiting for a slow consumer; the state itself is never behind, only the event log.
+MAX_EVENTS = 10_000
+
+EventKind = Literal[
+    "snapshot", "chunk", "invalidate", "resync", "takeover", "connected", "disconnected",
+    "pending", "resolved", "synced", "frame", "presence",
+]
+
+
+@dataclass
+class Backoff:
+    """Reconnect delays: exponential from `initial` to `maximum`, with jitter; `reset()` after
+    a connection that worked."""
+
+    initial: float = 0.1
+    maximum: float = 5.0
+    factor: float = 2.0
+    _current: float = 0.0
+
+    def next(self) -> float:
+        self._current = self.initial if not self._current else min(
+            self.maximum, self._current * self.factor
+        )
+        return self._current * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self._current = 0.0
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One thing that happened: `kind`, the frame it came from (if any), and what it carried."""
+
+    kind: EventKind
+    frame: dict[str, Any] | None = None
+    data: Any = None
+
+
+@dataclass
+class _Socket:
+    """One websocket connection's request/answer bookkeeping."""
+
+    ws: ClientConnection
+    answers: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+    ids: Any = field(default_factory=itertools.count)
+
+    async def request(self, frame: dict[str, Any], timeout: float) -> dict[str, Any]:
+        frame_id = f"py-{next(self.ids)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.answers[frame_id] = future
+        try:
+            await self.ws.send(orjson.dumps({**frame, "id": frame_id}).decode())
+            async with asyncio.timeout(timeout):
+                return await future
+        finally:
+            self.answers.pop(frame_id, None)
+
+    def answer(self, frame: dict[str, Any]) -> bool:
+        future = self.answers.get(frame.get("id"))  # type: ignore[arg-type]
+        if future is None or future.done():
+            return False
+        future.set_result(frame)
+        return True
+
+
+class _LiveView:
+    """Reconnecting websocket loop shared by the thread watch and the actions watch."""
+
+    def __init__(self, client: ThreadlineClient, backoff: Backoff | None) -> None:
+        self.client = client
+        self.backoff = backoff or Backoff()
+        self.connections = 0
+        self._events: deque[WatchEvent] = deque(maxlen=MAX_EVENTS)
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._socket: _Socket | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run(), name=f"threadline-{type(self).__name__}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        tasks = [t for t in (self._task, *self._helpers()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._changed.set()
+
+    # --- consuming -------------------------------------------------------------------------
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while not self._events:
+            self._raise_failure()
+            if self._closed:
+                raise StopAsyncIteration
+            self._changed.clear()
+            await self._changed.wait()
+        return self._events.popleft()
+
+    async def until(self, predicate: Callable[[Self], bool], timeout: float = 30.0) -> Self:
+        """Wait until `predicate(self)` holds (checked on every change); returns self."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                self._raise_failure()
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await self._changed.wait()
+        return self
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def _emit(self, kind: EventKind, frame: dict[str, Any] | None = None, data: Any = None) -> None:
+        self._events.append(WatchEvent(kind, frame, data))
+        self._changed.set()
+
+    # --- the connection loop ---------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while not self._closed:
+                try:
+                    await self._connection()
+                except (OSError, ConnectionClosed, TimeoutError, InvalidStatus) as exc:
+                    log.info("threadline websocket lost (%s); reconnecting", exc)
+                if self._closed:
+                    return
+                self._emit("disconnected")
+                await asyncio.sleep(self.backoff.next())
+        except ThreadlineError as exc:
+            self._failure = exc
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug or an unexpected answer: surface it to the consumer
+            self._failure = exc
+        finally:
+            self._socket = None
+            self._changed.set()
+
+    async def _connection(self) -> None:
+        url = f"{self.client.ws_url}?token={self.client.token}"
+        async with connect(url, open_timeout=10, close_timeout=2, max_size=2**24) as ws:
+            socket = _Socket(ws)
+            self._socket = socket
+            reader = asyncio.create_task(self._read(socket), name="threadline-ws-reader")
+            try:
+                await self._on_open(socket)
+                self.connections += 1
+                self.backoff.reset()
+                self._emit("connected")
+                await reader
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
+                self._socket = None
+
+    async def _read(self, socket: _Socket) -> None:
+        try:
+            async for message in socket.ws:
+                frame = orjson.loads(message)
+                if isinstance(frame, dict) and not socket.answer(frame):
+                    self._on_frame(frame)
+        except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == UNAUTHORIZED_CLOSE:
+                raise Unauthorized("unauthorized", "the token was refused", 401) from exc
+            raise
+
+    async def _request(self, socket: _Socket, frame: dict[str, Any]) -> dict[str, Any]:
+        answer = await socket.request(frame, timeout=self.client.http.timeout.read or 10.0)
+        if answer.get("type") == "error":
+            envelope = ("type", "code", "message", "id")
+            details = {k: v for k, v in answer.items() if k not in envelope}
+            raise error_from(str(answer.get("code")), str(answer.get("message")), 0, details)
+        return answer
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    def _helpers(self) -> tuple[asyncio.Task[None] | None, ...]:
+        return ()
+
+    async def _on_open(self, socket: _Socket) -> None:
+        raise NotImplementedError
+
+    def _on_frame(self, frame: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class ThreadWatch(_LiveView):
+    """One thread, converged as a browser tab converges it (`threadline_client.convergence`).
+
+    Iterate for events (`snapshot`, `chunk`, `invalidate`, `resync`, `takeover`, `connected`,
+    `disconnected`); `state` always holds the newest snapshot plus the live chunks on top of it.
+    It reconnects with backoff after any connection loss (a gateway restart, a network cut) and
+    refetches after every (re)subscription, so it ends on the committed snapshot. A refused
+    token or a thread outside the token's scopes ends the iteration with the typed error.
+    """
+
+    def __init__(
+        self, client: ThreadlineClient, thread_id: str, *, backoff: Backoff | None = None
+    ) -> None:
+        super().__init__(client, backoff)
+        self.thread_id = thread_id
+        self.state = ThreadState(thread_id)
+        # Who is here, by subject: {"subject", "role", "name", "connections", "typing",
+        # "reviewing"}; replaced by each `presence` frame (after every (re)subscription).
+        self.presence: dict[str, dict[str, Any]] = {}
+        self.fetches = 0
+        self._fetcher: asyncio.Task[None] | None = None
+        self._again = False
+        self._force = False
+
+    @property
+    def snapshot(self) -> Any:
+        return self.state.snapshot
+
+    @property
+    def settled(self) -> bool:
+        """No refetch running or owed: `state` reflects every announcement seen so far."""
+        return self._fetcher is None and not self.state.wants_more()
+
+    def _helpers(self) -> tuple[asyncio.Task[None] | None, ...]:
+        return (self._fetcher,)
+
+    async def _on_open(self, socket: _Socket) -> None:
+        answer = await self._request(socket, {"type": "subscribe", "thread_id": self.thread_id})
+        self._trigger(self.state.subscribed(int(answer.get("version", 0))))
+
+    def _on_frame(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("type")
+        if frame.get("thread_id") != self.thread_id:
+            return
+        if kind == "chunk":
+            refetch = self.state.chunk(frame)
+            chunk = frame.get("chunk") or {}
+            takeover = chunk.get("type") == "run-takeover"
+            self._emit("takeover" if takeover else "chunk", frame, chunk)
+            self._trigger(refetch)
+        elif kind == "invalidate":
+            self._emit("invalidate", frame, frame.get("version"))
+            self._trigger(self.state.invalidate(int(frame.get("version", 0))))
+        elif kind == "resync":
+            self._emit("resync", frame)
+            self._trigger(self.state.resync())
+        elif kind == "presence":
+            self.presence = {m["subject"]: m for m in frame.get("members", [])}
+            self._emit("presence", frame, self.presence)
+        elif kind in ("presence.join", "presence.update"):
+            member = frame.get("member") or {}
+            self.presence[str(member.get("subject"))] = member
+            self._emit("presence", frame, self.presence)
+        elif kind == "presence.leave":
+            self.presence.pop(str(frame.get("subject")), None)
+            self._emit("presence", frame, self.presence)
+        elif kind == "error":
+            self._emit("frame", frame)
+
+    async def set_presence(self, **changes: Any) -> None:
+        """Say what this connection does in the thread: `typing=True`, `reviewing=action_id`
+        (None clears it). Sent on the current connection; lost if it is down (presence is
+        live state, and a reconnect starts afresh)."""
+        socket = self._socket
+        if socket is None:
+            return
+        frame = {"type": "presence.update", "thread_id": self.thread_id, **changes}
+        await self._request(socket, frame)
+
+    def _trigger(self, refetch: Refetch | None) -> None:
+        if refetch is None or self._closed:
+            return
+        self._force = self._force or refetch.force
+        if self._fetcher is not None:
+            self._again = True
+            return
+        self._fetcher = asyncio.create_task(self._fetch_loop(), name="threadline-refetch")
+
+    async def _fetch_loop(self) -> None:
+        from threadline_client.errors import NotFound
+
+        try:
+            backoff = Backoff(initial=0.2, maximum=5.0)
+            while not self._closed:
+                self._again, self._force = False, False
+                ordinal = self.state.ordinal
+                try:
+                    snapshot = await self.client.snapshot(self.thread_id)
+                except (NotFound, Unauthorized) as exc:
+                    self._failure = exc
+                    return
+                except Exception as exc:  # storage or network hiccup: the snapshot is still owed
+                    log.info("snapshot of %s failed (%s); retrying", self.thread_id, exc)
+                    self._again = True
+                    await asyncio.sleep(backoff.next())
+                    continue
+                backoff.reset()
+                self.fetches += 1
+                if self.state.apply_snapshot(snapshot, ordinal):
+                    self._emit("snapshot", None, snapshot)
+                if not (self._again and (self._force or self.state.wants_more())):
+                    return
+        finally:
+            self._fetcher = None
+            self._changed.set()
+
+
+class ActionsWatch(_LiveView):
+    """The scope-wide pending-action inbox, live (`actions.subscribe`).
+
+    `actions` holds every pending action of the token's scopes by id. The list is fetched
+    (`GET /v1/actions?status=pending`) after every (re)subscription and `actions.resync`; live
+    `action.pending` / `action.resolved` frames apply on top when they carry a thread version
+    newer than the one the held entry came from. Events: `synced` (the list was refetched),
+    `pending` (data: the PendingAction), `resolved` (data: the action id), `connected`,
+    `disconnected`.
+    """
+
+    def __init__(self, client: ThreadlineClient, *, backoff: Backoff | None = None) -> None:
+        super().__init__(client, backoff)
+        self.actions: dict[str, PendingAction] = {}
+        self.versions: dict[str, int] = {}  # thread id -> the version our entries come from
+        self.scopes: list[str] = []
+        self.syncs = 0
+        self._fetcher: asyncio.Task[None] | None = None
+        self._again = False
+        self._during_fetch: list[dict[str, Any]] | None = None
+
+    def _helpers(self) -> tuple[asyncio.Task[None] | None, ...]:
+        return (self._fetcher,)
+
+    async def _on_open(self, socket: _Socket) -> None:
+        answer = await self._request(socket, {"type": "actions.subscribe"})
+        self.scopes = list(answer.get("scopes", []))
+        self._refetch()
+
+    def _on_frame(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("type")
+        if kind in ("action.pending", "action.resolved"):
+            if self._during_fetch is not None:
+                self._during_fetch.append(frame)
+            self._apply(frame)
+        elif kind == "actions.resync":
+            self._refetch()
+
+    def _apply(self, frame: dict[str, Any]) -> None:
+        thread_id, version = str(frame.get("thread_id")), int(frame.get("version", 0))
+        if version < self.versions.get(thread_id, -1):
+            return
+        self.versions[thread_id] = version
+        if frame["type"] == "action.pending":
+            action = PendingAction.model_validate(
+                {**frame["action"], "thread_id": thread_id, "scope": frame.get("scope")}
+            )
+            if action.id not in self.actions:
+                self.actions[action.id] = action
+                self._emit("pending", frame, action)
+        else:
+            action_id = str(frame.get("action_id"))
+            if self.actions.pop(action_id, None) is not None:
+                self._emit("resolved", frame, action_id)
+
+    def _refetch(self) -> None:
+        if self._fetcher is not None:
+            self._again = True
+            return
+        self._fetcher = asyncio.create_task(self._fetch_loop(), name="threadline-inbox")
+
+    async def _fetch_loop(self) -> None:
+        try:
+            backoff = Backoff(initial=0.2, maximum=5.0)
+            while not self._closed:
+                self._again = False
+                self._during_fetch = []
+                try:
+                    listed = [action async for action in self.client.pending()]
+                except Unauthorized as exc:
+                    self._failure = exc
+                    return
+                except Exception as exc:
+                    log.info("inbox refetch failed (%s); retrying", exc)
+                    await asyncio.sleep(backoff.next())
+                    self._again = True
+                    continue
+                during, self._during_fetch = self._during_fetch, None
+                self.actions = {action.id: action for action in listed}
+                self.versions = {
+                    a.thread_id: int(getattr(a, "thread_version", 0) or 0)
+                    for a in listed
+                    if a.thread_id is not None
+                }
+                for frame in during:  # announced after the list may have been read
+                    self._apply(frame)
+                self.syncs += 1
+                self._emit("synced", None, list(self.actions.values()))
+                if not self._again:
+                    return
+        finally:
+            self._during_fetch = None
+            self._fetcher = None
+            self._changed.set()
