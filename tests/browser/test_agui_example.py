@@ -67,7 +67,7 @@ def context(browser: Browser) -> Iterator[BrowserContext]:
 def open_page(context: BrowserContext, console: ConsoleLog, url: str, label: str) -> Page:
     page = context.new_page()
     console.attach(page, label)
-    page.goto(url)
+    page.goto(url, timeout=LOAD_TIMEOUT_MS)  # the page imports a few hundred modules
     # The module sets the thread id once it loaded, and then joins the thread.
     expect(page.locator("#thread")).not_to_have_text("", timeout=LOAD_TIMEOUT_MS)
     return page
