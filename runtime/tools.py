@@ -39,13 +39,20 @@ class SuspendStep:
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool sees: its call id, the run, and the validated resume payload if it waited."""
+    """What a tool sees: its call id, the run, and the validated resume payload if it waited.
+
+    `idempotency_key` is stable for this call across episodes (a takeover that re-runs an
+    idempotent tool passes the same key): hand it to external APIs that deduplicate."""
 
     tool_call_id: str
     run_id: str
     thread_id: str
     payload: BaseModel | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.run_id}:{self.tool_call_id}"
 
 
 ToolFn = Callable[..., Awaitable[Any]]
@@ -59,6 +66,10 @@ class Tool:
     fn: ToolFn | None
     suspend: SuspendStep | None = None
     takes_context: bool = False
+    # Declared by the author: running the tool twice for one call is harmless. Only such a tool
+    # is re-run when a takeover finds it started without a committed result (docs/architecture.md,
+    # "Tools and side effects"); any other tool then ends with an "interrupted" error.
+    idempotent: bool = False
 
     @property
     def spec(self) -> ToolSpec:
@@ -85,7 +96,11 @@ def tool(fn: ToolFn, /) -> Tool: ...
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, suspend: SuspendStep | None = None
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    suspend: SuspendStep | None = None,
+    idempotent: bool = False,
 ) -> Callable[[ToolFn], Tool]: ...
 
 
@@ -96,8 +111,9 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     suspend: SuspendStep | None = None,
+    idempotent: bool = False,
 ) -> Tool | Callable[[ToolFn], Tool]:
-    """Decorator: `@tool` or `@tool(suspend=SuspendStep(Approval))` on
+    """Decorator: `@tool`, `@tool(idempotent=True)` or `@tool(suspend=SuspendStep(Approval))` on
     `async def f(args: Model[, ctx: ToolContext])`."""
 
     def wrap(f: ToolFn, localns: dict[str, Any] | None = None) -> Tool:
@@ -116,6 +132,7 @@ def tool(
             fn=f,
             suspend=suspend,
             takes_context=len(params) > 1,
+            idempotent=idempotent,
         )
 
     return wrap(fn, sys._getframe(1).f_locals) if fn is not None else wrap

@@ -13,6 +13,7 @@ import orjson
 from realtime import connect_bus, open_bus
 from realtime.bus import Bus
 from realtime.channels import thread_channel
+from runtime.agent import Agent
 from runtime.demo import demo_agent
 from runtime.domain import Principal, Role, Snapshot
 from runtime.publisher import Publisher
@@ -80,9 +81,9 @@ class FaultRuntime:
 
 @contextlib.asynccontextmanager
 async def fault_runtime(
-    service_dsn: str, worker_dsn: str, *, lease_ttl: float = 6.0
+    service_dsn: str, worker_dsn: str, *, lease_ttl: float = 6.0, agent: Agent | None = None
 ) -> AsyncIterator[FaultRuntime]:
-    agent = demo_agent()
+    agent = agent or demo_agent()
     bus = open_bus(require_redis(), prefix=unique_prefix())
     await connect_bus(bus, timeout=10)
     async with contextlib.AsyncExitStack() as stack:
