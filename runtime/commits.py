@@ -9,13 +9,13 @@ from runtime.domain import (
     MessageRole,
     NewMessage,
     RunStatus,
-    TextPart,
     ToolCallPart,
     ToolState,
 )
 from runtime.episode_state import EpisodeDeps, EpisodeState, Finalisation, Phase, finalisation
 from runtime.shielding import uncancellable
 from runtime.storage.base import RunChange, StepCommit, TailUpdate
+from runtime.streaming import step_text_parts
 from runtime.toolcalls import ToolPhase, overlay_parts
 
 
@@ -90,7 +90,7 @@ async def _final_work(
         parts: list[Any] = list(state.tools.parts) if state.tools is not None else []
         parts = await _close_parts(deps, state, parts, cancel_hooks)
         text = state.output.text
-        content = ([TextPart(text=text)] if text else []) + parts
+        content = [*step_text_parts(text), *parts]
         if not content:
             return StepCommit()
         message = NewMessage(role=MessageRole.ASSISTANT, parts=tuple(content), run_id=state.run.id)

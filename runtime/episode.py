@@ -178,9 +178,15 @@ class Episode:
         tail = messages[-1] if messages else None
         state.anchor = tail.position if tail is not None else -1
         resumable = _resumable(tail, run.id)
-        if before.status is RunStatus.RUNNING and before.episode > 0 and resumable is None:
-            # The dead episode's uncommitted chunks reuse the seqs the redo is about to emit:
-            # late joiners must not get them replayed (nor have live chunks deduplicated away).
+        interrupted = resumable is not None and any(
+            isinstance(p, ToolCallPart) and p.state is ToolState.RUNNING for p in resumable.parts
+        )
+        if before.status is RunStatus.RUNNING and before.episode > 0 and (
+            resumable is None or interrupted
+        ):
+            # A takeover (tools committed as started but unfinished mean one, even of a resuming
+            # run). The dead episode's uncommitted chunks reuse the seqs the redo is about to
+            # emit: late joiners must not get them replayed (nor live chunks deduplicated away).
             await deps.publisher.clear_replay(self.thread_id)
             await state.sink.emit(RunTakeoverChunk(episode=run.episode))
         # A takeover continues a run that already started: it is not counted as a new start.
@@ -259,14 +265,20 @@ class Episode:
 
 
 def _resumable(tail: Message | None, run_id: str) -> Message | None:
-    """The tail, when it is this run's and holds resolved actions to continue."""
+    """The tail, when it is this run's and holds resolved actions to continue, or tools an
+    earlier episode committed as started without their result (a takeover settles them)."""
     if tail is None or tail.run_id != run_id:
         return None
     resolved = any(
         isinstance(p, ToolCallPart)
-        and p.state is ToolState.AWAITING_ACTION
-        and p.waiting is not None
-        and p.waiting.resolution is not None
+        and (
+            p.state is ToolState.RUNNING
+            or (
+                p.state is ToolState.AWAITING_ACTION
+                and p.waiting is not None
+                and p.waiting.resolution is not None
+            )
+        )
         for p in tail.parts
     )
     return tail if resolved else None

@@ -32,6 +32,9 @@ class Phase(enum.Enum):
     # step-start was published; the model (or a Respond/Block text) streams canonical chunks.
     MODEL_CALL = "model-call"
     TOOL_PHASE = "tool-phase"
+    # The step's message is committed with its ready tools `running` (before any executed);
+    # their results are not committed yet. Like RESUMING, the tail's tool parts changed.
+    EXECUTING = "executing"
     # The step commit is in flight. It is shielded: it always ends durable (-> AFTER_STEP or
     # ENDED) or failed (stays COMMIT, the step's output is still uncommitted).
     COMMIT = "commit"
@@ -53,7 +56,8 @@ _NEXT: dict[Phase, frozenset[Phase]] = {
     Phase.TOOLS: frozenset({Phase.PREPARE}),
     Phase.PREPARE: frozenset({Phase.MODEL_CALL}),
     Phase.MODEL_CALL: frozenset({Phase.TOOL_PHASE, Phase.COMMIT}),
-    Phase.TOOL_PHASE: frozenset({Phase.COMMIT}),
+    Phase.TOOL_PHASE: frozenset({Phase.COMMIT, Phase.EXECUTING}),
+    Phase.EXECUTING: frozenset({Phase.AFTER_STEP}),
     Phase.COMMIT: frozenset({Phase.AFTER_STEP, Phase.ENDED}),
     Phase.AFTER_STEP: frozenset({Phase.CONTEXT, Phase.TRANSITION}),
     Phase.TRANSITION: frozenset({Phase.ENDED}),
@@ -80,7 +84,7 @@ class Finalisation(enum.Enum):
 def finalisation(phase: Phase) -> Finalisation:
     if phase in (Phase.MODEL_CALL, Phase.TOOL_PHASE, Phase.COMMIT):
         return Finalisation.APPEND_STEP
-    if phase is Phase.RESUMING:
+    if phase in (Phase.RESUMING, Phase.EXECUTING):
         return Finalisation.UPDATE_RESUMED_TAIL
     if phase is Phase.ENDED:
         return Finalisation.NOTHING
@@ -131,6 +135,8 @@ class EpisodeState:
     # The tool phase of the open step, or of a resume: the latest state of each tool part, in
     # the model's order. None when no tool phase has started since the last commit.
     tools: ToolPhase | None = None
+    # The id of the open step's message once committed with its tools started (EXECUTING).
+    started_message: str | None = None
     # The run status this episode committed last (waiting or terminal); None while the run is
     # still this episode's to finish.
     outcome: RunStatus | None = None

@@ -58,6 +58,12 @@ class RunActive(Conflict):
     code = "run_active"
 
 
+class RunStopping(Conflict):
+    """A resume of an action whose run has a stop request: the stop will cancel the action."""
+
+    code = "run_stopping"
+
+
 class IllegalTransition(ThreadlineError):
     """An out-of-order state change of a run or tool part."""
 

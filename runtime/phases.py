@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from runtime.chunks import StepFinishChunk, StepStartChunk
 from runtime.commits import commit, transition
@@ -33,8 +35,15 @@ from runtime.lifecycle import (
 from runtime.modeltrace import ModelCallTrace
 from runtime.providers.base import ContextMessage, ModelRequest
 from runtime.storage.base import RunChange, StepCommit, TailUpdate
-from runtime.streaming import StepOutput, model_call, model_chunks, run_stream, text_chunks
-from runtime.toolcalls import ToolPhase
+from runtime.streaming import (
+    StepOutput,
+    model_call,
+    model_chunks,
+    run_stream,
+    step_text_parts,
+    text_chunks,
+)
+from runtime.toolcalls import OnStarted, ToolPhase
 from runtime.tools import client_tools_from
 
 
@@ -93,7 +102,9 @@ async def respond(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, text
     await run_stream(deps.lifecycle, ctx, text_chunks(text), state.sink, output)
     state.enter(Phase.COMMIT)
     message = NewMessage(
-        role=MessageRole.ASSISTANT, parts=(TextPart(text=output.text),), run_id=state.run.id
+        role=MessageRole.ASSISTANT,
+        parts=tuple(step_text_parts(output.text)) or (TextPart(text=""),),
+        run_id=state.run.id,
     )
     change = StepCommit(append=(message,), run=RunChange(status=RunStatus.COMPLETED))
     await commit(deps, state, change)
@@ -116,7 +127,15 @@ async def resume(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, tail:
     """Continue the resolved actions of the tail (`ToolPhase.resume`) in one commit; back to
     waiting if some are still pending, else the steps follow."""
     state.enter(Phase.RESUMING)
-    parts = await _open_tool_phase(deps, state, ctx).resume(tail.parts)
+
+    async def started(parts: list[Any]) -> None:
+        # The resumed tools are committed `running` before they execute; still RESUMING.
+        tools = state.tools
+        update = TailUpdate(message_id=tail.id, parts=tuple(parts))
+        await commit(deps, state, StepCommit(update_tail=update))
+        state.tools = tools
+
+    parts = await _open_tool_phase(deps, state, ctx, started=started).resume(tail.parts)
     update = TailUpdate(message_id=tail.id, parts=tuple(parts))
     await commit(deps, state, StepCommit(update_tail=update), Phase.RESUMED)
     if any(isinstance(p, ToolCallPart) and p.is_pending for p in parts):
@@ -215,9 +234,23 @@ async def tool_phase(
     if not state.output.tool_calls:
         return []
     state.enter(Phase.TOOL_PHASE)
+    output = state.output
+
+    async def started(parts: list[Any]) -> None:
+        # The step's message, its ready tools `running`, is durable before any tool executes.
+        tools = state.tools
+        content = [*step_text_parts(output.text), *parts]
+        message_id = f"msg_{uuid.uuid4().hex}"
+        message = NewMessage(
+            role=MessageRole.ASSISTANT, parts=tuple(content), run_id=state.run.id, id=message_id
+        )
+        await commit(deps, state, StepCommit(append=(message,)), Phase.EXECUTING)
+        state.started_message = message_id
+        state.tools = tools
+
     offered = frozenset(t.name for t in request.tools)
-    phase = _open_tool_phase(deps, state, ctx, offered)
-    return await phase.run_calls(state.output.tool_calls)
+    phase = _open_tool_phase(deps, state, ctx, offered, started)
+    return await phase.run_calls(output.tool_calls)
 
 
 async def commit_step(
@@ -230,10 +263,19 @@ async def commit_step(
     """step-finish, then one commit: the step's assistant message (text, then tool parts)."""
     output = state.output
     await state.sink.emit(StepFinishChunk(step=ctx.step, finish_reason=output.finish_reason))
-    state.enter(Phase.COMMIT)
-    content = ([TextPart(text=output.text)] if output.text else []) + parts
-    message = NewMessage(role=MessageRole.ASSISTANT, parts=tuple(content), run_id=state.run.id)
-    await commit(deps, state, StepCommit(append=(message,) if content else ()), Phase.AFTER_STEP)
+    content = [*step_text_parts(output.text), *parts]
+    if state.phase is Phase.EXECUTING and state.started_message is not None:
+        # The message was committed when its tools started: now their results.
+        update = TailUpdate(message_id=state.started_message, parts=tuple(content))
+        state.started_message = None
+        await commit(deps, state, StepCommit(update_tail=update), Phase.AFTER_STEP)
+    else:
+        state.enter(Phase.COMMIT)
+        message = NewMessage(
+            role=MessageRole.ASSISTANT, parts=tuple(content), run_id=state.run.id
+        )
+        change = StepCommit(append=(message,) if content else ())
+        await commit(deps, state, change, Phase.AFTER_STEP)
     pending = any(p.is_pending for p in parts)
     results = tuple((ToolCall(p.tool_call_id, p.name, p.input), _result_of(p)) for p in parts)
     result = StepResult(
@@ -259,11 +301,14 @@ def _open_tool_phase(
     state: EpisodeState,
     ctx: StepContext,
     offered: frozenset[str] | None = None,
+    started: OnStarted | None = None,
 ) -> ToolPhase:
     """A tool phase with the run's captured client tools, kept in the state so that a stop or
     failure finalises the latest state of its parts."""
     client_tools = client_tools_from(state.run.client_tools)
-    state.tools = ToolPhase(deps.agent, deps.lifecycle, state.sink, ctx, client_tools, offered)
+    state.tools = ToolPhase(
+        deps.agent, deps.lifecycle, state.sink, ctx, client_tools, offered, on_started=started
+    )
     return state.tools
 
 

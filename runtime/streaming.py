@@ -8,12 +8,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.chunks import StreamChunk, TextDeltaChunk, ToolCallChunk
+from runtime.domain import MAX_TEXT_CHARS, TextPart
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.modeltrace import ModelCallTrace
 from runtime.providers.base import Model, ModelDelta, ModelRequest, TextDelta, UsageDelta
 from runtime.providers.parts import StepAssembler
 from runtime.publisher import Publisher
 from runtime.shielding import uncancellable
+
+# A step's text commits in full up to this bound (docs/architecture.md, "Long replies"), split
+# into text parts of at most MAX_TEXT_CHARS; the marker ends a step whose text would exceed it.
+MAX_STEP_TEXT_CHARS = 1024 * 1024
+TRUNCATION_MARKER = "\n\n[truncated: the reply exceeded 1 MiB]"
+
+
+def step_text_parts(text: str) -> list[TextPart]:
+    """A step's text as stored: consecutive parts that concatenate to it exactly."""
+    return [
+        TextPart(text=text[i : i + MAX_TEXT_CHARS]) for i in range(0, len(text), MAX_TEXT_CHARS)
+    ]
 
 
 @dataclass
@@ -128,15 +141,31 @@ async def run_stream(
     output: StepOutput,
 ) -> None:
     """Drive the canonical stream: everything transform_step_stream yields is published and
-    recorded; nothing else is."""
-    async for chunk in lifecycle.transform_step_stream(ctx, raw):
-        if isinstance(chunk, TextDeltaChunk):
-            output.text += chunk.delta
-        elif isinstance(chunk, ToolCallChunk):
-            output.tool_calls.append(chunk)
-        # `output` first: the emit is uncancellable, so once a stop cancels the step, every
-        # published chunk is in `output` (which the stop then commits), and no other is.
-        await sink.emit(chunk)
+    recorded; nothing else is. Text past `MAX_STEP_TEXT_CHARS` is not: the step's text is cut
+    at the bound, the truncation marker is published and recorded, and the stream is closed."""
+    limit = MAX_STEP_TEXT_CHARS - len(TRUNCATION_MARKER)
+    stream = lifecycle.transform_step_stream(ctx, raw)
+    try:
+        async for chunk in stream:
+            if isinstance(chunk, TextDeltaChunk) and len(output.text) + len(chunk.delta) > limit:
+                room = limit - len(output.text)
+                for delta in (chunk.delta[:room], TRUNCATION_MARKER):
+                    if delta:
+                        output.text += delta
+                        await sink.emit(TextDeltaChunk(delta=delta))
+                output.finish_reason = "length"
+                return
+            if isinstance(chunk, TextDeltaChunk):
+                output.text += chunk.delta
+            elif isinstance(chunk, ToolCallChunk):
+                output.tool_calls.append(chunk)
+            # `output` first: the emit is uncancellable, so once a stop cancels the step, every
+            # published chunk is in `output` (which the stop then commits), and no other is.
+            await sink.emit(chunk)
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def model_call(model: Model) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -29,6 +29,13 @@ from runtime.lifecycle import (
 from runtime.streaming import ChunkSink
 from runtime.tools import ALL_ROLES, ClientToolDef, ResultPayload, Tool, ToolContext
 
+# The model-visible result of a tool that a takeover found started without a committed result
+# and that does not declare itself idempotent: it may or may not have had its effect.
+INTERRUPTED = "interrupted; may or may not have run"
+
+# Commits the parts (ready tools `running`) before any of them executes.
+OnStarted = Callable[[list[Any]], Awaitable[None]]
+
 
 class ToolPhase:
     """Runs the tool calls of one step. `parts` always holds the latest state of every call in
@@ -42,8 +49,10 @@ class ToolPhase:
         step: StepContext,
         client_tools: Sequence[ClientToolDef],
         offered: frozenset[str] | None = None,
+        on_started: OnStarted | None = None,
     ) -> None:
         self.agent = agent
+        self.on_started = on_started
         self.lifecycle = lifecycle
         self.sink = sink
         self.step = step
@@ -82,10 +91,9 @@ class ToolPhase:
                     finals.append((index, outcome))
                 elif outcome is not None:
                     ready.append((index, outcome))
-        await _all(
-            *(self._finish(index, result) for index, result in finals),
-            *(self._execute(index, tool_, None) for index, tool_ in ready),
-        )
+        await _all(*(self._finish(index, result) for index, result in finals))
+        await self._start([index for index, _ in ready], list(self.parts))
+        await _all(*(self._execute(index, tool_, None) for index, tool_ in ready))
         return list(self.parts)
 
     def _route(self, index: int, part: ToolCallPart) -> Tool | ToolResult | None:
@@ -134,6 +142,13 @@ class ToolPhase:
         finals: list[tuple[int, ToolResult]] = []
         for index, part in enumerate(list(self.parts)):
             waiting = part.waiting
+            if part.state is ToolState.RUNNING:
+                interrupted = self._interrupted(part)
+                if isinstance(interrupted, ToolResult):
+                    finals.append((index, interrupted))
+                else:
+                    ready.append((index, *interrupted))
+                continue
             if part.state is not ToolState.AWAITING_ACTION or waiting is None:
                 continue
             if waiting.resolution is None:
@@ -166,11 +181,40 @@ class ToolPhase:
                 finals.append((index, ToolResult(ToolState.OUTPUT_ERROR, error=str(exc))))
                 continue
             ready.append((index, tool_, typed))
-        await _all(
-            *(self._finish(index, result) for index, result in finals),
-            *(self._execute(index, tool_, typed) for index, tool_, typed in ready),
-        )
+        await _all(*(self._finish(index, result) for index, result in finals))
+        await self._start([index for index, _, _ in ready], self._merge(all_parts))
+        await _all(*(self._execute(index, tool_, typed) for index, tool_, typed in ready))
         return self._merge(all_parts)
+
+    def _interrupted(self, part: ToolCallPart) -> ToolResult | tuple[Tool, BaseModel | None]:
+        """A tool an earlier episode committed as started but not finished: re-run it only if
+        it declares itself idempotent, else a model-visible error (it may have had its
+        effect, e.g. an e-mail sent, before that episode died)."""
+        tool_ = self.agent.tool(part.name)
+        if tool_ is None or not tool_.idempotent or tool_.fn is None:
+            return ToolResult(ToolState.OUTPUT_ERROR, error=INTERRUPTED)
+        typed: BaseModel | None = None
+        if part.waiting is not None and part.waiting.resolution is not None and tool_.suspend:
+            try:
+                typed = tool_.suspend.payload.model_validate(part.waiting.resolution.payload)
+            except ValidationError:
+                return ToolResult(ToolState.OUTPUT_ERROR, error=INTERRUPTED)
+        return tool_, typed
+
+    async def _start(self, ready: list[int], parts: list[Any]) -> None:
+        """Mark the ready tools `running` and have that committed before any executes, so a
+        takeover knows which tools may have had their effect."""
+        if not ready:
+            return
+        for index in ready:
+            part = self.parts[index]
+            if part.state is not ToolState.RUNNING:
+                self.parts[index] = part = part.transition(ToolState.RUNNING)
+                await self.sink.emit(
+                    ToolStateChunk(tool_call_id=part.tool_call_id, state=part.state)
+                )
+        if self.on_started is not None:
+            await self.on_started(overlay_parts(parts, self.parts))
 
     async def cancel_open(self, parts: Sequence[Any], error: str = "cancelled") -> list[Any]:
         """Finalise every open tool part as cancelled: through after_tool_result, unless it was
@@ -196,8 +240,6 @@ class ToolPhase:
 
     async def _execute(self, index: int, tool_: Tool, payload: BaseModel | None) -> None:
         part = self.parts[index]
-        self.parts[index] = part = part.transition(ToolState.RUNNING)
-        await self.sink.emit(ToolStateChunk(tool_call_id=part.tool_call_id, state=part.state))
         started = time.perf_counter()
         context = ToolContext(
             tool_call_id=part.tool_call_id,

@@ -39,13 +39,20 @@ class SuspendStep:
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool sees: its call id, the run, and the validated resume payload if it waited."""
+    """What a tool sees: its call id, the run, and the validated resume payload if it waited.
+
+    `idempotency_key` is stable for this call across episodes (a takeover that re-runs an
+    idempotent tool passes the same key): hand it to external APIs that deduplicate."""
 
     tool_call_id: str
     run_id: str
     thread_id: str
     payload: BaseModel | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.run_id}:{self.tool_call_id}"
 
 
 ToolFn = Callable[..., Awaitable[Any]]
@@ -62,6 +69,10 @@ class Tool:
     # The declared output model (a BaseModel return annotation, or `output=`): every output of
     # the tool, executed, skipped or submitted, must validate against it.
     output_model: type[BaseModel] | None = None
+    # Declared by the author: running the tool twice for one call is harmless. Only such a tool
+    # is re-run when a takeover finds it started without a committed result (docs/architecture.md,
+    # "Tools and side effects"); any other tool then ends with an "interrupted" error.
+    idempotent: bool = False
 
     @property
     def spec(self) -> ToolSpec:
@@ -93,6 +104,7 @@ def tool(
     description: str | None = None,
     suspend: SuspendStep | None = None,
     output: type[BaseModel] | None = None,
+    idempotent: bool = False,
 ) -> Callable[[ToolFn], Tool]: ...
 
 
@@ -104,8 +116,9 @@ def tool(
     description: str | None = None,
     suspend: SuspendStep | None = None,
     output: type[BaseModel] | None = None,
+    idempotent: bool = False,
 ) -> Tool | Callable[[ToolFn], Tool]:
-    """Decorator: `@tool` or `@tool(suspend=SuspendStep(Approval))` on
+    """Decorator: `@tool`, `@tool(idempotent=True)` or `@tool(suspend=SuspendStep(Approval))` on
     `async def f(args: Model[, ctx: ToolContext])`. A pydantic model as return annotation (or
     `output=`) declares the tool's output model."""
 
@@ -130,6 +143,7 @@ def tool(
             suspend=suspend,
             takes_context=len(params) > 1,
             output_model=declared,
+            idempotent=idempotent,
         )
 
     return wrap(fn, sys._getframe(1).f_locals) if fn is not None else wrap

@@ -133,17 +133,21 @@ class Worker:
         for run in await self.store.find_runnable_runs(limit=free):
             if run.id in self.episodes or self._closing:
                 continue
+            # Before the request: the lease cannot expire earlier than this instant plus the TTL.
+            sent = asyncio.get_running_loop().time()
             lease = await self.store.acquire_run_lease(run.id, self.owner, self.lease_ttl)
             if lease is None:
                 continue  # another worker won it
             episode = Episode(self.store, self.publisher, self.agent, self.lifecycle, lease)
             self.episodes[run.id] = episode
-            task = asyncio.create_task(self._run_episode(episode), name=f"episode-{run.id}")
+            task = asyncio.create_task(
+                self._run_episode(episode, sent + self.lease_ttl), name=f"episode-{run.id}"
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run_episode(self, episode: Episode) -> None:
-        heartbeat = asyncio.create_task(self._heartbeat(episode))
+    async def _run_episode(self, episode: Episode, deadline: float) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat(episode, deadline))
         try:
             outcome = await episode.run()
         except Exception:
@@ -163,20 +167,37 @@ class Worker:
             await self.publisher.wakeup(None)
             self._wake.set()
 
-    async def _heartbeat(self, episode: Episode) -> None:
-        """Renew the lease; notice stop requests that arrived while the bus was down."""
+    async def _heartbeat(self, episode: Episode, deadline: float) -> None:
+        """Renew the lease; notice stop requests that arrived while the bus was down.
+
+        `deadline` is when the lease could have expired by this process's clock: the TTL counted
+        from the moment the last successful acquisition or renewal was *sent* (the database
+        granted it later, so it expires later). Once it passes without a renewal, the episode
+        stops streaming and executing at once, before another worker can take the run over;
+        a renewal stuck in storage retries is not waited for."""
+        loop = asyncio.get_running_loop()
+        # Stop a little early: the clocks of this process and the database may drift apart.
+        margin = min(self.lease_ttl * 0.1, 1.0)
         interval = max(self.lease_ttl / 3, 0.05)
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(interval, max(deadline - margin - loop.time(), 0)))
+            sent = loop.time()
             try:
-                episode.lease = await self.store.renew_lease(episode.lease, self.lease_ttl)
+                episode.lease = await asyncio.wait_for(
+                    self.store.renew_lease(episode.lease, self.lease_ttl),
+                    max(deadline - margin - sent, 0.001),
+                )
+                deadline = sent + self.lease_ttl
                 run = await self.store.get_run(episode.run_id)
             except LeaseLost:
                 episode.lose_lease()
                 return
             except Exception:
+                if loop.time() >= deadline - margin:
+                    log.warning("run %s: lease could have expired; stopping", episode.run_id)
+                    episode.lose_lease()
+                    return
                 log.warning("lease renewal of run %s failed", episode.run_id, exc_info=True)
                 continue
             if run.stop_requested or run.status is RunStatus.CANCELLED:
                 episode.stop_requested.set()
-

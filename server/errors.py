@@ -44,6 +44,7 @@ STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     "conflict": 409,
     "run_active": 409,
+    "run_stopping": 409,
     "illegal_transition": 409,
     "invariant_violation": 409,
     "lease_lost": 409,

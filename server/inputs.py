@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.domain import (
     MAX_METADATA_BYTES,
@@ -31,8 +31,44 @@ class Input(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        """Every field of every command, on both transports: what storage and the encoder
+        accept, refused here as `invalid_input` naming the field, before anything changes."""
+        problem = unstorable(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     def check(self) -> None:
         """Limits beyond what the field types say, raised as domain errors (none by default)."""
+
+
+# JSON nested deeper than this is refused: the encoder stops at 255 levels, and no real
+# payload, result or metadata needs more than a few dozen.
+MAX_JSON_DEPTH = 64
+
+
+def unstorable(value: Any, path: str = "", depth: int = 0) -> str | None:
+    """Why `value` cannot be stored, or None: a NUL character in a string (Postgres TEXT cannot
+    hold one) or nesting deeper than MAX_JSON_DEPTH. `path` locates it inside the field."""
+    where = f" at {path}" if path else ""
+    if isinstance(value, str):
+        return f"contains a NUL character{where}" if "\x00" in value else None
+    if isinstance(value, dict | list | tuple):
+        if depth >= MAX_JSON_DEPTH:
+            return f"nested deeper than {MAX_JSON_DEPTH} levels{where}"
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(key, str) and "\x00" in key:
+                return f"contains a NUL character in a key{where}"
+            problem = unstorable(item, f"{path}.{key}" if path else str(key), depth + 1)
+            if problem is not None:
+                return problem
+    elif isinstance(value, BaseModel):
+        return unstorable(value.model_dump(), path, depth)
+    return None
 
 
 class ClientToolInput(BaseModel):

@@ -32,7 +32,7 @@ def fake_weather(city: str) -> dict[str, Any]:
     }
 
 
-@tool
+@tool(idempotent=True)
 async def get_weather(args: WeatherInput) -> dict[str, Any]:
     """Get the current weather for a city."""
     return fake_weather(args.city)

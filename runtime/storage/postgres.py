@@ -31,7 +31,13 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 
 
 def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, _TRANSIENT)
+    if isinstance(exc, _TRANSIENT):
+        return True
+    # A connection dropped mid-transaction makes asyncpg's ROLLBACK raise InterfaceError ("the
+    # underlying connection is closed") while handling the real, transient cause: retry that.
+    if isinstance(exc, asyncpg.InterfaceError) and exc.__context__ is not None:
+        return isinstance(exc.__context__, _TRANSIENT)
+    return False
 
 
 POSTGRES = Dialect(

@@ -22,11 +22,12 @@ from runtime.domain import (
     Snapshot,
     Thread,
 )
-from runtime.errors import InvalidInput
+from runtime.errors import InvalidInput, InvariantViolation
 from runtime.storage import (
     sql_actions,
     sql_history,
     sql_inbox,
+    sql_keys,
     sql_leases,
     sql_queue,
     sql_runs,
@@ -78,13 +79,19 @@ class SqlStore:
     """Every `Store` method, written once: check the input, then run one transaction function
     through `_run`. What differs per backend is in `dialect` and `pool`, never in a subclass."""
 
-    retry_attempts: int = 6
+    # Long enough to ride out a Postgres restart or failover (seconds), short enough that a
+    # request still gets its 503 in bounded time: backoff 20 ms doubling to 2 s, plus jitter,
+    # for at most 20 s after the first attempt (docs/operations.md, "Postgres is down").
+    # Retrying that long is safe because writes are keyed (`_run`): a retry never repeats one.
+    retry_attempts: int = 40
     retry_initial_wait: float = 0.02
-    retry_max_wait: float = 1.0
+    retry_max_wait: float = 2.0
+    retry_budget: float = 20.0
 
     def __init__(self, dialect: Dialect, pool: Pool) -> None:
         self.dialect = dialect
         self.pool = pool
+        self._writes = 0
 
     @property
     def backend(self) -> str:
@@ -120,7 +127,10 @@ class SqlStore:
     async def migrate(self) -> list[str]:
         """Apply pending migrations in one transaction; returns the names applied now."""
         scripts = migration_scripts(self.dialect)
-        return await self._write(lambda conn: apply_migrations(conn, scripts))
+        # Unkeyed: the key table is created by a migration, and migrating twice is harmless.
+        return await self._retry(
+            lambda: self._attempt(lambda conn: apply_migrations(conn, scripts), write=True)
+        )
 
     async def applied_migrations(self) -> list[str]:
         return await self._read(applied_migrations)
@@ -138,20 +148,56 @@ class SqlStore:
             attempts=self.retry_attempts,
             initial_wait=self.retry_initial_wait,
             max_wait=self.retry_max_wait,
+            budget=self.retry_budget,
         )
 
-    async def _run(self, fn: Callable[[Conn], Awaitable[T]], *, write: bool) -> T:
-        # The whole transaction function is retried: a retry re-reads everything it decides on.
-        # (A per-transaction idempotency key would be checked and recorded here, around `fn`,
-        # inside the same transaction: see docs/architecture.md, "Storage and its invariants".)
-        async def once() -> T:
-            async with self._transaction(write=write) as conn:
-                result = await fn(conn)
-            for callback in conn.after_commit:
-                callback()
+    async def _run(
+        self, fn: Callable[[Conn], Awaitable[T]], *, write: bool, key: str | None = None
+    ) -> T:
+        """Run `fn` in one transaction, retried as a whole on transient errors (a retry re-reads
+        everything it decides on).
+
+        A write is *keyed*: a connection that drops during COMMIT leaves the outcome unknown,
+        and re-running `fn` would then repeat a write that went through (a second assistant
+        message, a second queued input, a resume's winner told it lost to itself). So every
+        write first claims an idempotency key inside its own transaction (`sql_keys.claim`);
+        a retry that finds its key claimed knows the earlier attempt committed and returns
+        that attempt's result, without running `fn` again. The key is one per call (`key`
+        names it for the log and the table; a random suffix keeps it unique per call)."""
+        if not write:
+            return await self._retry(lambda: self._attempt(fn, write=False))
+        key = new_id("tx") if key is None else f"{key}:{new_id('tx')}"
+        # What the attempt that got as far as COMMIT computed: the answer if COMMIT went through.
+        done: list[tuple[T, list[Callable[[], None]]]] = []
+
+        async def keyed(conn: Conn) -> T:
+            if not await sql_keys.claim(conn, key):
+                if not done:
+                    raise InvariantViolation(f"transaction {key} committed without a result")
+                return done[0][0]
+            result = await fn(conn)
+            done[:] = [(result, conn.after_commit)]
             return result
 
-        return await self._retry(once)
+        self._writes += 1
+        if self._writes % sql_keys.PRUNE_EVERY == 0:
+            await self._retry(lambda: self._attempt(sql_keys.prune, write=True))
+        return await self._retry(lambda: self._attempt(keyed, write=True, done=done))
+
+    async def _attempt(
+        self,
+        fn: Callable[[Conn], Awaitable[T]],
+        *,
+        write: bool,
+        done: list[tuple[T, list[Callable[[], None]]]] | None = None,
+    ) -> T:
+        async with self._transaction(write=write) as conn:
+            result = await fn(conn)
+        # After a replayed commit, the telemetry of the attempt that wrote is what is emitted.
+        callbacks = done[0][1] if done else conn.after_commit
+        for callback in callbacks:
+            callback()
+        return result
 
     async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         return await self._run(fn, write=False)
@@ -278,8 +324,12 @@ class SqlStore:
         tail = commit.update_tail
         tail_parts = validate_parts(tail.parts) if tail is not None else None
         appends = [(message, encode_parts(message.parts)) for message in commit.append]
-        return await self._write(
-            lambda conn: sql_runs.commit(conn, lease, commit, tail_parts, appends)
+        # Keyed by run and fencing token (plus the per-call suffix `_run` adds): a retry of this
+        # commit after an unknown outcome finds it instead of appending the step twice.
+        return await self._run(
+            lambda conn: sql_runs.commit(conn, lease, commit, tail_parts, appends),
+            write=True,
+            key=f"commit:{lease.resource_id}:{lease.token}",
         )
 
     # --- leases -------------------------------------------------------------------------

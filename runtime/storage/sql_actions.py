@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from runtime.domain import Resolution, RunStatus
+from runtime.errors import RunStopping
 from runtime.storage.base import ResolveResult
 from runtime.storage.decisions import check_expected_version, resolve_action, stale_action_error
 from runtime.storage.sql_core import Conn, bump, lock_thread
@@ -37,13 +38,18 @@ async def resolve(
             like_pattern(dumps(action_id)[1:-1]),
         )
         raise stale_action_error((decode_parts(row["parts"]) for row in rows), action_id)
+    run_id = tail["run_id"]
+    if run_id is not None and await conn.fetchval(
+        "SELECT stop_requested FROM runs WHERE id = $1", run_id
+    ):
+        # Answering 200 would be a lie: the stop's finalisation cancels this action next.
+        raise RunStopping(f"run {run_id} is stopping; its actions are being cancelled")
     await conn.execute(
         "UPDATE messages SET parts = $2, updated_at = $3 WHERE id = $1",
         tail["id"],
         encode_parts(outcome.parts),
         await conn.now(),
     )
-    run_id = tail["run_id"]
     resumed = False
     if run_id is not None and outcome.last_pending:
         status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)

@@ -15,6 +15,7 @@ from tenacity import (
     RetryError,
     retry_if_exception,
     stop_after_attempt,
+    stop_after_delay,
     wait_exponential,
     wait_random,
 )
@@ -97,14 +98,16 @@ async def retry_call(
     attempts: int,
     initial_wait: float,
     max_wait: float,
+    budget: float,
 ) -> T:
-    """Run `fn` with backoff on transient errors; `Unavailable` once retries run out."""
+    """Run `fn` with backoff on transient errors; `Unavailable` once `attempts` are used up or
+    `budget` seconds have passed since the first attempt, whichever comes first."""
 
     def count(state: RetryCallState) -> None:
         telemetry.safe_add(telemetry.STORAGE_RETRIES, 1, {"backend": backend})
 
     retrying = AsyncRetrying(
-        stop=stop_after_attempt(attempts),
+        stop=stop_after_attempt(attempts) | stop_after_delay(budget),
         # Exponential backoff plus jitter, so processes that collided do not collide again.
         wait=wait_exponential(multiplier=initial_wait, max=max_wait) + wait_random(0, initial_wait),
         retry=retry_if_exception(is_transient),
@@ -120,7 +123,8 @@ async def retry_call(
         log.warning("%s storage unavailable: %r", backend, cause)
         # The driver's text can name hosts and ports: it goes to the log, not to clients.
         raise Unavailable(
-            f"{backend} storage unavailable after {attempts} attempts", backend=backend
+            f"{backend} storage unavailable after {exc.last_attempt.attempt_number} attempts",
+            backend=backend,
         ) from cause
     return result
 

@@ -74,6 +74,8 @@ def test_every_phase_says_what_a_stop_finalises() -> None:
         # Chunks of the step were published and no commit holds them yet.
         Phase.MODEL_CALL: Finalisation.APPEND_STEP,
         Phase.TOOL_PHASE: Finalisation.APPEND_STEP,
+        # The step's message is committed with its tools running; their results are not.
+        Phase.EXECUTING: Finalisation.UPDATE_RESUMED_TAIL,
         # Only reached after a failed commit: a durable one has moved on to AFTER_STEP.
         Phase.COMMIT: Finalisation.APPEND_STEP,
         # The step commit is durable: appending the step again would duplicate it.

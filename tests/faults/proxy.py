@@ -1,0 +1,182 @@
+"""A TCP proxy for fault injection: cut, refuse or stall connections, or cut one at a COMMIT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+_CHUNK = 65536
+
+
+@dataclass(eq=False)
+class _Link:
+    """One proxied connection: client socket ⇄ upstream socket, two pumping tasks."""
+
+    client: asyncio.StreamWriter
+    upstream: asyncio.StreamWriter
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # The trap's `after` marker was seen on this connection since its last `marker`.
+    primed: bool = False
+    # The server's replies are dropped from now on (the client must not learn the outcome).
+    muted: bool = False
+
+    def close(self) -> None:
+        for writer in (self.client, self.upstream):
+            with contextlib.suppress(Exception):
+                # abort(): an RST now, not a polite FIN after buffered data is flushed.
+                writer.transport.abort()
+        for task in self.tasks:
+            task.cancel()
+
+
+class FaultProxy:
+    """Listens on 127.0.0.1:`port` (0: any) and forwards to `target_host:target_port`.
+
+    Faults, all counted in `faults`:
+    - `cut_all()`: abort every open connection;
+    - `outage(seconds)`: cut everything and refuse (accept-then-abort) new connections;
+    - `stall(seconds)`: hold every byte in both directions, then let it through;
+    - `cut_at(marker, forward=...)`: arm a one-shot trap that aborts the connection whose
+      client next sends `marker` (e.g. b"COMMIT"), after forwarding it to the server
+      (`forward=True`: the outcome is unknown to the client but committed) or without it.
+    """
+
+    def __init__(self, target_host: str, target_port: int, port: int = 0) -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.port = port
+        self.faults = 0
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._links: set[_Link] = set()
+        self._refusing = False
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._trap: tuple[bytes, bool] | None = None
+        self._skip = 0
+        self._after: bytes | None = None
+        self.trap_fired = asyncio.Event()
+
+    async def __aenter__(self) -> FaultProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        for link in list(self._links):
+            link.close()
+        # Let the aborted transports release their sockets before the loop goes away.
+        await asyncio.sleep(0.05)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    # --- faults --------------------------------------------------------------------------
+
+    def cut_all(self) -> int:
+        links = list(self._links)
+        for link in links:
+            link.close()
+        self._links.clear()
+        self.faults += 1
+        return len(links)
+
+    async def outage(self, seconds: float) -> None:
+        self._refusing = True
+        self.cut_all()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._refusing = False
+
+    async def stall(self, seconds: float) -> None:
+        self.faults += 1
+        self._resume.clear()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._resume.set()
+
+    def cut_at(
+        self, marker: bytes, *, forward: bool, skip: int = 0, after: bytes | None = None
+    ) -> None:
+        """Arm the trap for the (`skip`+1)-th message containing `marker` from now on; with
+        `after`, only on a connection that sent `after` before (e.g. the BEGIN of a write
+        transaction, so that read-only transactions' COMMITs pass)."""
+        self.trap_fired.clear()
+        self._trap = (marker, forward)
+        self._after = after
+        self._skip = skip
+
+    def disarm(self) -> None:
+        self._trap = None
+
+    # --- pumping -------------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(
+                self.target_host, self.target_port
+            )
+        except OSError:
+            writer.transport.abort()
+            return
+        self.connections += 1
+        link = _Link(writer, up_writer)
+        self._links.add(link)
+        link.tasks = [
+            asyncio.create_task(self._pump(reader, up_writer, link, upstream=True)),
+            asyncio.create_task(self._pump(up_reader, writer, link, upstream=False)),
+        ]
+        await asyncio.gather(*link.tasks, return_exceptions=True)
+        self._links.discard(link)
+        link.close()
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        link: _Link,
+        *,
+        upstream: bool,
+    ) -> None:
+        try:
+            while data := await reader.read(_CHUNK):
+                await self._resume.wait()
+                trap = self._trap
+                hit = upstream and trap is not None and trap[0] in data
+                if upstream and self._after is not None:
+                    if self._after in data:
+                        link.primed = True
+                    elif hit and not link.primed:
+                        hit = False
+                    if hit:
+                        link.primed = False
+                if hit and self._skip > 0:
+                    self._skip -= 1
+                elif hit and trap is not None:
+                    self._trap = None
+                    link.muted = True
+                    if trap[1]:
+                        writer.write(data)
+                        await writer.drain()
+                        # Let the server receive it before the connection is gone.
+                        await asyncio.sleep(0.05)
+                    self.faults += 1
+                    self.trap_fired.set()
+                    link.close()
+                    return
+                if link.muted:
+                    continue
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            link.close()
