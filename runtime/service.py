@@ -29,6 +29,7 @@ from runtime.errors import Forbidden, InvalidInput, InvalidPayload, NotFound, Ru
 from runtime.lifecycle import RewriteContext, RewriteOutcome
 from runtime.publisher import Publisher
 from runtime.storage.base import (
+    AdmissionLimits,
     ResolveResult,
     RewriteResult,
     SetVisibility,
@@ -73,8 +74,17 @@ class ThreadService:
     `NotFound`, exactly like a missing one.
     """
 
-    def __init__(self, store: Store, publisher: Publisher, agent: Agent) -> None:
+    def __init__(
+        self,
+        store: Store,
+        publisher: Publisher,
+        agent: Agent,
+        *,
+        limits: AdmissionLimits | None = None,
+    ) -> None:
         self.store = store
+        # Queue and per-scope run bounds, checked by the store inside the admission transaction.
+        self.limits = limits
         self.publisher = publisher
         self.agent = agent
         self.lifecycle = compose_lifecycle(agent.lifecycle)
@@ -131,6 +141,7 @@ class ThreadService:
             client_request_id=client_request_id,
             policy=policy,
             client_tools=tools,
+            limits=self.limits,
         )
         if admission.duplicate:
             return admission

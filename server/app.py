@@ -14,6 +14,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 
 from realtime import connect_bus, open_bus
 from realtime.hub import Hub
+from realtime.limits import open_counters
 from runtime.agent import load_agent
 from runtime.errors import ThreadlineError
 from runtime.publisher import Publisher
@@ -22,6 +23,7 @@ from runtime.storage import open_store
 from runtime.worker import Worker
 from server.errors import handle_error
 from server.gateway import Gateway, websocket_endpoint
+from server.limits import Limiter, admission_limits
 from server.routes import api_routes, health_routes, static_routes
 from server.settings import Settings
 from server.telemetry import RequestTelemetry, configure_telemetry
@@ -59,7 +61,12 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
         agent = load_agent(settings.agent)
         state.agent = agent
-        state.service = ThreadService(state.store, state.publisher, agent)
+        state.service = ThreadService(
+            state.store, state.publisher, agent, limits=admission_limits(settings)
+        )
+        counters = open_counters(settings.redis_url, settings.limits_prefix)
+        stack.push_async_callback(counters.close)
+        state.limiter = Limiter(settings, counters)
 
         state.hub = None
         state.gateway = None
@@ -71,7 +78,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             )
             await stack.enter_async_context(hub)
             state.hub = hub
-            gateway = Gateway(settings, state.service, hub)
+            gateway = Gateway(settings, state.service, hub, state.limiter)
             # Registered after the hub so connections close before the hub stops.
             stack.push_async_callback(gateway.close)
             state.gateway = gateway

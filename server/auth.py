@@ -34,6 +34,11 @@ async def create_token(
     return token
 
 
+def token_key(token: str) -> str:
+    """A short key naming a token in quota counters; not enough to look the token up."""
+    return hash_token(token)[:24]
+
+
 def bearer_token(headers: Mapping[str, str]) -> str | None:
     value = headers.get("authorization")
     if not value:

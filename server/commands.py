@@ -33,6 +33,7 @@ from server.inputs import (
     ThreadRef,
     ToolResult,
 )
+from server.limits import Limiter
 from server.replies import Ack, Pong, ServerFrame, Subscribed, Unsubscribed
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
@@ -56,6 +57,9 @@ class Caller:
     service: ThreadService
     connection: Connection | None = None
     frame_id: Any = None
+    # Quotas of the deployment (None: unlimited, as in unit tests) and the caller's token key.
+    limiter: Limiter | None = None
+    token_id: str = ""
 
     def session(self) -> Connection:
         if self.connection is None:
@@ -87,6 +91,8 @@ class Command(Generic[I, R]):
     the server frame answering it over the websocket (None: not offered there), `http` its
     route (None: not offered there); `note` says why a transport is missing. `authorize` is a
     role rule of the service, asked before the input is read so a refusal never depends on it.
+    `limited` commands draw from the caller's rate limits; reads, keepalives and subscriptions
+    (bounded per connection) do not, so refetching snapshots never eats a client's budget.
     """
 
     name: str
@@ -98,10 +104,13 @@ class Command(Generic[I, R]):
     http: Http | None = None
     authorize: Callable[[Principal], None] | None = None
     note: str = ""
+    limited: bool = True
 
     async def run(self, caller: Caller, data: I) -> dict[str, Any] | None:
         """Check limits, call the service, shape the answer (None: the call answered itself)."""
-        data.check()
+        data.check()  # size limits first: cheap, and a refused input costs no rate budget
+        if self.limited and caller.limiter is not None:
+            await caller.limiter.command(caller.principal, caller.token_id)
         return self.answer(data, await self.call(caller, data))
 
 
@@ -170,6 +179,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         reply=None,
         http=Http("GET", "/v1/threads", "list_threads", body=False, query=_limit),
         note=READ,
+        limited=False,
     ),
     Command(
         name="thread.snapshot",
@@ -182,6 +192,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         reply=None,
         http=Http("GET", T, "snapshot", body=False, query=_include_hidden),
         note=READ,
+        limited=False,
     ),
     Command(
         name="subscribe",
@@ -192,6 +203,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         "in-flight step's chunks, then live frames",
         reply=Subscribed,
         note=WS_ONLY,
+        limited=False,
     ),
     Command(
         name="unsubscribe",
@@ -201,6 +213,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc='`{"type": "unsubscribed", "thread_id"}`',
         reply=Unsubscribed,
         note=WS_ONLY,
+        limited=False,
     ),
     Command(
         name="message.send",
@@ -289,6 +302,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc='`{"type": "pong"}`',
         reply=Pong,
         note="keepalive for clients that cannot see protocol pings; HTTP needs none",
+        limited=False,
     ),
     Command(
         name="me",
@@ -299,6 +313,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         reply=None,
         http=Http("GET", "/v1/me", "me", body=False),
         note="a read of the token itself, which the websocket checked when it opened",
+        limited=False,
     ),
 )
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

@@ -14,9 +14,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from realtime.closecodes import CloseCode
 from realtime.hub import Hub
 from realtime.outbox import Outbox, OutboxClosedError, SlowConsumerError
+from runtime.domain import Principal
+from runtime.errors import QuotaExceeded
 from runtime.service import ThreadService
-from server.auth import authenticate, bearer_token
+from server.auth import authenticate, bearer_token, token_key
 from server.errors import Unauthorized
+from server.limits import REFRESH_INTERVAL, ConnectionSlot, Limiter
 from server.session import Session
 from server.settings import Settings
 from server.telemetry import WS_CLOSES, WS_CONNECTIONS, WS_FRAMES_IN
@@ -145,11 +148,20 @@ class Connection:
 class Gateway:
     """Accepts websockets for the app; tracks connections so shutdown can close them."""
 
-    def __init__(self, settings: Settings, service: ThreadService, hub: Hub) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        service: ThreadService,
+        hub: Hub,
+        limiter: Limiter | None = None,
+    ) -> None:
         self.settings = settings
         self.service = service
         self.hub = hub
+        self.limiter = limiter
         self._connections: set[Connection] = set()
+        self._slots: set[ConnectionSlot] = set()
+        self._keeper: asyncio.Task[None] | None = None
         self._closing = False
 
     @property
@@ -172,6 +184,38 @@ class Gateway:
             log.exception("websocket authentication failed")
             await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
             return
+        slot: ConnectionSlot | None = None
+        if self.limiter is not None:
+            try:
+                slot = await self.limiter.connect(principal, token_key(token or ""))
+            except QuotaExceeded as exc:
+                await _close(websocket, Close(CloseCode.TOO_MANY_CONNECTIONS, exc.message[:120]))
+                return
+            self._slots.add(slot)
+            self._keep_slots()
+        try:
+            await self._serve(websocket, principal, token_key(token or ""))
+        finally:
+            if slot is not None and self.limiter is not None:
+                self._slots.discard(slot)
+                with contextlib.suppress(Exception):
+                    await self.limiter.disconnect(slot)
+
+    def _keep_slots(self) -> None:
+        # One task per gateway refreshes every slot's expiry, so a crashed gateway's slots
+        # lapse on their own while live ones never do.
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.create_task(self._refresh_slots(), name="ws-slots")
+
+    async def _refresh_slots(self) -> None:
+        assert self.limiter is not None
+        while self._slots:
+            await asyncio.sleep(REFRESH_INTERVAL)
+            for slot in list(self._slots):
+                with contextlib.suppress(Exception):
+                    await self.limiter.keep(slot)
+
+    async def _serve(self, websocket: WebSocket, principal: Principal, token_id: str) -> None:
         connection: Connection | None = None
 
         def overflowed() -> None:
@@ -179,7 +223,15 @@ class Gateway:
                 connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
 
         outbox = Outbox(self.settings.ws_outbox_max_bytes, on_overflow=overflowed)
-        session = Session(principal, self.service, self.hub, outbox)
+        session = Session(
+            principal,
+            self.service,
+            self.hub,
+            outbox,
+            max_subscriptions=self.settings.ws_max_subscriptions,
+            limiter=self.limiter,
+            token_id=token_id,
+        )
         connection = Connection(websocket, session, self.settings)
         self._connections.add(connection)
         _count(WS_CONNECTIONS, 1)
@@ -195,6 +247,10 @@ class Gateway:
     async def close(self) -> None:
         """Close every connection with 1001 and wait (bounded) for them to finish."""
         self._closing = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
         connections = list(self._connections)
         for connection in connections:
             connection.finish(Close(CloseCode.GOING_AWAY, "server shutting down"))

@@ -17,6 +17,7 @@ from runtime.service import ThreadService
 from server.commands import BY_NAME, Caller
 from server.errors import WireError, wire_error
 from server.frames import Frame, FrameError, decode_frame
+from server.limits import Limiter
 from server.replies import Subscribed
 
 log = logging.getLogger(__name__)
@@ -115,12 +116,16 @@ class Session:
         outbox: Outbox,
         *,
         max_subscriptions: int = MAX_SUBSCRIPTIONS,
+        limiter: Limiter | None = None,
+        token_id: str = "",
     ) -> None:
         self.principal = principal
         self.service = service
         self.hub = hub
         self.outbox = outbox
         self.max_subscriptions = max_subscriptions
+        self.limiter = limiter
+        self.token_id = token_id
         self.state = SessionState.OPEN
         self._listeners: dict[str, ThreadListener] = {}
 
@@ -154,7 +159,9 @@ class Session:
         command = BY_NAME[frame.type]
         if command.authorize is not None:
             command.authorize(self.principal)
-        caller = Caller(self.principal, self.service, self, frame.id)
+        caller = Caller(
+            self.principal, self.service, self, frame.id, self.limiter, self.token_id
+        )
         fields = await command.run(caller, frame)
         if fields is not None and command.reply is not None:
             self._answer(command.reply(id=frame.id, **fields).to_bytes())

@@ -38,6 +38,24 @@ class Settings(BaseSettings):
     ws_ping_timeout: float = Field(default=20.0, gt=0)
     http_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
 
+    # --- quotas (docs/operations.md, "Limits"); every default is meant for a public deployment
+    # Items waiting in one thread's queue, and the UTF-8 size of their texts together.
+    queue_max_items: int = Field(default=50, ge=1)
+    queue_max_bytes: int = Field(default=256 * 1024, ge=1024)
+    # Queued or running runs of one scope at once; a new run over it is refused.
+    scope_max_active_runs: int = Field(default=32, ge=1)
+    # Token buckets for commands (writes): sustained rate per second and burst size.
+    token_rate: float = Field(default=10.0, gt=0)
+    token_burst: int = Field(default=60, ge=1)
+    scope_rate: float = Field(default=50.0, gt=0)
+    scope_burst: int = Field(default=300, ge=1)
+    # Open websockets per token and per subject (across every gateway when Redis is set).
+    ws_max_connections_per_token: int = Field(default=32, ge=1)
+    ws_max_connections_per_subject: int = Field(default=64, ge=1)
+    ws_max_subscriptions: int = Field(default=256, ge=1)
+    # Namespace of the quota counters in Redis (several deployments may share one Redis).
+    limits_prefix: str = "threadline:limits:"
+
     dev_scope: str = "demo"
     # `threadline serve` mints a development token and prints a browser URL carrying it.
     dev_token: bool = True

@@ -29,6 +29,17 @@ from runtime.domain import (
 Scopes = Collection[str]
 
 
+class AdmissionLimits(BaseModel):
+    """Bounds checked atomically with queue admission; None: unbounded."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    queue_max_items: int | None = None
+    queue_max_bytes: int | None = None
+    # Active runs (queued or running) of the thread's scope, counted when a new run starts.
+    scope_max_active_runs: int | None = None
+    retry_after: float = 5.0
+
+
 class TailUpdate(BaseModel):
     """Replace the parts of the thread's tail message. Rejected unless `message_id` is the tail."""
 
@@ -146,6 +157,7 @@ class Store(Protocol):
         client_request_id: str | None = None,
         policy: InputPolicy = InputPolicy.ENQUEUE,
         client_tools: Sequence[dict[str, Any]] = (),
+        limits: AdmissionLimits | None = None,
     ) -> Admission: ...
     async def cancel_queued_item(self, thread_id: str, scopes: Scopes, item_id: str) -> int: ...
     async def list_queue(self, thread_id: str) -> list[QueuedItem]: ...

@@ -24,6 +24,7 @@ from runtime.domain import (
 from runtime.errors import InvalidInput
 from runtime.storage import sql_actions, sql_history, sql_leases, sql_queue, sql_runs, sql_threads
 from runtime.storage.base import (
+    AdmissionLimits,
     ResolveResult,
     RewriteResult,
     SetVisibility,
@@ -206,6 +207,7 @@ class SqlStore:
         client_request_id: str | None = None,
         policy: InputPolicy = InputPolicy.ENQUEUE,
         client_tools: Sequence[dict[str, Any]] = (),
+        limits: AdmissionLimits | None = None,
     ) -> Admission:
         text = check_text(text)
         policy = check_submit(submitted_by, client_request_id, policy)
@@ -220,6 +222,7 @@ class SqlStore:
                 client_request_id=client_request_id,
                 policy=policy,
                 tools_json=tools_json,
+                limits=limits,
             )
         )
 

@@ -1,0 +1,64 @@
+"""Store conformance: queue bounds and the per-scope run cap, checked inside admission."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.errors import QueueFull, ScopeRunsExceeded
+from runtime.storage import SqlStore
+from runtime.storage.base import AdmissionLimits
+from tests.conformance.store_helpers import SCOPES, new_thread, start_run
+
+
+async def queued(store: SqlStore, thread_id: str) -> int:
+    return len([i for i in await store.list_queue(thread_id) if i.status == "queued"])
+
+
+async def test_queue_is_refused_at_its_item_bound(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    await start_run(store, thread.id)
+    limits = AdmissionLimits(queue_max_items=3, queue_max_bytes=10_000)
+    for n in range(3):
+        await store.submit_input(thread.id, SCOPES, text=f"q{n}", submitted_by="a", limits=limits)
+    version = (await store.get_thread(thread.id, SCOPES)).version
+    with pytest.raises(QueueFull) as refused:
+        await store.submit_input(thread.id, SCOPES, text="q3", submitted_by="a", limits=limits)
+    assert refused.value.retry_after >= 1 and refused.value.details["limit_items"] == 3
+    # Nothing changed: no item, no version bump.
+    assert await queued(store, thread.id) == 3
+    assert (await store.get_thread(thread.id, SCOPES)).version == version
+
+
+async def test_queue_is_refused_at_its_byte_bound_counting_utf8(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    await start_run(store, thread.id)
+    limits = AdmissionLimits(queue_max_items=100, queue_max_bytes=1024)
+    wide = "é" * 300  # 600 bytes in UTF-8, 300 characters
+    await store.submit_input(thread.id, SCOPES, text=wide, submitted_by="a", limits=limits)
+    with pytest.raises(QueueFull):
+        await store.submit_input(thread.id, SCOPES, text=wide, submitted_by="a", limits=limits)
+    await store.submit_input(thread.id, SCOPES, text="x" * 424, submitted_by="a", limits=limits)
+    assert await queued(store, thread.id) == 2
+    # Without limits the store itself stays unbounded (the service passes the settings).
+    await store.submit_input(thread.id, SCOPES, text=wide, submitted_by="a")
+    assert await queued(store, thread.id) == 3
+
+
+async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: SqlStore) -> None:
+    limits = AdmissionLimits(scope_max_active_runs=2)
+    threads = [await new_thread(store) for _ in range(3)]
+    for thread in threads[:2]:
+        admission = await store.submit_input(
+            thread.id, SCOPES, text="go", submitted_by="a", limits=limits
+        )
+        assert admission.run_id is not None
+    with pytest.raises(ScopeRunsExceeded) as refused:
+        await store.submit_input(threads[2].id, SCOPES, text="go", submitted_by="a", limits=limits)
+    assert refused.value.details["limit"] == 2
+    assert await store.active_run(threads[2].id) is None
+    # Another scope is not affected by this one's runs.
+    other = await new_thread(store, scope="globex")
+    admission = await store.submit_input(
+        other.id, ["globex"], text="go", submitted_by="b", limits=limits
+    )
+    assert admission.run_id is not None
