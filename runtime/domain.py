@@ -363,6 +363,8 @@ class Snapshot(_Frozen):
     pending_actions: tuple[PendingAction, ...]
     run: RunView | None
     queue: tuple[QueuedItemView, ...]
+    # What the reading principal may do (runtime.permissions); set by the service per reader.
+    permissions: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

@@ -62,7 +62,11 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         agent = load_agent(settings.agent)
         state.agent = agent
         state.service = ThreadService(
-            state.store, state.publisher, agent, limits=admission_limits(settings)
+            state.store,
+            state.publisher,
+            agent,
+            limits=admission_limits(settings),
+            permissions=settings.permissions,
         )
         counters = open_counters(settings.redis_url, settings.limits_prefix)
         stack.push_async_callback(counters.close)

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.permissions import PermissionPolicy, Who
+
 ServerRole = Literal["all", "gateway", "worker"]
 
 
@@ -56,10 +58,26 @@ class Settings(BaseSettings):
     # Namespace of the quota counters in Redis (several deployments may share one Redis).
     limits_prefix: str = "threadline:limits:"
 
+    # --- who may take destructive actions (runtime.permissions.Who): scope, author, trusted,
+    # admin. `scope` everywhere keeps the behaviour of earlier versions; see docs/operations.md.
+    permission_regenerate: Who = Who.SCOPE
+    permission_visibility: Who = Who.SCOPE
+    permission_stop: Who = Who.SCOPE
+    permission_cancel_queued: Who = Who.SCOPE
+
     dev_scope: str = "demo"
     # `threadline serve` mints a development token and prints a browser URL carrying it.
     dev_token: bool = True
     log_level: str = "info"
+
+    @property
+    def permissions(self) -> PermissionPolicy:
+        return PermissionPolicy(
+            regenerate=self.permission_regenerate,
+            visibility=self.permission_visibility,
+            stop=self.permission_stop,
+            cancel_queued=self.permission_cancel_queued,
+        )
 
     @property
     def runs_gateway(self) -> bool:

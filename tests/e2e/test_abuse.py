@@ -47,6 +47,10 @@ LIMITS = {
     "THREADLINE_QUEUE_MAX_BYTES": str(QUEUE_BYTES),
     "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": str(PER_TOKEN),
     "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": str(PER_SUBJECT),
+    # Only the author of a reply (or a backend/admin) may regenerate it, hide or stop.
+    "THREADLINE_PERMISSION_REGENERATE": "author",
+    "THREADLINE_PERMISSION_VISIBILITY": "author",
+    "THREADLINE_PERMISSION_STOP": "author",
 }
 
 
@@ -217,6 +221,42 @@ async def test_connections_over_the_token_and_subject_caps_are_refused(setup: Se
     for ws in [*opened[1:], again]:
         await ws.close()
     assert refused_token == refused_subject == CloseCode.TOO_MANY_CONNECTIONS == 4429
+
+
+async def test_a_user_forbidden_to_regenerate_gets_403_and_an_error_frame(setup: Setup) -> None:
+    tenant = scope()
+    alice, bob = setup.token(tenant, "alice"), setup.token(tenant, "bob")
+    g1, g2 = setup.gateways
+    async with client(g1, alice) as a, client(g2, bob) as b:
+        thread_id = (await a.post("/v1/threads", json={})).json()["thread"]["id"]
+        await a.post(f"/v1/threads/{thread_id}/messages", json={"text": "hello there"})
+        await wait_status(a, thread_id, "completed")
+        version = (await a.get(f"/v1/threads/{thread_id}")).json()["thread"]["version"]
+        refused = await b.post(f"/v1/threads/{thread_id}/regenerate", json={})
+        seen_by_bob = (await b.get(f"/v1/threads/{thread_id}")).json()
+        reply = seen_by_bob["messages"][-1]["id"]
+        hidden = await b.post(
+            f"/v1/threads/{thread_id}/messages/{reply}/visibility", json={"visibility": "hidden"}
+        )
+        async with connect(f"{g1.ws_url}?token={bob}") as ws:
+            await ws.send(orjson.dumps({"type": "regenerate", "id": "r", "thread_id": thread_id})
+                          .decode())
+            frame = orjson.loads(await ws.recv())
+        unchanged = (await a.get(f"/v1/threads/{thread_id}")).json()
+        allowed = await a.post(f"/v1/threads/{thread_id}/regenerate", json={})
+    print(
+        f"\npermissions (regenerate=author): bob HTTP {refused.status_code}"
+        f" {refused.json()['error']['code']}, hide {hidden.status_code}, websocket {frame['code']};"
+        f" bob's snapshot permissions {seen_by_bob['permissions']}; alice {allowed.status_code}"
+    )
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    assert hidden.status_code == 403
+    assert frame["type"] == "error" and frame["code"] == "forbidden" and frame["id"] == "r"
+    assert unchanged["thread"]["version"] == version  # nothing changed
+    assert seen_by_bob["permissions"]["regenerate"] is False
+    assert seen_by_bob["permissions"]["visibility"] == []
+    assert unchanged["permissions"]["regenerate"] is True
+    assert allowed.status_code == 202
 
 
 def test_every_limit_error_code_is_in_the_protocol_doc() -> None:
