@@ -353,6 +353,9 @@ class QueuedItemView(_Frozen):
     text: str
     submitted_by: str
     interrupt: bool = False
+    # Set when `text` is only a preview; the full text has its own route (docs/protocol.md).
+    truncated: bool = False
+    size: int | None = None
 
 
 class Snapshot(_Frozen):
@@ -365,6 +368,9 @@ class Snapshot(_Frozen):
     queue: tuple[QueuedItemView, ...]
     # What the reading principal may do (runtime.permissions); set by the service per reader.
     permissions: dict[str, Any] | None = None
+    # Set for a bounded snapshot: `{"limit", "before"}`; `before` is the cursor of the older
+    # messages (None: the snapshot holds the thread's first message).
+    page: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

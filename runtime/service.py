@@ -83,8 +83,13 @@ class ThreadService:
         *,
         limits: AdmissionLimits | None = None,
         permissions: PermissionPolicy | None = None,
+        snapshot_messages: int | None = None,
+        queue_preview_chars: int | None = None,
     ) -> None:
         self.store = store
+        # Bounded snapshots: the last `snapshot_messages` messages, queued texts cut to a preview.
+        self.snapshot_messages = snapshot_messages
+        self.queue_preview_chars = queue_preview_chars
         self.permissions = permissions or PermissionPolicy()
         # Queue and per-scope run bounds, checked by the store inside the admission transaction.
         self.limits = limits
@@ -107,24 +112,57 @@ class ThreadService:
         if not principal.can_access(target):
             raise Forbidden(f"you may not create threads in scope {target!r}")
         thread = await self.store.create_thread(target, title, dict(metadata or {}))
-        snapshot = await self.store.snapshot(thread.id, principal.scopes)
-        return await self._with_permissions(principal, snapshot)
+        return await self.snapshot(principal, thread.id)
 
     async def list_threads(self, principal: Principal, limit: int = 100) -> list[Thread]:
         return await self.store.list_threads(principal.scopes, limit)
 
     async def snapshot(
-        self, principal: Principal, thread_id: str, *, include_hidden: bool = False
+        self,
+        principal: Principal,
+        thread_id: str,
+        *,
+        include_hidden: bool = False,
+        before: int | None = None,
+        limit: int | None = None,
     ) -> Snapshot:
+        """The thread as this principal sees it; bounded when the service is configured so
+        (the last messages, `page.before` the cursor of older ones; queued texts previewed)."""
         snapshot = await self.store.snapshot(
-            thread_id, principal.scopes, include_hidden=include_hidden
+            thread_id,
+            principal.scopes,
+            include_hidden=include_hidden,
+            message_limit=limit or self.snapshot_messages,
+            before=before,
         )
-        return await self._with_permissions(principal, snapshot)
+        return await self._with_permissions(principal, self._preview_queue(snapshot))
+
+    def _preview_queue(self, snapshot: Snapshot) -> Snapshot:
+        cap = self.queue_preview_chars
+        if cap is None or all(len(item.text) <= cap for item in snapshot.queue):
+            return snapshot
+        queue = tuple(
+            item
+            if len(item.text) <= cap
+            else item.model_copy(
+                update={"text": item.text[:cap], "truncated": True, "size": len(item.text)}
+            )
+            for item in snapshot.queue
+        )
+        return snapshot.model_copy(update={"queue": queue})
+
+    async def queued_item(self, principal: Principal, thread_id: str, item_id: str) -> Any:
+        """One queued item with its full text (a snapshot carries only a preview)."""
+        await self.store.get_thread(thread_id, principal.scopes)
+        for item in await self.store.list_queue(thread_id):
+            if item.id == item_id:
+                return item
+        raise NotFound(f"queued item {item_id} not found")
 
     async def _with_permissions(self, principal: Principal, snapshot: Snapshot) -> Snapshot:
         """The snapshot with what this reader may do, so clients offer only those actions."""
-        policy, thread_id = self.permissions, snapshot.thread.id
-        authors = await self._authors(thread_id, policy)
+        policy = self.permissions
+        authors = await self._page_authors(snapshot, policy)
 
         def may(action: Destructive, author: str | None) -> bool:
             return policy.allows(action, principal, author)
@@ -148,6 +186,25 @@ class ThreadService:
             ],
         }
         return snapshot.model_copy(update={"permissions": permissions})
+
+    async def _page_authors(self, snapshot: Snapshot, policy: PermissionPolicy) -> dict[str, str]:
+        """Authors of the snapshot's messages only, so a bounded snapshot stays bounded."""
+        if not (
+            policy.needs_author(Destructive.REGENERATE)
+            or policy.needs_author(Destructive.VISIBILITY)
+        ):
+            return {}
+        runs = {}
+        for run_id in {m.run_id for m in snapshot.messages if m.run_id}:
+            runs[run_id] = await self.store.get_run(run_id)
+        by_input = {run.input_message_id: run.started_by for run in runs.values()}
+        authors = {}
+        for message in snapshot.messages:
+            if message.run_id in runs:
+                authors[message.id] = runs[message.run_id].started_by
+            elif message.id in by_input:
+                authors[message.id] = by_input[message.id]
+        return authors
 
     async def _authors(self, thread_id: str, policy: PermissionPolicy) -> dict[str, str]:
         """Author of each message: who started the run that wrote it (assistant and tool

@@ -67,6 +67,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             agent,
             limits=admission_limits(settings),
             permissions=settings.permissions,
+            snapshot_messages=settings.snapshot_messages,
+            queue_preview_chars=settings.queue_preview_chars,
         )
         counters = open_counters(settings.redis_url, settings.limits_prefix)
         stack.push_async_callback(counters.close)

@@ -21,6 +21,7 @@ from server.answers import (
 from server.inputs import (
     CancelQueued,
     CreateThread,
+    GetQueued,
     GetSnapshot,
     Input,
     ListThreads,
@@ -128,6 +129,27 @@ def _include_hidden(query: Mapping[str, str]) -> dict[str, Any]:
     return {"include_hidden": value in ("true", "1")}
 
 
+def _snapshot_query(query: Mapping[str, str]) -> dict[str, Any]:
+    fields = _include_hidden(query)
+    for name, low, high in (("before", 0, 2**62), ("limit", 1, 500)):
+        raw = query.get(name)
+        if raw is None:
+            continue
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise InvalidInput(f"query parameter {name!r} must be an integer from {low} to {high}")
+        fields[name] = int(raw)
+    return fields
+
+
+def _queued_answer(item: Any) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "text": item.text,
+        "submitted_by": item.submitted_by,
+        "interrupt": item.interrupt,
+    }
+
+
 async def _nothing(caller: Caller, data: Input) -> None:
     return None
 
@@ -185,12 +207,16 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         name="thread.snapshot",
         input=GetSnapshot,
         call=lambda c, i: c.service.snapshot(
-            c.principal, i.thread_id, include_hidden=i.include_hidden
+            c.principal,
+            i.thread_id,
+            include_hidden=i.include_hidden,
+            before=i.before,
+            limit=i.limit,
         ),
         answer=lambda i, snapshot: snapshot.to_wire(),
-        answer_doc=SNAPSHOT,
+        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones",
         reply=None,
-        http=Http("GET", T, "snapshot", body=False, query=_include_hidden),
+        http=Http("GET", T, "snapshot", body=False, query=_snapshot_query),
         note=READ,
         limited=False,
     ),
@@ -238,6 +264,17 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer=lambda i, version: {"thread_id": i.thread_id, "version": version},
         answer_doc=THREAD_VERSION,
         http=Http("DELETE", f"{T}/queue/{{item_id}}", "cancel_queued", body=False),
+    ),
+    Command(
+        name="queue.item",
+        input=GetQueued,
+        call=lambda c, i: c.service.queued_item(c.principal, i.thread_id, i.item_id),
+        answer=lambda i, item: _queued_answer(item),
+        answer_doc='`{"id", "text", "submitted_by", "interrupt"}`: the full text of a queued item',
+        reply=None,
+        http=Http("GET", f"{T}/queue/{{item_id}}", "queued_item", body=False),
+        note=READ,
+        limited=False,
     ),
     Command(
         name="action.resume",

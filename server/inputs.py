@@ -79,6 +79,9 @@ class ListThreads(Input):
 class GetSnapshot(Input):
     thread_id: ThreadId
     include_hidden: bool = False
+    # Older messages: the snapshot's `page.before` cursor (a message position).
+    before: int | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=500)
 
 
 class SendMessage(Input):
@@ -97,6 +100,11 @@ class SendMessage(Input):
 
 
 class CancelQueued(Input):
+    thread_id: ThreadId
+    item_id: ItemId
+
+
+class GetQueued(Input):
     thread_id: ThreadId
     item_id: ItemId
 

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     ws_max_connections_per_token: int = Field(default=32, ge=1)
     ws_max_connections_per_subject: int = Field(default=64, ge=1)
     ws_max_subscriptions: int = Field(default=256, ge=1)
+    # Bounded snapshots: the last N messages (older ones page with ?before=), and queued texts
+    # cut to a preview of this many characters (the full text: GET …/queue/{item_id}).
+    snapshot_messages: int = Field(default=100, ge=1, le=500)
+    queue_preview_chars: int = Field(default=500, ge=16)
     # Namespace of the quota counters in Redis (several deployments may share one Redis).
     limits_prefix: str = "threadline:limits:"
 

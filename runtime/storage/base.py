@@ -142,8 +142,17 @@ class Store(Protocol):
     async def get_thread(self, thread_id: str, scopes: Scopes) -> Thread: ...
     async def list_threads(self, scopes: Scopes, limit: int = 100) -> list[Thread]: ...
     async def snapshot(
-        self, thread_id: str, scopes: Scopes, *, include_hidden: bool = False
-    ) -> Snapshot: ...
+        self,
+        thread_id: str,
+        scopes: Scopes,
+        *,
+        include_hidden: bool = False,
+        message_limit: int | None = None,
+        before: int | None = None,
+    ) -> Snapshot:
+        """`message_limit`: only the last that many messages (before position `before`), with
+        `page` set; pending actions, run and queue are whole either way."""
+        ...
     async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]: ...
 
     # input and queue admission

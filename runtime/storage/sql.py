@@ -176,10 +176,18 @@ class SqlStore:
         return await self._read(lambda conn: sql_threads.list_threads(conn, scopes, limit))
 
     async def snapshot(
-        self, thread_id: str, scopes: Collection[str], *, include_hidden: bool = False
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        *,
+        include_hidden: bool = False,
+        message_limit: int | None = None,
+        before: int | None = None,
     ) -> Snapshot:
         return await self._read(
-            lambda conn: sql_threads.snapshot(conn, thread_id, scopes, include_hidden)
+            lambda conn: sql_threads.snapshot(
+                conn, thread_id, scopes, include_hidden, message_limit, before
+            )
         )
 
     async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]:

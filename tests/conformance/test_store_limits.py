@@ -7,7 +7,7 @@ import pytest
 from runtime.errors import QueueFull, ScopeRunsExceeded
 from runtime.storage import SqlStore
 from runtime.storage.base import AdmissionLimits
-from tests.conformance.store_helpers import SCOPES, new_thread, start_run
+from tests.conformance.store_helpers import SCOPES, finish, new_thread, start_run
 
 
 async def queued(store: SqlStore, thread_id: str) -> int:
@@ -62,3 +62,24 @@ async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: SqlStore) 
         other.id, ["globex"], text="go", submitted_by="b", limits=limits
     )
     assert admission.run_id is not None
+
+
+async def test_a_bounded_snapshot_pages_back_through_every_message(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    for n in range(7):
+        _, lease = await start_run(store, thread.id, text=f"m{n}")
+        await finish(store, lease)
+    whole = await store.snapshot(thread.id, SCOPES)
+    assert whole.page is None and len(whole.messages) == 7
+    seen: list[str] = []
+    before = None
+    pages = 0
+    while True:
+        page = await store.snapshot(thread.id, SCOPES, message_limit=3, before=before)
+        assert page.page is not None and len(page.messages) <= 3
+        seen = [m.id for m in page.messages] + seen
+        pages += 1
+        before = page.page["before"]
+        if before is None:
+            break
+    assert seen == [m.id for m in whole.messages] and pages == 3

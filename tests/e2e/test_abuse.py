@@ -129,7 +129,8 @@ async def test_queue_flood_is_refused_at_the_bound_and_gateway_memory_stays_boun
                 retry_after.add(sent.headers["retry-after"])
         after = rss(gateway)
         snapshot = await http.get(f"/v1/threads/{thread_id}")
-    queue = snapshot.json()["queue"]
+        queue = snapshot.json()["queue"]
+        full = (await http.get(f"/v1/threads/{thread_id}/queue/{queue[0]['id']}")).json()
     print(
         f"\nqueue flood: 200 posts of 60 KB -> {dict(answers)}; queued {len(queue)};"
         f" gateway RSS {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB;"
@@ -142,7 +143,10 @@ async def test_queue_flood_is_refused_at_the_bound_and_gateway_memory_stays_boun
     assert answers["token_rate_limited"] > 150
     assert all(value.isdigit() and int(value) >= 1 for value in retry_after)
     assert after - before < 64 * 2**20
-    assert len(snapshot.content) < QUEUE_BYTES + 64 * 1024
+    # Queued texts are previews in the snapshot; the full text has its own route.
+    assert all(item["truncated"] and len(item["text"]) == 500 for item in queue)
+    assert full["text"] == f"0 {text}" and queue[0]["size"] == len(full["text"])
+    assert len(snapshot.content) < 16 * 1024
 
 
 async def test_a_token_over_its_rate_is_refused_on_both_gateways(setup: Setup) -> None:
@@ -257,6 +261,53 @@ async def test_a_user_forbidden_to_regenerate_gets_403_and_an_error_frame(setup:
     assert seen_by_bob["permissions"]["visibility"] == []
     assert unchanged["permissions"]["regenerate"] is True
     assert allowed.status_code == 202
+
+
+async def insert_messages(database_url: str, thread_id: str, count: int) -> None:
+    """Fill a thread with `count` committed messages straight in Postgres (10 000 runs through
+    the API would take minutes; the snapshot only reads rows)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        text = orjson.dumps([{"type": "text", "text": "lorem ipsum " * 20}]).decode()
+        await conn.copy_records_to_table(
+            "messages",
+            records=[
+                (f"msg_{thread_id}_{n}", thread_id, n, "user" if n % 2 == 0 else "assistant", text,
+                 "visible", None, None, 0.0, 0.0)
+                for n in range(count)
+            ],
+            columns=["id", "thread_id", "position", "role", "parts", "visibility", "run_id",
+                     "client_request_id", "created_at", "updated_at"],
+        )
+        await conn.execute("UPDATE threads SET version = version + 1 WHERE id = $1", thread_id)
+    finally:
+        await conn.close()
+
+
+async def test_a_10000_message_thread_snapshots_in_bounded_size(setup: Setup) -> None:
+    token = setup.token(scope())
+    sizes: dict[int, tuple[int, float]] = {}
+    async with client(setup.gateways[0], token) as http:
+        for count in (10, 1000, 10_000):
+            thread_id = (await http.post("/v1/threads", json={})).json()["thread"]["id"]
+            await insert_messages(setup.cluster.env["THREADLINE_DATABASE_URL"], thread_id, count)
+            started = time.perf_counter()
+            answer = await http.get(f"/v1/threads/{thread_id}")
+            sizes[count] = (len(answer.content), time.perf_counter() - started)
+            body = answer.json()
+            assert len(body["messages"]) == min(count, 100)
+            assert body["messages"][-1]["id"] == f"msg_{thread_id}_{count - 1}"
+        # Page back once from the 10 000-message thread.
+        older = await http.get(f"/v1/threads/{thread_id}?before={body['page']['before']}")
+    print("\nsnapshot of a thread with N messages: " + "; ".join(
+        f"{n}: {size} bytes in {elapsed * 1000:.0f} ms" for n, (size, elapsed) in sizes.items()
+    ))
+    assert body["page"]["before"] == 10_000 - 100
+    assert [m["id"] for m in older.json()["messages"]][-1] == f"msg_{thread_id}_9899"
+    assert sizes[10_000][0] <= sizes[1000][0] * 1.1
+    assert sizes[10_000][0] < 128 * 1024
 
 
 def test_every_limit_error_code_is_in_the_protocol_doc() -> None:
