@@ -2,6 +2,7 @@
 
 import { ApiError, createApi, describeError, resolvedBy } from './api.js';
 import { h, randomId } from './dom.js';
+import { OlderMessages } from './history.js';
 import { renderConnection, renderRunBar, renderThread, renderThreadList } from './render.js';
 import { mapServerErrors } from './schema-form.js';
 import { readSession, threadUrl } from './session.js';
@@ -26,7 +27,7 @@ const els = {
 const state = {
   token: '', api: null, socket: null, me: null, threads: [], threadId: null, sync: null,
   socketState: 'idle', subscribed: false, busy: new Set(), lastSend: null, bannerItems: [],
-  lastListRefresh: 0, focusComposer: false,
+  lastListRefresh: 0, focusComposer: false, history: new OlderMessages(),
 };
 
 // --- banner --------------------------------------------------------------------------------
@@ -111,7 +112,9 @@ function render() {
   const title = snapshot ? snapshot.thread.title || 'Untitled thread' : 'Loading…';
   if (els.threadTitle.textContent !== title) els.threadTitle.textContent = title;
   renderRunBar(els, snapshot, run, state.busy.has('stop'));
-  renderThread(els, { snapshot, live, activeRun: run, me: state.me, busy: state.busy }, handlers);
+  // A snapshot holds the last messages only; older pages loaded on scroll-up go in front.
+  const shown = snapshot ? { ...snapshot, messages: state.history.absorb(snapshot) } : snapshot;
+  renderThread(els, { snapshot: shown, live, activeRun: run, me: state.me, busy: state.busy }, handlers);
   if (nearBottom || state.scrollOnNextRender) {
     conv.scrollTop = conv.scrollHeight;
     if (snapshot) state.scrollOnNextRender = false;
@@ -125,6 +128,27 @@ function syncListTitle(snapshot) {
   if (item && item.title !== snapshot.thread.title) {
     item.title = snapshot.thread.title;
     scheduleRender();
+  }
+}
+
+/** Scrolled to the top of a long thread: fetch the page before the oldest loaded message. */
+async function loadOlder() {
+  const history = state.history;
+  const threadId = state.threadId;
+  if (!threadId || !history.hasMore || history.loading || els.conversation.scrollTop > 40) return;
+  history.loading = true;
+  try {
+    const page = await state.api.snapshot(threadId, history.cursor);
+    if (state.history !== history) return; // another thread was opened meanwhile
+    const conv = els.conversation;
+    const fromBottom = conv.scrollHeight - conv.scrollTop;
+    history.prepend(page);
+    render();
+    conv.scrollTop = conv.scrollHeight - fromBottom; // keep the reader's place
+  } catch (err) {
+    showError(err, 'Could not load older messages');
+  } finally {
+    history.loading = false;
   }
 }
 
@@ -148,6 +172,7 @@ function openThread(threadId, { push = false, focus = false } = {}) {
     state.socket.unsubscribe(state.threadId);
   }
   state.threadId = threadId;
+  state.history = new OlderMessages();
   state.sync = null;
   state.subscribed = false;
   state.lastSend = null;
@@ -359,6 +384,7 @@ function wireUi() {
   els.composer.addEventListener('submit', send);
   els.composerInput.addEventListener('keydown', onComposerKey);
   els.stopButton.addEventListener('click', stopRun);
+  els.conversation.addEventListener('scroll', loadOlder, { passive: true });
   els.sidebarToggle.addEventListener('click', () => setSidebar(!els.sidebar.classList.contains('is-open')));
   document.addEventListener('keydown', (event) => {
     if (event.key === 'Escape' && els.sidebar.classList.contains('is-open')) {

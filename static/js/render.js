@@ -235,7 +235,7 @@ function renderQueue(els, queue, on, busy, allowed) {
       h(
         'li',
         { class: 'queue-item', testid: 'queue-item', dataset: { itemId: q.id } },
-        h('span', { class: 'queue-item__text' }, String(q.text || '')),
+        h('span', { class: 'queue-item__text', title: q.truncated ? `${q.size} characters; the preview is cut` : null }, String(q.text || '') + (q.truncated ? '…' : '')),
         q.submitted_by ? h('span', { class: 'queue-item__by' }, ` — ${q.submitted_by}`) : null,
         !allowed.cancelQueued(q.id) ? null : h('button', { type: 'button', class: 'btn btn--small', testid: 'queue-cancel', disabled: busy.has(`queue:${q.id}`), 'aria-label': `Cancel queued message: ${String(q.text || '').slice(0, 40)}`, onclick: () => on.cancelQueued(q) }, 'Cancel'),
       ),
