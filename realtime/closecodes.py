@@ -19,5 +19,7 @@ class CloseCode(enum.IntEnum):
     INTERNAL_ERROR = 1011
     UNAUTHORIZED = 4401
     SLOW_CONSUMER = 4408
+    # The connection's token was revoked or expired while it was open (echoes HTTP 403).
+    TOKEN_REVOKED = 4403
     # The token or subject already holds its maximum of open websockets.
     TOO_MANY_CONNECTIONS = 4429

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -24,6 +26,7 @@ from runtime.worker import Worker
 from server.errors import handle_error
 from server.gateway import Gateway, websocket_endpoint
 from server.limits import Limiter, admission_limits
+from server.revocation import TokenRevoker, listen_revocations
 from server.routes import api_routes, health_routes, static_routes
 from server.settings import Settings
 from server.telemetry import RequestTelemetry, configure_telemetry
@@ -73,6 +76,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         counters = open_counters(settings.redis_url, settings.limits_prefix)
         stack.push_async_callback(counters.close)
         state.limiter = Limiter(settings, counters)
+        state.revoker = TokenRevoker(state.store, bus)
 
         state.hub = None
         state.gateway = None
@@ -88,6 +92,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             # Registered after the hub so connections close before the hub stops.
             stack.push_async_callback(gateway.close)
             state.gateway = gateway
+            listener = asyncio.create_task(listen_revocations(bus, gateway.revoke))
+            stack.push_async_callback(_cancel, listener)
 
         state.worker = None
         if settings.runs_worker:
@@ -105,6 +111,12 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log.info("threadline started (role=%s)", settings.role)
         yield
         log.info("threadline stopping (role=%s)", settings.role)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def create_app(settings: Settings | None = None) -> Starlette:

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from runtime.domain import Principal, WaitKind
-from runtime.errors import InvalidInput
+from runtime.domain import Principal, Role, WaitKind
+from runtime.errors import Forbidden, InvalidInput
 from runtime.service import ThreadService, require_trusted
 from server.answers import (
     admission_answer,
@@ -28,6 +28,7 @@ from server.inputs import (
     NoInput,
     Regenerate,
     ResumeAction,
+    RevokeToken,
     SendMessage,
     SetVisibility,
     StopRun,
@@ -36,6 +37,7 @@ from server.inputs import (
 )
 from server.limits import Limiter
 from server.replies import Ack, Pong, ServerFrame, Subscribed, Unsubscribed
+from server.revocation import TokenRevoker
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")
@@ -61,6 +63,12 @@ class Caller:
     # Quotas of the deployment (None: unlimited, as in unit tests) and the caller's token key.
     limiter: Limiter | None = None
     token_id: str = ""
+    revoker: TokenRevoker | None = None
+
+    def tokens(self) -> TokenRevoker:
+        if self.revoker is None:
+            raise RuntimeError("token administration is not configured")
+        return self.revoker
 
     def session(self) -> Connection:
         if self.connection is None:
@@ -113,6 +121,11 @@ class Command(Generic[I, R]):
         if self.limited and caller.limiter is not None:
             await caller.limiter.command(caller.principal, caller.token_id)
         return self.answer(data, await self.call(caller, data))
+
+
+def require_admin(principal: Principal) -> None:
+    if principal.role is not Role.ADMIN:
+        raise Forbidden(f"role {principal.role} may not do this; admin required")
 
 
 def _limit(query: Mapping[str, str]) -> dict[str, Any]:
@@ -330,6 +343,17 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         http=Http(
             "POST", f"{T}/messages/{{message_id}}/visibility", "set_visibility"
         ),
+    ),
+    Command(
+        name="token.revoke",
+        input=RevokeToken,
+        call=lambda c, i: c.tokens().revoke(c.principal, i.token),
+        answer=lambda i, result: result,
+        answer_doc='`{"revoked": true, "subject", "published"}`; its websockets close with 4403',
+        reply=None,
+        http=Http("POST", "/v1/tokens/revoke", "revoke_token"),
+        authorize=require_admin,
+        note="administration over HTTP only (also `threadline token revoke`)",
     ),
     Command(
         name="ping",

@@ -17,7 +17,7 @@ from realtime.outbox import Outbox, OutboxClosedError, SlowConsumerError
 from runtime.domain import Principal
 from runtime.errors import QuotaExceeded
 from runtime.service import ThreadService
-from server.auth import authenticate, bearer_token, token_key
+from server.auth import authenticate, bearer_token, hash_token, token_key, token_key_of_hash
 from server.errors import Unauthorized
 from server.limits import REFRESH_INTERVAL, ConnectionSlot, Limiter
 from server.session import Session
@@ -30,6 +30,9 @@ _CLOSE_TIMEOUT = 2.0
 _OUTBOX_CHECK_INTERVAL = 1.0
 _SHUTDOWN_TIMEOUT = 5.0
 _COMMAND_GRACE = 10.0
+# How often open connections' tokens are checked against storage: the path that closes them
+# when a revocation message was lost (bus down) or a token expired.
+TOKEN_RECHECK_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class Connection:
         self.max_frame_bytes = settings.ws_max_frame_bytes
         self._finished = asyncio.Event()
         self._close: Close | None = None
+        # Set by the gateway: which token this connection authenticated with.
+        self.token_hash = ""
         self._inflight: asyncio.Future[None] | None = None
         # Set once the connection released everything (tasks, hub listeners, outbox).
         self.done = asyncio.Event()
@@ -162,7 +167,32 @@ class Gateway:
         self._connections: set[Connection] = set()
         self._slots: set[ConnectionSlot] = set()
         self._keeper: asyncio.Task[None] | None = None
+        self._checker: asyncio.Task[None] | None = None
         self._closing = False
+
+    async def revoke(self, key: str) -> int:
+        """Close every connection of the token `key` names (token_key) with 4403."""
+        closed = 0
+        for connection in list(self._connections):
+            if token_key_of_hash(connection.token_hash) == key:
+                connection.finish(Close(CloseCode.TOKEN_REVOKED, "token revoked"))
+                closed += 1
+        return closed
+
+    def _check_tokens(self) -> None:
+        if self._checker is None or self._checker.done():
+            self._checker = asyncio.create_task(self._recheck_tokens(), name="ws-tokens")
+
+    async def _recheck_tokens(self) -> None:
+        while self._connections:
+            await asyncio.sleep(TOKEN_RECHECK_INTERVAL)
+            for token_hash in {c.token_hash for c in self._connections if c.token_hash}:
+                try:
+                    valid = await self.service.store.principal_for_token(token_hash)
+                except Exception:
+                    continue  # storage down: leave connections alone, check again later
+                if valid is None:
+                    await self.revoke(token_key_of_hash(token_hash))
 
     @property
     def connection_count(self) -> int:
@@ -194,7 +224,7 @@ class Gateway:
             self._slots.add(slot)
             self._keep_slots()
         try:
-            await self._serve(websocket, principal, token_key(token or ""))
+            await self._serve(websocket, principal, hash_token(token or ""))
         finally:
             if slot is not None and self.limiter is not None:
                 self._slots.discard(slot)
@@ -215,7 +245,7 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await self.limiter.keep(slot)
 
-    async def _serve(self, websocket: WebSocket, principal: Principal, token_id: str) -> None:
+    async def _serve(self, websocket: WebSocket, principal: Principal, token_hash: str) -> None:
         connection: Connection | None = None
 
         def overflowed() -> None:
@@ -230,10 +260,12 @@ class Gateway:
             outbox,
             max_subscriptions=self.settings.ws_max_subscriptions,
             limiter=self.limiter,
-            token_id=token_id,
+            token_id=token_key_of_hash(token_hash),
         )
         connection = Connection(websocket, session, self.settings)
+        connection.token_hash = token_hash
         self._connections.add(connection)
+        self._check_tokens()
         _count(WS_CONNECTIONS, 1)
         try:
             close = await connection.run()
@@ -247,10 +279,11 @@ class Gateway:
     async def close(self) -> None:
         """Close every connection with 1001 and wait (bounded) for them to finish."""
         self._closing = True
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        for task in (self._keeper, self._checker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         connections = list(self._connections)
         for connection in connections:
             connection.finish(Close(CloseCode.GOING_AWAY, "server shutting down"))

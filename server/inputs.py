@@ -104,6 +104,10 @@ class CancelQueued(Input):
     item_id: ItemId
 
 
+class RevokeToken(Input):
+    token: str = Field(min_length=1, max_length=256)
+
+
 class GetQueued(Input):
     thread_id: ThreadId
     item_id: ItemId

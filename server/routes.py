@@ -109,6 +109,7 @@ def command_endpoint(command: Command[Any, Any]) -> Endpoint:
                 service_of(request),
                 limiter=getattr(request.app.state, "limiter", None),
                 token_id=token_key(token or ""),
+                revoker=getattr(request.app.state, "revoker", None),
             )
             answer = await command.run(caller, data)
             return JSONResponse(answer, status_code=http.status)

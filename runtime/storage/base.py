@@ -211,9 +211,17 @@ class Store(Protocol):
 
     # principals
     async def create_token(
-        self, token_hash: str, subject: str, role: Role, scopes: Collection[str]
+        self,
+        token_hash: str,
+        subject: str,
+        role: Role,
+        scopes: Collection[str],
+        expires_in: float | None = None,
     ) -> None: ...
-    async def principal_for_token(self, token_hash: str) -> Principal | None: ...
+    async def principal_for_token(self, token_hash: str) -> Principal | None:
+        """The principal of a token that exists, is not revoked and has not expired."""
+        ...
+    async def revoke_token(self, token_hash: str) -> bool: ...
 
     async def db_time(self) -> float: ...
 

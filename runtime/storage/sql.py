@@ -337,13 +337,25 @@ class SqlStore:
     # --- principals and the clock -------------------------------------------------------
 
     async def create_token(
-        self, token_hash: str, subject: str, role: Role, scopes: Collection[str]
+        self,
+        token_hash: str,
+        subject: str,
+        role: Role,
+        scopes: Collection[str],
+        expires_in: float | None = None,
     ) -> None:
         role = check_token(token_hash, subject, role)
+        if expires_in is not None and not expires_in > 0:
+            raise InvalidInput("expires_in must be a positive number of seconds")
         scopes_json = dumps(list(normalize_scopes(scopes)))
         await self._write(
-            lambda conn: sql_threads.create_token(conn, token_hash, subject, role, scopes_json)
+            lambda conn: sql_threads.create_token(
+                conn, token_hash, subject, role, scopes_json, expires_in
+            )
         )
+
+    async def revoke_token(self, token_hash: str) -> bool:
+        return await self._write(lambda conn: sql_threads.revoke_token(conn, token_hash))
 
     async def principal_for_token(self, token_hash: str) -> Principal | None:
         return await self._read(lambda conn: sql_threads.principal_for_token(conn, token_hash))

@@ -203,31 +203,53 @@ async def queued_items(conn: Conn, thread_id: str) -> list[QueuedItem]:
 
 
 async def create_token(
-    conn: Conn, token_hash: str, subject: str, role: Role, scopes_json: str
+    conn: Conn,
+    token_hash: str,
+    subject: str,
+    role: Role,
+    scopes_json: str,
+    expires_in: float | None = None,
 ) -> None:
+    now = await conn.now()
     inserted = await conn.fetchval(
-        "INSERT INTO api_tokens (token_hash, subject, role, scopes, created_at)"
-        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (token_hash) DO NOTHING"
+        "INSERT INTO api_tokens (token_hash, subject, role, scopes, created_at, expires_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (token_hash) DO NOTHING"
         " RETURNING token_hash",
         token_hash,
         subject,
         role.value,
         scopes_json,
-        await conn.now(),
+        now,
+        None if expires_in is None else now + expires_in,
     )
     if inserted is None:
         raise Conflict("a token with this hash already exists")
 
 
 async def principal_for_token(conn: Conn, token_hash: str) -> Principal | None:
+    # Expiry on the database clock, like leases: every gateway agrees on when a token ends.
     row = await conn.fetchrow(
-        "SELECT subject, role, scopes FROM api_tokens WHERE token_hash = $1", token_hash
+        "SELECT subject, role, scopes FROM api_tokens WHERE token_hash = $1"
+        " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $2)",
+        token_hash,
+        await conn.now(),
     )
     if row is None:
         return None
     return Principal(
         subject=row["subject"], role=Role(row["role"]), scopes=frozenset(loads(row["scopes"]))
     )
+
+
+async def revoke_token(conn: Conn, token_hash: str) -> bool:
+    """Mark the token revoked; False when no such (unrevoked) token exists."""
+    revoked = await conn.fetchval(
+        "UPDATE api_tokens SET revoked_at = $2 WHERE token_hash = $1 AND revoked_at IS NULL"
+        " RETURNING token_hash",
+        token_hash,
+        await conn.now(),
+    )
+    return revoked is not None
 
 
 def build_snapshot(

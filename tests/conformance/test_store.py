@@ -36,10 +36,10 @@ from tests.conformance.store_helpers import (
 
 async def test_migrate_is_idempotent(store: SqlStore) -> None:
     # open() already applied everything; running it again (twice) applies nothing.
-    assert await store.applied_migrations() == ["0001_init"]
+    assert await store.applied_migrations() == ["0001_init", "0002_token_expiry_revocation"]
     assert await store.migrate() == []
     assert await store.migrate() == []
-    assert await store.applied_migrations() == ["0001_init"]
+    assert await store.applied_migrations() == ["0001_init", "0002_token_expiry_revocation"]
     thread = await new_thread(store)
     assert (await store.get_thread(thread.id, SCOPES)).version == 1
 
@@ -50,7 +50,7 @@ async def test_concurrent_openers_migrate_once(make_store: StoreFactory) -> None
     try:
         await asyncio.gather(*(s.open() for s in stores))
         for s in stores:
-            assert await s.applied_migrations() == ["0001_init"]
+            assert await s.applied_migrations() == ["0001_init", "0002_token_expiry_revocation"]
         thread = await new_thread(stores[0])
         for other in stores[1:]:
             assert (await other.get_thread(thread.id, SCOPES)).id == thread.id

@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 
 from realtime.closecodes import CloseCode
 from server.errors import STATUS
-from tests.e2e import cluster
+from tests.e2e import cluster, harness
 from tests.e2e.harness import ServerHandle
 from tests.services import require_postgres, require_redis
 
@@ -308,6 +308,46 @@ async def test_a_10000_message_thread_snapshots_in_bounded_size(setup: Setup) ->
     assert [m["id"] for m in older.json()["messages"]][-1] == f"msg_{thread_id}_9899"
     assert sizes[10_000][0] <= sizes[1000][0] * 1.1
     assert sizes[10_000][0] < 128 * 1024
+
+
+async def closed_within(ws: ClientConnection, seconds: float) -> tuple[int | None, float]:
+    started = time.monotonic()
+    try:
+        while True:
+            await asyncio.wait_for(ws.recv(), seconds)
+    except ConnectionClosed as closed:
+        return (closed.rcvd.code if closed.rcvd else None), time.monotonic() - started
+    except TimeoutError:
+        return None, time.monotonic() - started
+
+
+async def test_a_revoked_token_s_websockets_close_on_both_gateways(setup: Setup) -> None:
+    tenant = scope()
+    victim, other = setup.token(tenant), setup.token(tenant)
+    admin = setup.token(tenant, role="admin")
+    g1, g2 = setup.gateways
+    figures = []
+    # Once through the admin route, once through `threadline token revoke`.
+    for how in ("route", "cli"):
+        token = victim if how == "route" else other
+        sockets = [await open_ws(g1, token), await open_ws(g2, token)]
+        started = time.monotonic()
+        if how == "route":
+            async with client(g2, admin) as http:
+                answer = await http.post("/v1/tokens/revoke", json={"token": token})
+            assert answer.status_code == 200, answer.text
+        else:
+            done = harness.run_command(["token", "revoke", token], setup.cluster.env)
+            assert done.returncode == 0, done.stderr
+        closes = [await closed_within(ws, 10) for ws in sockets]
+        elapsed = time.monotonic() - started
+        figures.append((how, [code for code, _ in closes], round(elapsed, 2)))
+        assert [code for code, _ in closes] == [CloseCode.TOKEN_REVOKED] * 2, closes
+        async with client(g1, token) as http:
+            assert (await http.get("/v1/me")).status_code == 401
+    print(f"\nrevocation (how, close codes on both gateways, seconds incl. the command): {figures}")
+    # Through the route, the bus carries it: well within a second of the answer.
+    assert figures[0][2] < 1.5
 
 
 def test_every_limit_error_code_is_in_the_protocol_doc() -> None:
