@@ -83,3 +83,19 @@ async def test_a_bounded_snapshot_pages_back_through_every_message(store: SqlSto
         if before is None:
             break
     assert seen == [m.id for m in whole.messages] and pages == 3
+
+
+async def test_runnable_runs_go_round_robin_across_scopes(store: SqlStore) -> None:
+    # Scope acme floods first: five runs, then globex's one run arrives last.
+    flood = []
+    for n in range(5):
+        thread = await new_thread(store)
+        admission = await store.submit_input(thread.id, SCOPES, text=f"a{n}", submitted_by="a")
+        flood.append(admission.run_id)
+    other = await new_thread(store, scope="globex")
+    late = await store.submit_input(other.id, ["globex"], text="b", submitted_by="b")
+    picked = [run.id for run in await store.find_runnable_runs(limit=2)]
+    # Before round robin this was acme's first two: globex waited for the whole burst.
+    assert picked == [flood[0], late.run_id]
+    everything = [run.id for run in await store.find_runnable_runs(limit=10)]
+    assert everything == [flood[0], late.run_id, *flood[1:]]
