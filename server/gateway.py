@@ -199,6 +199,11 @@ class Gateway:
         return len(self._connections)
 
     async def serve(self, websocket: WebSocket) -> None:
+        allowed = self.settings.ws_allowed_origins
+        if allowed and websocket.headers.get("origin", "") not in allowed:
+            # Closing before accepting refuses the upgrade itself: the browser sees HTTP 403.
+            await websocket.close(CloseCode.UNAUTHORIZED)
+            return
         # Accept first: a close code (4401) can only be sent on an open websocket.
         await websocket.accept()
         if self._closing:

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     # cut to a preview of this many characters (the full text: GET …/queue/{item_id}).
     snapshot_messages: int = Field(default=100, ge=1, le=500)
     queue_preview_chars: int = Field(default=500, ge=16)
+    # Websocket upgrades whose Origin header is not in this list are refused (HTTP 403).
+    # Empty (the default): no check. JSON list, e.g. '["https://chat.example.com"]'.
+    ws_allowed_origins: list[str] = Field(default_factory=list)
     # Namespace of the quota counters in Redis (several deployments may share one Redis).
     limits_prefix: str = "threadline:limits:"
 
