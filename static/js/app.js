@@ -403,7 +403,8 @@ function wireUi() {
 
 function boot() {
   wireUi();
-  const session = readSession(location.href, sessionStorage);
+  const session = readSession(location.href, sessionStorage, () =>
+    window.confirm('This link carries a different access token than the one this tab uses. Switch to it? (Cancel keeps your current session.)'));
   state.token = session.token;
   if (session.url !== location.href) history.replaceState(null, '', session.url);
   if (!state.token) {
