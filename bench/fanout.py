@@ -92,7 +92,13 @@ def processes(database_url: str, redis_url: str) -> Iterator[list[harness.Server
     """Gateway 1, gateway 2, worker; all stopped on the way out, whatever happened."""
     env = harness.server_env(
         database_url,
-        {"THREADLINE_REDIS_URL": redis_url, "THREADLINE_POLL_INTERVAL": "0.2"},
+        {
+            "THREADLINE_REDIS_URL": redis_url,
+            "THREADLINE_POLL_INTERVAL": "0.2",
+            # One token opens every subscriber: this measures fan-out, not the connection caps.
+            "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
+            "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
+        },
     )
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
     started: list[harness.ServerHandle] = []

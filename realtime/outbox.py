@@ -35,6 +35,8 @@ class _Entry:
     kind: str
     thread_id: str
     live: bool = True
+    # Bytes this entry counts for against the bounds (see `Outbox.put`).
+    weight: int = 0
 
 
 class Outbox:
@@ -52,6 +54,11 @@ class Outbox:
       returns False and `on_overflow` is called once, so the gateway closes the connection with
       `CLOSE_SLOW_CONSUMER`. Nothing checks the clock by itself; `put`, `get` and `check` do,
       and a gateway whose sender is stuck in a write calls `check()` from a timer.
+    - A single frame larger than `max_bytes` (a large tool output) counts as just over it: it
+      puts the connection over high water (it must be drained within `grace`) but never past
+      the hard limit on its own, so it is sent instead of overflowing every subscriber at once
+      (each of which would resubscribe, get it replayed and overflow again). A few of them
+      queued together still make a slow consumer.
     """
 
     def __init__(
@@ -116,14 +123,14 @@ class Outbox:
             if last is not None and version <= last:
                 return True
             self._versions[thread_id] = version
-        entry = _Entry(data, kind, thread_id)
+        entry = _Entry(data, kind, thread_id, weight=min(len(data), self.max_bytes + 1))
         if kind in _COALESCING:
             previous = self._coalesced.get((kind, thread_id))
             if previous is not None:
                 self._kill(previous)
             self._coalesced[(kind, thread_id)] = entry
         self._entries.append(entry)
-        self._bytes += len(data)
+        self._bytes += entry.weight
         self._live += 1
         self._wakeup.set()
         return self._evaluate()
@@ -187,7 +194,7 @@ class Outbox:
 
     def _forget(self, entry: _Entry) -> None:
         entry.live = False
-        self._bytes -= len(entry.data)
+        self._bytes -= entry.weight
         self._live -= 1
         key = (entry.kind, entry.thread_id)
         if self._coalesced.get(key) is entry:

@@ -354,6 +354,9 @@ class QueuedItemView(_Frozen):
     text: str
     submitted_by: str
     interrupt: bool = False
+    # Set when `text` is only a preview; the full text has its own route (docs/protocol.md).
+    truncated: bool = False
+    size: int | None = None
 
 
 class Snapshot(_Frozen):
@@ -364,6 +367,11 @@ class Snapshot(_Frozen):
     pending_actions: tuple[PendingAction, ...]
     run: RunView | None
     queue: tuple[QueuedItemView, ...]
+    # What the reading principal may do (runtime.permissions); set by the service per reader.
+    permissions: dict[str, Any] | None = None
+    # Set for a bounded snapshot: `{"limit", "before"}`; `before` is the cursor of the older
+    # messages (None: the snapshot holds the thread's first message).
+    page: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

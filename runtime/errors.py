@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -86,3 +87,35 @@ class Unavailable(ThreadlineError):
     """A backing service stayed unreachable after retries."""
 
     code = "unavailable"
+
+
+class QuotaExceeded(ThreadlineError):
+    """A request over one of the deployment's limits; nothing changed.
+
+    Each limit is a subclass with its own code (docs/protocol.md, "Limits"); `retry_after` is
+    how many whole seconds the caller should wait before trying again (HTTP `Retry-After`).
+    """
+
+    def __init__(self, message: str, *, retry_after: float, **details: Any) -> None:
+        self.retry_after = max(1, math.ceil(retry_after))
+        super().__init__(message, retry_after=self.retry_after, **details)
+
+
+class TokenRateLimited(QuotaExceeded):
+    code = "token_rate_limited"
+
+
+class ScopeRateLimited(QuotaExceeded):
+    code = "scope_rate_limited"
+
+
+class QueueFull(QuotaExceeded):
+    code = "queue_full"
+
+
+class ScopeRunsExceeded(QuotaExceeded):
+    code = "scope_runs_exceeded"
+
+
+class TooManyConnections(QuotaExceeded):
+    code = "too_many_connections"

@@ -28,9 +28,11 @@ from runtime.domain import (
 from runtime.errors import Forbidden, InvalidInput, NotFound
 from runtime.lifecycle import RewriteKind
 from runtime.payloads import check_payload
+from runtime.permissions import Destructive, PermissionPolicy
 from runtime.publisher import Publisher
 from runtime.rewrites import rewrite
 from runtime.storage.base import (
+    AdmissionLimits,
     ResolveResult,
     RetryRun,
     RewriteOp,
@@ -77,8 +79,24 @@ class ThreadService:
     `NotFound`, exactly like a missing one.
     """
 
-    def __init__(self, store: Store, publisher: Publisher, agent: Agent) -> None:
+    def __init__(
+        self,
+        store: Store,
+        publisher: Publisher,
+        agent: Agent,
+        *,
+        limits: AdmissionLimits | None = None,
+        permissions: PermissionPolicy | None = None,
+        snapshot_messages: int | None = None,
+        queue_preview_chars: int | None = None,
+    ) -> None:
         self.store = store
+        # Bounded snapshots: the last `snapshot_messages` messages, queued texts cut to a preview.
+        self.snapshot_messages = snapshot_messages
+        self.queue_preview_chars = queue_preview_chars
+        self.permissions = permissions or PermissionPolicy()
+        # Queue and per-scope run bounds, checked by the store inside the admission transaction.
+        self.limits = limits
         self.publisher = publisher
         self.agent = agent
         self.lifecycle = compose_lifecycle(agent.lifecycle)
@@ -98,7 +116,7 @@ class ThreadService:
         if not principal.can_access(target):
             raise Forbidden(f"you may not create threads in scope {target!r}")
         thread = await self.store.create_thread(target, title, dict(metadata or {}))
-        return await self.store.snapshot(thread.id, principal.scopes)
+        return await self.snapshot(principal, thread.id)
 
     async def list_threads(self, principal: Principal, limit: int = 100) -> list[Thread]:
         return await self.store.list_threads(principal.scopes, limit)
@@ -111,11 +129,134 @@ class ThreadService:
         return await self.store.pending_actions(principal.scopes, limit=limit, after=after)
 
     async def snapshot(
-        self, principal: Principal, thread_id: str, *, include_hidden: bool = False
+        self,
+        principal: Principal,
+        thread_id: str,
+        *,
+        include_hidden: bool = False,
+        before: int | None = None,
+        limit: int | None = None,
     ) -> Snapshot:
-        return await self.store.snapshot(
-            thread_id, principal.scopes, include_hidden=include_hidden
+        """The thread as this principal sees it; bounded when the service is configured so
+        (the last messages, `page.before` the cursor of older ones; queued texts previewed)."""
+        snapshot = await self.store.snapshot(
+            thread_id,
+            principal.scopes,
+            include_hidden=include_hidden,
+            message_limit=limit or self.snapshot_messages,
+            before=before,
         )
+        return await self._with_permissions(principal, self._preview_queue(snapshot))
+
+    def _preview_queue(self, snapshot: Snapshot) -> Snapshot:
+        cap = self.queue_preview_chars
+        if cap is None or all(len(item.text) <= cap for item in snapshot.queue):
+            return snapshot
+        queue = tuple(
+            item
+            if len(item.text) <= cap
+            else item.model_copy(
+                update={"text": item.text[:cap], "truncated": True, "size": len(item.text)}
+            )
+            for item in snapshot.queue
+        )
+        return snapshot.model_copy(update={"queue": queue})
+
+    async def queued_item(self, principal: Principal, thread_id: str, item_id: str) -> Any:
+        """One queued item with its full text (a snapshot carries only a preview)."""
+        await self.store.get_thread(thread_id, principal.scopes)
+        for item in await self.store.list_queue(thread_id):
+            if item.id == item_id:
+                return item
+        raise NotFound(f"queued item {item_id} not found")
+
+    async def _with_permissions(self, principal: Principal, snapshot: Snapshot) -> Snapshot:
+        """The snapshot with what this reader may do, so clients offer only those actions."""
+        policy = self.permissions
+        authors = await self._page_authors(snapshot, policy)
+
+        def may(action: Destructive, author: str | None) -> bool:
+            return policy.allows(action, principal, author)
+
+        run = snapshot.run
+        run_author = None
+        if run is not None and policy.needs_author(Destructive.STOP):
+            run_author = (await self.store.get_run(run.id)).started_by
+        reply = _last_assistant_reply_start(snapshot.messages)
+        permissions = {
+            "policy": policy.model_dump(mode="json"),
+            "regenerate": reply is not None and may(Destructive.REGENERATE, authors.get(reply)),
+            "stop": run is not None and may(Destructive.STOP, run_author),
+            "cancel_queued": [
+                item.id
+                for item in snapshot.queue
+                if may(Destructive.CANCEL_QUEUED, item.submitted_by)
+            ],
+            "visibility": [
+                m.id for m in snapshot.messages if may(Destructive.VISIBILITY, authors.get(m.id))
+            ],
+        }
+        return snapshot.model_copy(update={"permissions": permissions})
+
+    async def _page_authors(self, snapshot: Snapshot, policy: PermissionPolicy) -> dict[str, str]:
+        """Authors of the snapshot's messages only, so a bounded snapshot stays bounded."""
+        if not (
+            policy.needs_author(Destructive.REGENERATE)
+            or policy.needs_author(Destructive.VISIBILITY)
+        ):
+            return {}
+        runs = {}
+        for run_id in {m.run_id for m in snapshot.messages if m.run_id}:
+            runs[run_id] = await self.store.get_run(run_id)
+        by_input = {run.input_message_id: run.started_by for run in runs.values()}
+        authors = {}
+        for message in snapshot.messages:
+            if message.run_id in runs:
+                authors[message.id] = runs[message.run_id].started_by
+            elif message.id in by_input:
+                authors[message.id] = by_input[message.id]
+        return authors
+
+    async def _authors(self, thread_id: str, policy: PermissionPolicy) -> dict[str, str]:
+        """Author of each message: who started the run that wrote it (assistant and tool
+        messages) or that it started (user messages). Read only when a rule needs authors."""
+        if not (
+            policy.needs_author(Destructive.REGENERATE)
+            or policy.needs_author(Destructive.VISIBILITY)
+        ):
+            return {}
+        messages = await self.store.list_messages(thread_id)
+        runs: dict[str, Any] = {}
+        for run_id in {m.run_id for m in messages if m.run_id}:
+            runs[run_id] = await self.store.get_run(run_id)
+        by_input = {run.input_message_id: run.started_by for run in runs.values()}
+        authors: dict[str, str] = {}
+        for message in messages:
+            if message.run_id in runs:
+                authors[message.id] = runs[message.run_id].started_by
+            elif message.id in by_input:
+                authors[message.id] = by_input[message.id]
+        return authors
+
+    async def _require(
+        self,
+        principal: Principal,
+        action: Destructive,
+        thread_id: str,
+        author: str | None = None,
+        message_id: str | None = None,
+    ) -> None:
+        """Refuse `action` unless the deployment's policy allows it to `principal`."""
+        if message_id is not None and self.permissions.needs_author(action):
+            author = (await self._authors(thread_id, self.permissions)).get(message_id)
+        if not self.permissions.allows(action, principal, author):
+            rule = self.permissions.rule(action)
+            what = action.value.replace("_", " ")
+            raise Forbidden(
+                f"this deployment lets only {rule.value!r} principals {what} here",
+                action=action.value,
+                rule=rule.value,
+            )
 
     # --- input ---------------------------------------------------------------------------
 
@@ -143,6 +284,7 @@ class ThreadService:
             client_request_id=client_request_id,
             policy=policy,
             client_tools=tools,
+            limits=self.limits,
         )
         if admission.duplicate:
             return admission
@@ -154,6 +296,15 @@ class ThreadService:
         return admission
 
     async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int:
+        if self.permissions.needs_author(Destructive.CANCEL_QUEUED) or not self.permissions.allows(
+            Destructive.CANCEL_QUEUED, principal, None
+        ):
+            await self.store.get_thread(thread_id, principal.scopes)
+            items = {item.id: item for item in await self.store.list_queue(thread_id)}
+            if item_id not in items:
+                raise NotFound(f"queued item {item_id} not found")
+            author = items[item_id].submitted_by
+            await self._require(principal, Destructive.CANCEL_QUEUED, thread_id, author)
         version = await self.store.cancel_queued_item(thread_id, principal.scopes, item_id)
         await self.publisher.invalidate(thread_id, version)
         return version
@@ -225,6 +376,12 @@ class ThreadService:
     # --- stop ----------------------------------------------------------------------------
 
     async def stop_run(self, principal: Principal, thread_id: str, run_id: str) -> StopResult:
+        if not self.permissions.allows(Destructive.STOP, principal, None):
+            await self.store.get_thread(thread_id, principal.scopes)
+            run = await self.store.get_run(run_id)  # NotFound for an unknown run
+            if run.thread_id != thread_id:
+                raise NotFound(f"run {run_id} not found")
+            await self._require(principal, Destructive.STOP, thread_id, run.started_by)
         result = await self.store.request_stop(thread_id, principal.scopes, run_id)
         if result.status.is_terminal:
             await self.publisher.invalidate(thread_id, result.version)
@@ -252,6 +409,7 @@ class ThreadService:
             message_id = target
         elif not any(m.id == message_id for m in messages):
             raise NotFound(f"message {message_id} not found")
+        await self._require(principal, Destructive.REGENERATE, thread_id, message_id=message_id)
         start = message_id
         result = await self._rewrite(
             principal,
@@ -309,6 +467,11 @@ class ThreadService:
         *,
         expected_version: int | None = None,
     ) -> RewriteResult:
+        if not self.permissions.allows(Destructive.VISIBILITY, principal, None):
+            messages = await self._messages(principal, thread_id)
+            if not any(m.id == message_id for m in messages):
+                raise NotFound(f"message {message_id} not found")
+            await self._require(principal, Destructive.VISIBILITY, thread_id, message_id=message_id)
         return await self._rewrite(
             principal,
             thread_id,

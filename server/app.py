@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -14,6 +16,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 
 from realtime import connect_bus, open_bus
 from realtime.hub import Hub
+from realtime.limits import open_counters
 from runtime.agent import load_agent
 from runtime.errors import ThreadlineError
 from runtime.publisher import Publisher
@@ -26,7 +29,9 @@ from server.aisdk import aisdk_routes
 from server.errors import handle_error
 from server.gateway import Gateway, websocket_endpoint
 from server.inbox import ActionInbox
+from server.limits import Limiter, admission_limits
 from server.presence import PresenceHub, open_presence
+from server.revocation import TokenRevoker, listen_revocations
 from server.routes import api_routes, health_routes, static_routes
 from server.settings import Settings
 from server.telemetry import RequestTelemetry, configure_telemetry
@@ -64,7 +69,19 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
         agent = load_agent(settings.agent)
         state.agent = agent
-        state.service = ThreadService(state.store, state.publisher, agent)
+        state.service = ThreadService(
+            state.store,
+            state.publisher,
+            agent,
+            limits=admission_limits(settings),
+            permissions=settings.permissions,
+            snapshot_messages=settings.snapshot_messages,
+            queue_preview_chars=settings.queue_preview_chars,
+        )
+        counters = open_counters(settings.redis_url, settings.limits_prefix)
+        stack.push_async_callback(counters.close)
+        state.limiter = Limiter(settings, counters)
+        state.revoker = TokenRevoker(state.store, bus)
 
         state.hub = None
         state.gateway = None
@@ -86,10 +103,12 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                 )
             )
             state.presence = presence
-            gateway = Gateway(settings, state.service, hub, inbox, presence)
+            gateway = Gateway(settings, state.service, hub, inbox, presence, state.limiter)
             # Registered after the hub so connections close before the hub stops.
             stack.push_async_callback(gateway.close)
             state.gateway = gateway
+            listener = asyncio.create_task(listen_revocations(bus, gateway.revoke))
+            stack.push_async_callback(_cancel, listener)
 
         state.worker = None
         if settings.runs_worker:
@@ -107,6 +126,12 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         log.info("threadline started (role=%s)", settings.role)
         yield
         log.info("threadline stopping (role=%s)", settings.role)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def create_app(settings: Settings | None = None) -> Starlette:

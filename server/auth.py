@@ -24,14 +24,30 @@ def hash_token(token: str) -> str:
 
 
 async def create_token(
-    store: Store, *, subject: str, role: Role, scopes: Collection[str]
+    store: Store,
+    *,
+    subject: str,
+    role: Role,
+    scopes: Collection[str],
+    expires_in: float | None = None,
 ) -> str:
-    """Mint a token for `subject`; the plain token is returned once and never stored."""
+    """Mint a token for `subject` (valid `expires_in` seconds, or until revoked); the plain
+    token is returned once and never stored."""
     if not scopes:
         raise ValueError("a token needs at least one scope")
     token = new_token()
-    await store.create_token(hash_token(token), subject, role, frozenset(scopes))
+    await store.create_token(hash_token(token), subject, role, frozenset(scopes), expires_in)
     return token
+
+
+def token_key(token: str) -> str:
+    """A short key naming a token in quota counters and revocations; not enough to look the
+    token up (a prefix of its hash)."""
+    return token_key_of_hash(hash_token(token))
+
+
+def token_key_of_hash(token_hash: str) -> str:
+    return token_hash[:24]
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:

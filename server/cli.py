@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, token create, migrate."""
+"""The `threadline` command: serve, token create and revoke, migrate."""
 
 from __future__ import annotations
 
@@ -26,12 +26,41 @@ async def _migrated_store(settings: Settings) -> AsyncIterator[Any]:
 
 
 async def _create_token(
-    settings: Settings, subject: str, role: Role, scopes: Sequence[str]
+    settings: Settings,
+    subject: str,
+    role: Role,
+    scopes: Sequence[str],
+    expires_in: float | None = None,
 ) -> str:
     from server.auth import create_token
 
     async with _migrated_store(settings) as store:
-        return await create_token(store, subject=subject, role=role, scopes=scopes)
+        return await create_token(
+            store, subject=subject, role=role, scopes=scopes, expires_in=expires_in
+        )
+
+
+async def _revoke_token(settings: Settings, token: str) -> tuple[bool, bool]:
+    """(revoked, published): revoke in storage, then tell the gateways over the bus."""
+    from realtime import connect_bus, open_bus
+    from server.auth import hash_token, token_key_of_hash
+    from server.revocation import publish_revoked
+
+    async with _migrated_store(settings) as store:
+        token_hash = hash_token(token)
+        if not await store.revoke_token(token_hash):
+            return False, False
+    if not settings.redis_url:
+        return True, False  # an embedded server's gateway notices on its periodic check
+    bus = open_bus(settings.redis_url)
+    try:
+        await connect_bus(bus, timeout=min(settings.bus_connect_timeout, 5.0))
+        return True, await publish_revoked(bus, token_key_of_hash(token_hash))
+    except Exception as exc:
+        log.warning("revoked in storage, but could not reach Redis: %s", exc)
+        return True, False
+    finally:
+        await bus.close()
 
 
 async def _migrate(settings: Settings) -> None:
@@ -105,14 +134,32 @@ def token() -> None:
     "--role", type=click.Choice([r.value for r in Role]), default=Role.USER.value, show_default=True
 )
 @click.option("--subject", default=None, help="Who the token acts as (default: '<role>-cli').")
-def token_create(scopes: tuple[str, ...], role: str, subject: str | None) -> None:
+@click.option(
+    "--expires-in", type=click.FloatRange(min=1), default=None, help="Seconds until it expires."
+)
+def token_create(
+    scopes: tuple[str, ...], role: str, subject: str | None, expires_in: float | None
+) -> None:
     """Print one new bearer token on stdout (nothing else)."""
     settings = Settings()
     setup_logging("warning")
     value = asyncio.run(
-        _create_token(settings, subject or f"{role}-cli", Role(role), list(scopes))
+        _create_token(settings, subject or f"{role}-cli", Role(role), list(scopes), expires_in)
     )
     click.echo(value)
+
+
+@token.command("revoke")
+@click.argument("token_value", metavar="TOKEN")
+def token_revoke(token_value: str) -> None:
+    """Revoke TOKEN: refused from now on, its open websockets closed (4403) on every gateway."""
+    settings = Settings()
+    setup_logging("warning")
+    revoked, published = asyncio.run(_revoke_token(settings, token_value.strip()))
+    if not revoked:
+        raise click.ClickException("no such active token")
+    how = "gateways told over Redis" if published else "gateways notice within 5 s"
+    click.echo(f"revoked ({how})", err=True)
 
 
 @main.command()

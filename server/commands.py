@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from runtime.domain import Principal, WaitKind
-from runtime.errors import InvalidInput
+from runtime.domain import Principal, Role, WaitKind
+from runtime.errors import Forbidden, InvalidInput
 from runtime.service import ThreadService, require_trusted
 from server.answers import (
     actions_answer,
@@ -22,6 +22,7 @@ from server.answers import (
 from server.inputs import (
     CancelQueued,
     CreateThread,
+    GetQueued,
     GetSnapshot,
     Input,
     ListActions,
@@ -31,6 +32,7 @@ from server.inputs import (
     Regenerate,
     ResumeAction,
     RetryRun,
+    RevokeToken,
     ScopeRef,
     SendMessage,
     SetVisibility,
@@ -38,6 +40,7 @@ from server.inputs import (
     ThreadRef,
     ToolResult,
 )
+from server.limits import Limiter
 from server.replies import (
     Ack,
     ActionsSubscribed,
@@ -47,6 +50,7 @@ from server.replies import (
     Subscribed,
     Unsubscribed,
 )
+from server.revocation import TokenRevoker
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")
@@ -72,6 +76,15 @@ class Caller:
     service: ThreadService
     connection: Connection | None = None
     frame_id: Any = None
+    # Quotas of the deployment (None: unlimited, as in unit tests) and the caller's token key.
+    limiter: Limiter | None = None
+    token_id: str = ""
+    revoker: TokenRevoker | None = None
+
+    def tokens(self) -> TokenRevoker:
+        if self.revoker is None:
+            raise RuntimeError("token administration is not configured")
+        return self.revoker
 
     def session(self) -> Connection:
         if self.connection is None:
@@ -103,6 +116,8 @@ class Command(Generic[I, R]):
     the server frame answering it over the websocket (None: not offered there), `http` its
     route (None: not offered there); `note` says why a transport is missing. `authorize` is a
     role rule of the service, asked before the input is read so a refusal never depends on it.
+    `limited` commands draw from the caller's rate limits; reads, keepalives and subscriptions
+    (bounded per connection) do not, so refetching snapshots never eats a client's budget.
     """
 
     name: str
@@ -114,11 +129,19 @@ class Command(Generic[I, R]):
     http: Http | None = None
     authorize: Callable[[Principal], None] | None = None
     note: str = ""
+    limited: bool = True
 
     async def run(self, caller: Caller, data: I) -> dict[str, Any] | None:
         """Check limits, call the service, shape the answer (None: the call answered itself)."""
-        data.check()
+        data.check()  # size limits first: cheap, and a refused input costs no rate budget
+        if self.limited and caller.limiter is not None:
+            await caller.limiter.command(caller.principal, caller.token_id)
         return self.answer(data, await self.call(caller, data))
+
+
+def require_admin(principal: Principal) -> None:
+    if principal.role is not Role.ADMIN:
+        raise Forbidden(f"role {principal.role} may not do this; admin required")
 
 
 def _limit(query: Mapping[str, str]) -> dict[str, Any]:
@@ -143,6 +166,27 @@ def _include_hidden(query: Mapping[str, str]) -> dict[str, Any]:
     if value not in ("true", "false", "1", "0"):
         raise InvalidInput("query parameter 'include_hidden' must be true or false")
     return {"include_hidden": value in ("true", "1")}
+
+
+def _snapshot_query(query: Mapping[str, str]) -> dict[str, Any]:
+    fields = _include_hidden(query)
+    for name, low, high in (("before", 0, 2**62), ("limit", 1, 500)):
+        raw = query.get(name)
+        if raw is None:
+            continue
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise InvalidInput(f"query parameter {name!r} must be an integer from {low} to {high}")
+        fields[name] = int(raw)
+    return fields
+
+
+def _queued_answer(item: Any) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "text": item.text,
+        "submitted_by": item.submitted_by,
+        "interrupt": item.interrupt,
+    }
 
 
 async def _nothing(caller: Caller, data: Input) -> None:
@@ -196,18 +240,24 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         reply=None,
         http=Http("GET", "/v1/threads", "list_threads", body=False, query=_limit),
         note=READ,
+        limited=False,
     ),
     Command(
         name="thread.snapshot",
         input=GetSnapshot,
         call=lambda c, i: c.service.snapshot(
-            c.principal, i.thread_id, include_hidden=i.include_hidden
+            c.principal,
+            i.thread_id,
+            include_hidden=i.include_hidden,
+            before=i.before,
+            limit=i.limit,
         ),
         answer=lambda i, snapshot: snapshot.to_wire(),
-        answer_doc=SNAPSHOT,
+        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones",
         reply=None,
-        http=Http("GET", T, "snapshot", body=False, query=_include_hidden),
+        http=Http("GET", T, "snapshot", body=False, query=_snapshot_query),
         note=READ,
+        limited=False,
     ),
     Command(
         name="subscribe",
@@ -218,6 +268,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         "in-flight step's chunks, then live frames",
         reply=Subscribed,
         note=WS_ONLY,
+        limited=False,
     ),
     Command(
         name="unsubscribe",
@@ -227,6 +278,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc='`{"type": "unsubscribed", "thread_id"}`',
         reply=Unsubscribed,
         note=WS_ONLY,
+        limited=False,
     ),
     Command(
         name="message.send",
@@ -251,6 +303,17 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer=lambda i, version: {"thread_id": i.thread_id, "version": version},
         answer_doc=THREAD_VERSION,
         http=Http("DELETE", f"{T}/queue/{{item_id}}", "cancel_queued", body=False),
+    ),
+    Command(
+        name="queue.item",
+        input=GetQueued,
+        call=lambda c, i: c.service.queued_item(c.principal, i.thread_id, i.item_id),
+        answer=lambda i, item: _queued_answer(item),
+        answer_doc='`{"id", "text", "submitted_by", "interrupt"}`: the full text of a queued item',
+        reply=None,
+        http=Http("GET", f"{T}/queue/{{item_id}}", "queued_item", body=False),
+        note=READ,
+        limited=False,
     ),
     Command(
         name="action.resume",
@@ -323,6 +386,17 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         ),
     ),
     Command(
+        name="token.revoke",
+        input=RevokeToken,
+        call=lambda c, i: c.tokens().revoke(c.principal, i.token),
+        answer=lambda i, result: result,
+        answer_doc='`{"revoked": true, "subject", "published"}`; its websockets close with 4403',
+        reply=None,
+        http=Http("POST", "/v1/tokens/revoke", "revoke_token"),
+        authorize=require_admin,
+        note="administration over HTTP only (also `threadline token revoke`)",
+    ),
+    Command(
         name="ping",
         input=NoInput,
         call=_nothing,
@@ -330,6 +404,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc='`{"type": "pong"}`',
         reply=Pong,
         note="keepalive for clients that cannot see protocol pings; HTTP needs none",
+        limited=False,
     ),
     Command(
         name="me",
@@ -340,6 +415,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         reply=None,
         http=Http("GET", "/v1/me", "me", body=False),
         note="a read of the token itself, which the websocket checked when it opened",
+        limited=False,
     ),
 )
 # The scope-wide action inbox (docs/protocol.md, "Action inbox"): a read over HTTP, live

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from realtime.errors import BusError
-from runtime.errors import ThreadlineError
+from runtime.errors import QuotaExceeded, ThreadlineError
 from runtime.service import validation_field_errors
 from server.replies import ErrorFrame
 from server.responses import JSONResponse, error_body
@@ -51,6 +51,12 @@ STATUS: dict[str, int] = {
     "too_large": 413,
     "invalid_input": 422,
     "invalid_payload": 422,
+    # Quotas (docs/protocol.md, "Limits"): each limit its own code, all with Retry-After.
+    "token_rate_limited": 429,
+    "scope_rate_limited": 429,
+    "queue_full": 429,
+    "scope_runs_exceeded": 429,
+    "too_many_connections": 429,
     "internal_error": 500,
     "unavailable": 503,
 }
@@ -90,6 +96,8 @@ def wire_error(exc: BaseException, *, invalid: str = "the request body is invali
     """The wire error for any exception a command raised; `invalid` names what failed validation."""
     if isinstance(exc, ThreadlineError):
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        if isinstance(exc, QuotaExceeded):
+            headers = {"Retry-After": str(exc.retry_after)}
         status = STATUS.get(exc.code, 400)
         return WireError(exc.code, exc.message, dict(exc.details), status, headers)
     if isinstance(exc, ValidationError):

@@ -14,10 +14,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from realtime.closecodes import CloseCode
 from realtime.hub import Hub
 from realtime.outbox import Outbox, OutboxClosedError, SlowConsumerError
+from runtime.domain import Principal
+from runtime.errors import QuotaExceeded
 from runtime.service import ThreadService
-from server.auth import authenticate, bearer_token
+from server.auth import authenticate, bearer_token, hash_token, token_key, token_key_of_hash
 from server.errors import Unauthorized
 from server.inbox import ActionInbox
+from server.limits import REFRESH_INTERVAL, ConnectionSlot, Limiter
 from server.presence import PresenceHub
 from server.session import Session
 from server.settings import Settings
@@ -29,6 +32,9 @@ _CLOSE_TIMEOUT = 2.0
 _OUTBOX_CHECK_INTERVAL = 1.0
 _SHUTDOWN_TIMEOUT = 5.0
 _COMMAND_GRACE = 10.0
+# How often open connections' tokens are checked against storage: the path that closes them
+# when a revocation message was lost (bus down) or a token expired.
+TOKEN_RECHECK_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class Connection:
         self.max_frame_bytes = settings.ws_max_frame_bytes
         self._finished = asyncio.Event()
         self._close: Close | None = None
+        # Set by the gateway: which token this connection authenticated with.
+        self.token_hash = ""
         self._inflight: asyncio.Future[None] | None = None
         # Set once the connection released everything (tasks, hub listeners, outbox).
         self.done = asyncio.Event()
@@ -154,20 +162,54 @@ class Gateway:
         hub: Hub,
         inbox: ActionInbox | None = None,
         presence: PresenceHub | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.settings = settings
         self.service = service
         self.hub = hub
         self.inbox = inbox
         self.presence = presence
+        self.limiter = limiter
         self._connections: set[Connection] = set()
+        self._slots: set[ConnectionSlot] = set()
+        self._keeper: asyncio.Task[None] | None = None
+        self._checker: asyncio.Task[None] | None = None
         self._closing = False
+
+    async def revoke(self, key: str) -> int:
+        """Close every connection of the token `key` names (token_key) with 4403."""
+        closed = 0
+        for connection in list(self._connections):
+            if token_key_of_hash(connection.token_hash) == key:
+                connection.finish(Close(CloseCode.TOKEN_REVOKED, "token revoked"))
+                closed += 1
+        return closed
+
+    def _check_tokens(self) -> None:
+        if self._checker is None or self._checker.done():
+            self._checker = asyncio.create_task(self._recheck_tokens(), name="ws-tokens")
+
+    async def _recheck_tokens(self) -> None:
+        while self._connections:
+            await asyncio.sleep(TOKEN_RECHECK_INTERVAL)
+            for token_hash in {c.token_hash for c in self._connections if c.token_hash}:
+                try:
+                    valid = await self.service.store.principal_for_token(token_hash)
+                except Exception:
+                    continue  # storage down: leave connections alone, check again later
+                if valid is None:
+                    await self.revoke(token_key_of_hash(token_hash))
 
     @property
     def connection_count(self) -> int:
         return len(self._connections)
 
     async def serve(self, websocket: WebSocket) -> None:
+        allowed = self.settings.ws_allowed_origins
+        if allowed and websocket.headers.get("origin", "") not in allowed:
+            # Closing before accepting refuses the upgrade itself: the browser sees HTTP 403.
+            await websocket.close(CloseCode.UNAUTHORIZED)
+            return
         # Accept first: a close code (4401) can only be sent on an open websocket.
         await websocket.accept()
         if self._closing:
@@ -183,6 +225,38 @@ class Gateway:
             log.exception("websocket authentication failed")
             await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
             return
+        slot: ConnectionSlot | None = None
+        if self.limiter is not None:
+            try:
+                slot = await self.limiter.connect(principal, token_key(token or ""))
+            except QuotaExceeded as exc:
+                await _close(websocket, Close(CloseCode.TOO_MANY_CONNECTIONS, exc.message[:120]))
+                return
+            self._slots.add(slot)
+            self._keep_slots()
+        try:
+            await self._serve(websocket, principal, hash_token(token or ""))
+        finally:
+            if slot is not None and self.limiter is not None:
+                self._slots.discard(slot)
+                with contextlib.suppress(Exception):
+                    await self.limiter.disconnect(slot)
+
+    def _keep_slots(self) -> None:
+        # One task per gateway refreshes every slot's expiry, so a crashed gateway's slots
+        # lapse on their own while live ones never do.
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.create_task(self._refresh_slots(), name="ws-slots")
+
+    async def _refresh_slots(self) -> None:
+        assert self.limiter is not None
+        while self._slots:
+            await asyncio.sleep(REFRESH_INTERVAL)
+            for slot in list(self._slots):
+                with contextlib.suppress(Exception):
+                    await self.limiter.keep(slot)
+
+    async def _serve(self, websocket: WebSocket, principal: Principal, token_hash: str) -> None:
         connection: Connection | None = None
 
         def overflowed() -> None:
@@ -191,10 +265,20 @@ class Gateway:
 
         outbox = Outbox(self.settings.ws_outbox_max_bytes, on_overflow=overflowed)
         session = Session(
-            principal, self.service, self.hub, outbox, inbox=self.inbox, presence=self.presence
+            principal,
+            self.service,
+            self.hub,
+            outbox,
+            max_subscriptions=self.settings.ws_max_subscriptions,
+            limiter=self.limiter,
+            token_id=token_key_of_hash(token_hash),
+            inbox=self.inbox,
+            presence=self.presence,
         )
         connection = Connection(websocket, session, self.settings)
+        connection.token_hash = token_hash
         self._connections.add(connection)
+        self._check_tokens()
         _count(WS_CONNECTIONS, 1)
         try:
             close = await connection.run()
@@ -208,6 +292,11 @@ class Gateway:
     async def close(self) -> None:
         """Close every connection with 1001 and wait (bounded) for them to finish."""
         self._closing = True
+        for task in (self._keeper, self._checker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         connections = list(self._connections)
         for connection in connections:
             connection.finish(Close(CloseCode.GOING_AWAY, "server shutting down"))

@@ -115,6 +115,9 @@ class ListThreads(Input):
 class GetSnapshot(Input):
     thread_id: ThreadId
     include_hidden: bool = False
+    # Older messages: the snapshot's `page.before` cursor (a message position).
+    before: int | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=500)
 
 
 class SendMessage(Input):
@@ -133,6 +136,15 @@ class SendMessage(Input):
 
 
 class CancelQueued(Input):
+    thread_id: ThreadId
+    item_id: ItemId
+
+
+class RevokeToken(Input):
+    token: str = Field(min_length=1, max_length=256)
+
+
+class GetQueued(Input):
     thread_id: ThreadId
     item_id: ItemId
 

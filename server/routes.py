@@ -16,7 +16,7 @@ from starlette.staticfiles import StaticFiles
 
 from runtime.errors import InvalidInput, TooLarge
 from runtime.service import ThreadService
-from server.auth import authenticate, bearer_token
+from server.auth import authenticate, bearer_token, token_key
 from server.commands import COMMANDS, Caller, Command
 from server.errors import InvalidJSON, wire_error
 from server.responses import JSONResponse
@@ -92,9 +92,8 @@ def command_endpoint(command: Command[Any, Any]) -> Endpoint:
 
     async def endpoint(request: Request) -> Response:
         try:
-            principal = await authenticate(
-                request.app.state.store, bearer_token(request.headers)
-            )
+            token = bearer_token(request.headers)
+            principal = await authenticate(request.app.state.store, token)
             if command.authorize is not None:
                 command.authorize(principal)
             fields: dict[str, Any] = dict(request.path_params)
@@ -105,7 +104,14 @@ def command_endpoint(command: Command[Any, Any]) -> Endpoint:
                 fields.update((name, getattr(parsed, name)) for name in type(parsed).model_fields)
             # Everything is validated already (path parameters are routed strings).
             data = command.input.model_construct(**fields)
-            answer = await command.run(Caller(principal, service_of(request)), data)
+            caller = Caller(
+                principal,
+                service_of(request),
+                limiter=getattr(request.app.state, "limiter", None),
+                token_id=token_key(token or ""),
+                revoker=getattr(request.app.state, "revoker", None),
+            )
+            answer = await command.run(caller, data)
             return JSONResponse(answer, status_code=http.status)
         except HTTPException:
             raise  # Starlette's own HTTP errors: rendered as JSON by the app's handler

@@ -19,6 +19,7 @@ from server.commands import BY_NAME, Caller
 from server.errors import WireError, wire_error
 from server.frames import Frame, FrameError, decode_frame
 from server.inbox import ActionInbox
+from server.limits import Limiter
 from server.presence import Member, PresenceHub
 from server.replies import Subscribed
 
@@ -120,12 +121,16 @@ class Session:
         max_subscriptions: int = MAX_SUBSCRIPTIONS,
         inbox: ActionInbox | None = None,
         presence: PresenceHub | None = None,
+        limiter: Limiter | None = None,
+        token_id: str = "",
     ) -> None:
         self.principal = principal
         self.service = service
         self.hub = hub
         self.outbox = outbox
         self.max_subscriptions = max_subscriptions
+        self.limiter = limiter
+        self.token_id = token_id
         self.state = SessionState.OPEN
         self._listeners: dict[str, ThreadListener] = {}
         self.inbox = inbox
@@ -163,7 +168,9 @@ class Session:
         command = BY_NAME[frame.type]
         if command.authorize is not None:
             command.authorize(self.principal)
-        caller = Caller(self.principal, self.service, self, frame.id)
+        caller = Caller(
+            self.principal, self.service, self, frame.id, self.limiter, self.token_id
+        )
         fields = await command.run(caller, frame)
         if fields is not None and command.reply is not None:
             self._answer(command.reply(id=frame.id, **fields).to_bytes())

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.permissions import PermissionPolicy, Who
+
 ServerRole = Literal["all", "gateway", "worker"]
 
 
@@ -41,10 +43,51 @@ class Settings(BaseSettings):
     presence_refresh: float = Field(default=5.0, ge=0.2)
     http_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
 
+    # --- quotas (docs/operations.md, "Limits"); every default is meant for a public deployment
+    # Items waiting in one thread's queue, and the UTF-8 size of their texts together.
+    queue_max_items: int = Field(default=50, ge=1)
+    queue_max_bytes: int = Field(default=256 * 1024, ge=1024)
+    # Queued or running runs of one scope at once; a new run over it is refused.
+    scope_max_active_runs: int = Field(default=32, ge=1)
+    # Token buckets for commands (writes): sustained rate per second and burst size.
+    token_rate: float = Field(default=10.0, gt=0)
+    token_burst: int = Field(default=60, ge=1)
+    scope_rate: float = Field(default=50.0, gt=0)
+    scope_burst: int = Field(default=300, ge=1)
+    # Open websockets per token and per subject (across every gateway when Redis is set).
+    ws_max_connections_per_token: int = Field(default=32, ge=1)
+    ws_max_connections_per_subject: int = Field(default=64, ge=1)
+    ws_max_subscriptions: int = Field(default=256, ge=1)
+    # Bounded snapshots: the last N messages (older ones page with ?before=), and queued texts
+    # cut to a preview of this many characters (the full text: GET …/queue/{item_id}).
+    snapshot_messages: int = Field(default=100, ge=1, le=500)
+    queue_preview_chars: int = Field(default=500, ge=16)
+    # Websocket upgrades whose Origin header is not in this list are refused (HTTP 403).
+    # Empty (the default): no check. JSON list, e.g. '["https://chat.example.com"]'.
+    ws_allowed_origins: list[str] = Field(default_factory=list)
+    # Namespace of the quota counters in Redis (several deployments may share one Redis).
+    limits_prefix: str = "threadline:limits:"
+
+    # --- who may take destructive actions (runtime.permissions.Who): scope, author, trusted,
+    # admin. `scope` everywhere keeps the behaviour of earlier versions; see docs/operations.md.
+    permission_regenerate: Who = Who.SCOPE
+    permission_visibility: Who = Who.SCOPE
+    permission_stop: Who = Who.SCOPE
+    permission_cancel_queued: Who = Who.SCOPE
+
     dev_scope: str = "demo"
     # `threadline serve` mints a development token and prints a browser URL carrying it.
     dev_token: bool = True
     log_level: str = "info"
+
+    @property
+    def permissions(self) -> PermissionPolicy:
+        return PermissionPolicy(
+            regenerate=self.permission_regenerate,
+            visibility=self.permission_visibility,
+            stop=self.permission_stop,
+            cancel_queued=self.permission_cancel_queued,
+        )
 
     @property
     def runs_gateway(self) -> bool:

@@ -30,6 +30,17 @@ from runtime.domain import (
 Scopes = Collection[str]
 
 
+class AdmissionLimits(BaseModel):
+    """Bounds checked atomically with queue admission; None: unbounded."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    queue_max_items: int | None = None
+    queue_max_bytes: int | None = None
+    # Active runs (queued or running) of the thread's scope, counted when a new run starts.
+    scope_max_active_runs: int | None = None
+    retry_after: float = 5.0
+
+
 class TailUpdate(BaseModel):
     """Replace the parts of the thread's tail message. Rejected unless `message_id` is the tail."""
 
@@ -152,8 +163,17 @@ class Store(Protocol):
     async def get_thread(self, thread_id: str, scopes: Scopes) -> Thread: ...
     async def list_threads(self, scopes: Scopes, limit: int = 100) -> list[Thread]: ...
     async def snapshot(
-        self, thread_id: str, scopes: Scopes, *, include_hidden: bool = False
-    ) -> Snapshot: ...
+        self,
+        thread_id: str,
+        scopes: Scopes,
+        *,
+        include_hidden: bool = False,
+        message_limit: int | None = None,
+        before: int | None = None,
+    ) -> Snapshot:
+        """`message_limit`: only the last that many messages (before position `before`), with
+        `page` set; pending actions, run and queue are whole either way."""
+        ...
     async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]: ...
 
     # input and queue admission
@@ -167,6 +187,7 @@ class Store(Protocol):
         client_request_id: str | None = None,
         policy: InputPolicy = InputPolicy.ENQUEUE,
         client_tools: Sequence[dict[str, Any]] = (),
+        limits: AdmissionLimits | None = None,
     ) -> Admission: ...
     async def cancel_queued_item(self, thread_id: str, scopes: Scopes, item_id: str) -> int: ...
     async def list_queue(self, thread_id: str) -> list[QueuedItem]: ...
@@ -220,9 +241,17 @@ class Store(Protocol):
 
     # principals
     async def create_token(
-        self, token_hash: str, subject: str, role: Role, scopes: Collection[str]
+        self,
+        token_hash: str,
+        subject: str,
+        role: Role,
+        scopes: Collection[str],
+        expires_in: float | None = None,
     ) -> None: ...
-    async def principal_for_token(self, token_hash: str) -> Principal | None: ...
+    async def principal_for_token(self, token_hash: str) -> Principal | None:
+        """The principal of a token that exists, is not revoked and has not expired."""
+        ...
+    async def revoke_token(self, token_hash: str) -> bool: ...
 
     async def db_time(self) -> float: ...
 

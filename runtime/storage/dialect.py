@@ -10,6 +10,10 @@ def _same(sql: str) -> str:
     return sql
 
 
+def _octet_length(expression: str) -> str:
+    return f"octet_length({expression})"
+
+
 @dataclass(frozen=True, slots=True)
 class Dialect:
     """Everything the shared SQL needs to know about a backend; the rest is common.
@@ -36,6 +40,8 @@ class Dialect:
     migration_lock: str | None = None
     # The shared SQL's `$n` placeholders in the driver's spelling.
     render: Callable[[str], str] = _same
+    # SQL for the size in bytes of a TEXT expression (queue bounds are in UTF-8 bytes).
+    octets: Callable[[str], str] = _octet_length
 
 
 __all__ = ["Dialect"]

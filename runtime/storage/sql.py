@@ -34,6 +34,7 @@ from runtime.storage import (
     sql_threads,
 )
 from runtime.storage.base import (
+    AdmissionLimits,
     ResolveResult,
     RetryRun,
     RewriteOp,
@@ -238,10 +239,18 @@ class SqlStore:
         return await self._read(lambda conn: sql_threads.list_threads(conn, scopes, limit))
 
     async def snapshot(
-        self, thread_id: str, scopes: Collection[str], *, include_hidden: bool = False
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        *,
+        include_hidden: bool = False,
+        message_limit: int | None = None,
+        before: int | None = None,
     ) -> Snapshot:
         return await self._read(
-            lambda conn: sql_threads.snapshot(conn, thread_id, scopes, include_hidden)
+            lambda conn: sql_threads.snapshot(
+                conn, thread_id, scopes, include_hidden, message_limit, before
+            )
         )
 
     async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]:
@@ -269,6 +278,7 @@ class SqlStore:
         client_request_id: str | None = None,
         policy: InputPolicy = InputPolicy.ENQUEUE,
         client_tools: Sequence[dict[str, Any]] = (),
+        limits: AdmissionLimits | None = None,
     ) -> Admission:
         text = check_text(text)
         policy = check_submit(submitted_by, client_request_id, policy)
@@ -283,6 +293,7 @@ class SqlStore:
                 client_request_id=client_request_id,
                 policy=policy,
                 tools_json=tools_json,
+                limits=limits,
             )
         )
 
@@ -417,13 +428,25 @@ class SqlStore:
     # --- principals and the clock -------------------------------------------------------
 
     async def create_token(
-        self, token_hash: str, subject: str, role: Role, scopes: Collection[str]
+        self,
+        token_hash: str,
+        subject: str,
+        role: Role,
+        scopes: Collection[str],
+        expires_in: float | None = None,
     ) -> None:
         role = check_token(token_hash, subject, role)
+        if expires_in is not None and not expires_in > 0:
+            raise InvalidInput("expires_in must be a positive number of seconds")
         scopes_json = dumps(list(normalize_scopes(scopes)))
         await self._write(
-            lambda conn: sql_threads.create_token(conn, token_hash, subject, role, scopes_json)
+            lambda conn: sql_threads.create_token(
+                conn, token_hash, subject, role, scopes_json, expires_in
+            )
         )
+
+    async def revoke_token(self, token_hash: str) -> bool:
+        return await self._write(lambda conn: sql_threads.revoke_token(conn, token_hash))
 
     async def principal_for_token(self, token_hash: str) -> Principal | None:
         return await self._read(lambda conn: sql_threads.principal_for_token(conn, token_hash))

@@ -13,7 +13,8 @@ from runtime.domain import (
     RunTrigger,
     Visibility,
 )
-from runtime.errors import Conflict, NotFound, RunActive
+from runtime.errors import Conflict, NotFound, QueueFull, RunActive, ScopeRunsExceeded
+from runtime.storage.base import AdmissionLimits
 from runtime.storage.decisions import AdmissionAction, admission_action, check_append
 from runtime.storage.sql_core import Conn, bump, lock_thread
 from runtime.storage.sql_rows import decode_parts, new_id, text_parts
@@ -34,8 +35,9 @@ async def submit_input(
     client_request_id: str | None,
     policy: InputPolicy,
     tools_json: str,
+    limits: AdmissionLimits | None = None,
 ) -> Admission:
-    await lock_thread(conn, thread_id, scopes)
+    thread = await lock_thread(conn, thread_id, scopes)
     if client_request_id is not None:
         duplicate = await _duplicate(conn, thread_id, client_request_id)
         if duplicate is not None:
@@ -47,6 +49,8 @@ async def submit_input(
         telemetry.safe_add(telemetry.QUEUE_EVENTS, 1, {"event": "rejected"})
         raise RunActive(f"thread {thread_id} has an active run", run_id=active["id"])
     if action is AdmissionAction.START_RUN:
+        if limits is not None:
+            await _check_scope_runs(conn, str(thread["scope"]), limits)
         message_id = await append_message(
             conn,
             thread_id,
@@ -70,6 +74,8 @@ async def submit_input(
             message_id=message_id,
         )
     assert active is not None
+    if limits is not None:
+        await _check_queue(conn, thread_id, text, limits)
     item_id = await _enqueue(
         conn,
         thread_id,
@@ -110,6 +116,52 @@ async def cancel_queued_item(
     await conn.execute("UPDATE queued_items SET status = 'cancelled' WHERE id = $1", item_id)
     _queue_event(conn, "cancelled")
     return await bump(conn, thread_id)
+
+
+async def _check_queue(conn: Conn, thread_id: str, text: str, limits: AdmissionLimits) -> None:
+    """Refuse an item that would take the thread's queue over its bounds (under the lock)."""
+    row = await conn.fetchrow(
+        f"SELECT COUNT(*) AS items, COALESCE(SUM({conn.dialect.octets('text')}), 0) AS size"
+        " FROM queued_items WHERE thread_id = $1 AND status = 'queued'",
+        thread_id,
+    )
+    assert row is not None
+    items, size = int(row["items"]), int(row["size"])
+    cap_items, cap_bytes = limits.queue_max_items, limits.queue_max_bytes
+    over_items = cap_items is not None and items + 1 > cap_items
+    over_bytes = cap_bytes is not None and size + len(text.encode("utf-8")) > cap_bytes
+    if over_items or over_bytes:
+        telemetry.safe_add(telemetry.QUEUE_EVENTS, 1, {"event": "queue_full"})
+        raise QueueFull(
+            f"the thread's queue is full ({items} items, {size} bytes; at most"
+            f" {cap_items} items and {cap_bytes} bytes)",
+            retry_after=limits.retry_after,
+            limit_items=cap_items,
+            limit_bytes=cap_bytes,
+        )
+
+
+async def _check_scope_runs(conn: Conn, scope: str, limits: AdmissionLimits) -> None:
+    """Refuse a new run while the scope has its maximum of queued or running runs.
+
+    Checked under this thread's lock only, so concurrent starts in other threads of the scope
+    may overshoot by the number of gateways racing; the next start sees them.
+    """
+    cap = limits.scope_max_active_runs
+    if cap is None:
+        return
+    active = await conn.fetchval(
+        "SELECT COUNT(*) FROM runs r JOIN threads t ON t.id = r.thread_id"
+        " WHERE t.scope = $1 AND r.status IN ('queued', 'running')",
+        scope,
+    )
+    if int(active) >= cap:
+        telemetry.safe_add(telemetry.QUEUE_EVENTS, 1, {"event": "scope_runs_full"})
+        raise ScopeRunsExceeded(
+            f"scope {scope!r} already has {int(active)} active runs (at most {cap})",
+            retry_after=limits.retry_after,
+            limit=cap,
+        )
 
 
 # --- used inside other locked write transactions too ---------------------------------------

@@ -31,7 +31,6 @@ from runtime.storage.sql_queue import admit_next, append_message
 from runtime.storage.sql_rows import decode_parts, encode_parts, run_from_row
 from runtime.storage.sql_threads import (
     ACTIVE_STATUSES,
-    RUN_SELECT,
     active_run_row,
     run_row,
     tail_row,
@@ -51,14 +50,20 @@ async def active_run(conn: Conn, thread_id: str) -> Run | None:
 
 
 async def find_runnable_runs(conn: Conn, limit: int) -> list[Run]:
+    """Runnable runs, round robin across scopes: every scope's oldest run comes before any
+    scope's second, so one tenant's burst delays another tenant's run by at most one run."""
     rows = await conn.fetch(
-        f"{RUN_SELECT} WHERE r.status IN {ACTIVE_STATUSES}"
-        " AND (r.status <> 'waiting' OR r.stop_requested = TRUE)"
-        " AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'run'"
-        "   AND l.resource_id = r.id AND l.expires_at > $1)"
-        " AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'admin'"
-        "   AND l.resource_id = r.thread_id AND l.expires_at > $1)"
-        " ORDER BY r.created_at, r.id LIMIT $2",
+        "SELECT * FROM ("
+        "  SELECT r.*, t.scope,"
+        "   ROW_NUMBER() OVER (PARTITION BY t.scope ORDER BY r.created_at, r.id) AS turn"
+        "  FROM runs r JOIN threads t ON t.id = r.thread_id"
+        f" WHERE r.status IN {ACTIVE_STATUSES}"
+        "  AND (r.status <> 'waiting' OR r.stop_requested = TRUE)"
+        "  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'run'"
+        "    AND l.resource_id = r.id AND l.expires_at > $1)"
+        "  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'admin'"
+        "    AND l.resource_id = r.thread_id AND l.expires_at > $1)"
+        ") AS runnable ORDER BY turn, created_at, id LIMIT $2",
         await conn.now(),
         int(limit),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from runtime.domain import (
     Message,
@@ -83,16 +84,55 @@ async def thread_versions(conn: Conn, ids: Sequence[str]) -> dict[str, int]:
 
 
 async def snapshot(
-    conn: Conn, thread_id: str, scopes: Collection[str], include_hidden: bool
+    conn: Conn,
+    thread_id: str,
+    scopes: Collection[str],
+    include_hidden: bool,
+    message_limit: int | None = None,
+    before: int | None = None,
 ) -> Snapshot:
     # Called in one read transaction: every part of the snapshot is at the same version.
     thread = thread_from_row(await thread_row(conn, thread_id, scopes))
+    if message_limit is not None:
+        return await _bounded_snapshot(
+            conn, thread, include_hidden, message_limit, before
+        )
     return build_snapshot(
         thread,
         await messages(conn, thread_id),
         await latest_run(conn, thread_id),
         await queued_items(conn, thread_id),
         include_hidden=include_hidden,
+    )
+
+
+async def _bounded_snapshot(
+    conn: Conn, thread: Thread, include_hidden: bool, limit: int, before: int | None
+) -> Snapshot:
+    """The last `limit` messages (before position `before`), read by index: cost does not
+    grow with the thread's length. Pending actions still come from the real tail."""
+    visible = "" if include_hidden else " AND visibility = 'visible'"
+    older = "" if before is None else " AND position < $3"
+    args: list[Any] = [thread.id, limit + 1] + ([] if before is None else [before])
+    rows = await conn.fetch(
+        f"SELECT * FROM messages WHERE thread_id = $1{visible}{older}"
+        " ORDER BY position DESC LIMIT $2",
+        *args,
+    )
+    page = [message_from_row(row) for row in reversed(rows[:limit])]
+    tail = await tail_row(conn, thread.id)
+    built = build_snapshot(
+        thread,
+        page,
+        await latest_run(conn, thread.id),
+        await queued_items(conn, thread.id),
+        include_hidden=True,  # filtered by the query already
+    )
+    cursor = page[0].position if len(rows) > limit and page else None
+    tail_message = message_from_row(tail) if tail is not None else None
+    actions = tuple(pending_actions_of(tail_message)) if tail_message is not None else ()
+    return built.model_copy(
+        update={"pending_actions": actions, "page": {"limit": limit, "before": cursor}}
     )
 
 
@@ -165,31 +205,53 @@ async def queued_items(conn: Conn, thread_id: str) -> list[QueuedItem]:
 
 
 async def create_token(
-    conn: Conn, token_hash: str, subject: str, role: Role, scopes_json: str
+    conn: Conn,
+    token_hash: str,
+    subject: str,
+    role: Role,
+    scopes_json: str,
+    expires_in: float | None = None,
 ) -> None:
+    now = await conn.now()
     inserted = await conn.fetchval(
-        "INSERT INTO api_tokens (token_hash, subject, role, scopes, created_at)"
-        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (token_hash) DO NOTHING"
+        "INSERT INTO api_tokens (token_hash, subject, role, scopes, created_at, expires_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (token_hash) DO NOTHING"
         " RETURNING token_hash",
         token_hash,
         subject,
         role.value,
         scopes_json,
-        await conn.now(),
+        now,
+        None if expires_in is None else now + expires_in,
     )
     if inserted is None:
         raise Conflict("a token with this hash already exists")
 
 
 async def principal_for_token(conn: Conn, token_hash: str) -> Principal | None:
+    # Expiry on the database clock, like leases: every gateway agrees on when a token ends.
     row = await conn.fetchrow(
-        "SELECT subject, role, scopes FROM api_tokens WHERE token_hash = $1", token_hash
+        "SELECT subject, role, scopes FROM api_tokens WHERE token_hash = $1"
+        " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $2)",
+        token_hash,
+        await conn.now(),
     )
     if row is None:
         return None
     return Principal(
         subject=row["subject"], role=Role(row["role"]), scopes=frozenset(loads(row["scopes"]))
     )
+
+
+async def revoke_token(conn: Conn, token_hash: str) -> bool:
+    """Mark the token revoked; False when no such (unrevoked) token exists."""
+    revoked = await conn.fetchval(
+        "UPDATE api_tokens SET revoked_at = $2 WHERE token_hash = $1 AND revoked_at IS NULL"
+        " RETURNING token_hash",
+        token_hash,
+        await conn.now(),
+    )
+    return revoked is not None
 
 
 def build_snapshot(

@@ -43,6 +43,8 @@ SQLITE = Dialect(
     thread_lock="",
     is_transient=_is_transient,
     render=to_sqlite,
+    # SQLite has no octet_length before 3.43: a TEXT cast to BLOB measures its UTF-8 bytes.
+    octets=lambda expression: f"length(CAST({expression} AS BLOB))",
 )
 
 

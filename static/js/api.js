@@ -57,8 +57,8 @@ export function createApi(token, { fetchImpl = globalThis.fetch.bind(globalThis)
     me: () => request('GET', '/v1/me'),
     listThreads: () => request('GET', '/v1/threads'),
     createThread: (title) => request('POST', '/v1/threads', title ? { title } : {}),
-    snapshot: (threadId) =>
-      request('GET', `/v1/threads/${seg(threadId)}?include_hidden=true`),
+    snapshot: (threadId, before = null) =>
+      request('GET', `/v1/threads/${seg(threadId)}?include_hidden=true${before === null ? '' : `&before=${Number(before)}`}`),
     sendMessage: (threadId, text, clientRequestId) =>
       request('POST', `/v1/threads/${seg(threadId)}/messages`, {
         text,

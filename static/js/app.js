@@ -2,6 +2,7 @@
 
 import { ApiError, createApi, describeError, resolvedBy } from './api.js';
 import { h, randomId } from './dom.js';
+import { OlderMessages } from './history.js';
 import { renderConnection, renderRunBar, renderThread, renderThreadList } from './render.js';
 import { mapServerErrors } from './schema-form.js';
 import { readSession, threadUrl } from './session.js';
@@ -29,6 +30,7 @@ const state = {
   token: '', api: null, socket: null, me: null, threads: [], threadId: null, sync: null,
   socketState: 'idle', subscribed: false, busy: new Set(), lastSend: null, bannerItems: [],
   lastListRefresh: 0, focusComposer: false, presence: {}, reviewing: null,
+  history: new OlderMessages(),
 };
 
 // --- presence ------------------------------------------------------------------------------
@@ -168,7 +170,9 @@ function render() {
   const title = snapshot ? snapshot.thread.title || 'Untitled thread' : 'Loading…';
   if (els.threadTitle.textContent !== title) els.threadTitle.textContent = title;
   renderRunBar(els, snapshot, run, state.busy.has('stop'), state.busy.has('retry'));
-  renderThread(els, { snapshot, live, activeRun: run, me: state.me, busy: state.busy }, handlers);
+  // A snapshot holds the last messages only; older pages loaded on scroll-up go in front.
+  const shown = snapshot ? { ...snapshot, messages: state.history.absorb(snapshot) } : snapshot;
+  renderThread(els, { snapshot: shown, live, activeRun: run, me: state.me, busy: state.busy }, handlers);
   if (nearBottom || state.scrollOnNextRender) {
     conv.scrollTop = conv.scrollHeight;
     if (snapshot) state.scrollOnNextRender = false;
@@ -183,6 +187,27 @@ function syncListTitle(snapshot) {
   if (item && item.title !== snapshot.thread.title) {
     item.title = snapshot.thread.title;
     scheduleRender();
+  }
+}
+
+/** Scrolled to the top of a long thread: fetch the page before the oldest loaded message. */
+async function loadOlder() {
+  const history = state.history;
+  const threadId = state.threadId;
+  if (!threadId || !history.hasMore || history.loading || els.conversation.scrollTop > 40) return;
+  history.loading = true;
+  try {
+    const page = await state.api.snapshot(threadId, history.cursor);
+    if (state.history !== history) return; // another thread was opened meanwhile
+    const conv = els.conversation;
+    const fromBottom = conv.scrollHeight - conv.scrollTop;
+    history.prepend(page);
+    render();
+    conv.scrollTop = conv.scrollHeight - fromBottom; // keep the reader's place
+  } catch (err) {
+    showError(err, 'Could not load older messages');
+  } finally {
+    history.loading = false;
   }
 }
 
@@ -206,6 +231,7 @@ function openThread(threadId, { push = false, focus = false } = {}) {
     state.socket.unsubscribe(state.threadId);
   }
   state.threadId = threadId;
+  state.history = new OlderMessages();
   state.sync = null;
   state.subscribed = false;
   state.presence = {};
@@ -445,6 +471,7 @@ function wireUi() {
   els.pendingActions.addEventListener('focusout', onActionFocus);
   els.stopButton.addEventListener('click', stopRun);
   els.retryButton.addEventListener('click', retryRun);
+  els.conversation.addEventListener('scroll', loadOlder, { passive: true });
   els.sidebarToggle.addEventListener('click', () => setSidebar(!els.sidebar.classList.contains('is-open')));
   document.addEventListener('keydown', (event) => {
     if (event.key === 'Escape' && els.sidebar.classList.contains('is-open')) {
@@ -463,7 +490,8 @@ function wireUi() {
 
 function boot() {
   wireUi();
-  const session = readSession(location.href, sessionStorage);
+  const session = readSession(location.href, sessionStorage, () =>
+    window.confirm('This link carries a different access token than the one this tab uses. Switch to it? (Cancel keeps your current session.)'));
   state.token = session.token;
   if (session.url !== location.href) history.replaceState(null, '', session.url);
   if (!state.token) {

@@ -57,14 +57,13 @@ export function renderThread(els, model, on) {
   let lastAssistant = null;
   for (const m of messages) if (m.role === 'assistant' && m.visibility !== 'hidden') lastAssistant = m.id;
   const overlay = live.toolStates;
+  const allowed = permissionsOf(snapshot);
+  const context = (m) => messageContext(m, lastAssistant, runActive, overlay, model.busy, allowed);
 
   reconcile(els.messages, messages, {
     key: (m) => m.id,
-    signature: (m) => {
-      const ctx = messageContext(m, lastAssistant, runActive, overlay, model.busy);
-      return JSON.stringify([m, ctx]);
-    },
-    create: (m) => renderMessage(m, messageContext(m, lastAssistant, runActive, overlay, model.busy), on),
+    signature: (m) => JSON.stringify([m, context(m)]),
+    create: (m) => renderMessage(m, context(m), on),
   });
 
   const actions = snapshot ? snapshot.pending_actions : [];
@@ -76,16 +75,34 @@ export function renderThread(els, model, on) {
   });
 
   renderLive(els, live);
-  renderQueue(els, snapshot ? snapshot.queue : [], on, model.busy);
+  renderQueue(els, snapshot ? snapshot.queue : [], on, model.busy, allowed);
 }
 
-function messageContext(m, lastAssistant, runActive, overlay, busy) {
+/**
+ * What the snapshot says this reader may do (`permissions`, docs/protocol.md); a server that
+ * sends none allows everything, as before permissions existed.
+ */
+export function permissionsOf(snapshot) {
+  const p = snapshot && snapshot.permissions;
+  if (!p) return { regenerate: true, stop: true, visibility: () => true, cancelQueued: () => true };
+  const visible = new Set(p.visibility || []);
+  const cancellable = new Set(p.cancel_queued || []);
+  return {
+    regenerate: Boolean(p.regenerate),
+    stop: Boolean(p.stop),
+    visibility: (id) => visible.has(id),
+    cancelQueued: (id) => cancellable.has(id),
+  };
+}
+
+function messageContext(m, lastAssistant, runActive, overlay, busy, allowed) {
   const tools = {};
   for (const p of m.parts) {
     if (p.type === 'tool-call' && overlay[p.tool_call_id]) tools[p.tool_call_id] = overlay[p.tool_call_id];
   }
   return {
-    canRegenerate: m.id === lastAssistant && !runActive,
+    canRegenerate: m.id === lastAssistant && !runActive && allowed.regenerate,
+    canHide: allowed.visibility(m.id),
     tools,
     busy: busy.has(`msg:${m.id}`) || busy.has('regenerate'),
   };
@@ -96,12 +113,12 @@ function renderMessage(m, ctx, on) {
   const role = ROLE_LABELS[m.role] || m.role;
   const body = h('div', { class: 'msg__body' }, m.parts.map((p) => renderPart(p, ctx.tools)));
   const buttons = [];
-  if (hidden) {
+  if (hidden && ctx.canHide) {
     buttons.push(
       h('button', { type: 'button', class: 'btn btn--small', testid: 'unhide-button', disabled: ctx.busy, onclick: () => on.unhide(m) }, 'Unhide'),
     );
-  } else {
-    buttons.push(
+  } else if (!hidden) {
+    if (ctx.canHide) buttons.push(
       h('button', { type: 'button', class: 'btn btn--small', testid: 'hide-button', disabled: ctx.busy, 'aria-label': `Hide ${role.toLowerCase()} message`, onclick: () => on.hide(m) }, 'Hide'),
     );
     if (ctx.canRegenerate) {
@@ -209,18 +226,18 @@ function renderLive(els, live) {
 
 // --- queue, run bar ---------------------------------------------------------------------
 
-function renderQueue(els, queue, on, busy) {
+function renderQueue(els, queue, on, busy, allowed) {
   els.queueSection.hidden = queue.length === 0;
   reconcile(els.queue, queue, {
     key: (q) => q.id,
-    signature: (q) => `${q.text}|${q.submitted_by}|${busy.has(`queue:${q.id}`)}`,
+    signature: (q) => `${q.text}|${q.submitted_by}|${busy.has(`queue:${q.id}`)}|${allowed.cancelQueued(q.id)}`,
     create: (q) =>
       h(
         'li',
         { class: 'queue-item', testid: 'queue-item', dataset: { itemId: q.id } },
-        h('span', { class: 'queue-item__text' }, String(q.text || '')),
+        h('span', { class: 'queue-item__text', title: q.truncated ? `${q.size} characters; the preview is cut` : null }, String(q.text || '') + (q.truncated ? '…' : '')),
         q.submitted_by ? h('span', { class: 'queue-item__by' }, ` — ${q.submitted_by}`) : null,
-        h('button', { type: 'button', class: 'btn btn--small', testid: 'queue-cancel', disabled: busy.has(`queue:${q.id}`), 'aria-label': `Cancel queued message: ${String(q.text || '').slice(0, 40)}`, onclick: () => on.cancelQueued(q) }, 'Cancel'),
+        !allowed.cancelQueued(q.id) ? null : h('button', { type: 'button', class: 'btn btn--small', testid: 'queue-cancel', disabled: busy.has(`queue:${q.id}`), 'aria-label': `Cancel queued message: ${String(q.text || '').slice(0, 40)}`, onclick: () => on.cancelQueued(q) }, 'Cancel'),
       ),
   });
 }
@@ -230,7 +247,7 @@ export function renderRunBar(els, snapshot, activeRun, stopBusy, retryBusy = fal
   const status = run ? run.status : 'idle';
   els.runStatus.textContent = run && run.status === 'failed' && run.error ? `failed: ${run.error}` : status;
   els.runStatus.dataset.status = status;
-  const canStop = Boolean(activeRun && ACTIVE_RUN_STATUSES.has(activeRun.status));
+  const canStop = Boolean(activeRun && ACTIVE_RUN_STATUSES.has(activeRun.status)) && permissionsOf(snapshot).stop;
   els.stopButton.hidden = !canStop;
   els.stopButton.disabled = !canStop || stopBusy;
   // Retry answers the latest run's input again; the server accepts it only for a failed or

@@ -5,15 +5,23 @@
 // browsers never send anywhere, and into sessionStorage for this tab. The fragment is kept
 // because a new tab does not share sessionStorage: a URL copied into another tab, e.g.
 // `/?thread=<id>#token=<token>`, must open the same thread. Precedence: query, fragment, storage.
+// A tab that already holds a token keeps it when a link carries another one unless the reader
+// agrees to switch: a crafted link must not silently make a victim type into another scope.
 
 export const TOKEN_KEY = 'threadline.token';
 
-/** Parse the page URL. Returns {token, threadId, url} where `url` is the canonical form. */
-export function readSession(href, storage) {
+/**
+ * Parse the page URL. Returns {token, threadId, url, switched} where `url` is the canonical
+ * form. `confirmSwitch()` is asked when the URL's token differs from the one this tab holds;
+ * it decides whether to switch (default: keep the current one).
+ */
+export function readSession(href, storage, confirmSwitch = () => false) {
   const url = new URL(href);
   const hash = new URLSearchParams(url.hash.replace(/^#/, ''));
-  let token = url.searchParams.get('token') || hash.get('token') || safeGet(storage, TOKEN_KEY) || '';
-  token = token.trim();
+  const held = (safeGet(storage, TOKEN_KEY) || '').trim();
+  const offered = (url.searchParams.get('token') || hash.get('token') || '').trim();
+  let token = offered || held;
+  if (held && offered && offered !== held && !confirmSwitch()) token = held;
   if (token) safeSet(storage, TOKEN_KEY, token);
   const threadId = url.searchParams.get('thread') || hash.get('thread') || null;
   return { token, threadId, url: threadUrl(href, threadId, token) };

@@ -34,12 +34,15 @@ from tests.conformance.store_helpers import (
 # --- lifecycle and migrations -------------------------------------------------------------
 
 
+MIGRATIONS = ["0001_init", "0002_commit_keys", "0003_token_expiry_revocation"]
+
+
 async def test_migrate_is_idempotent(store: SqlStore) -> None:
     # open() already applied everything; running it again (twice) applies nothing.
-    assert await store.applied_migrations() == ["0001_init", "0002_commit_keys"]
+    assert await store.applied_migrations() == MIGRATIONS
     assert await store.migrate() == []
     assert await store.migrate() == []
-    assert await store.applied_migrations() == ["0001_init", "0002_commit_keys"]
+    assert await store.applied_migrations() == MIGRATIONS
     thread = await new_thread(store)
     assert (await store.get_thread(thread.id, SCOPES)).version == 1
 
@@ -50,7 +53,7 @@ async def test_concurrent_openers_migrate_once(make_store: StoreFactory) -> None
     try:
         await asyncio.gather(*(s.open() for s in stores))
         for s in stores:
-            assert await s.applied_migrations() == ["0001_init", "0002_commit_keys"]
+            assert await s.applied_migrations() == MIGRATIONS
         thread = await new_thread(stores[0])
         for other in stores[1:]:
             assert (await other.get_thread(thread.id, SCOPES)).id == thread.id

@@ -38,6 +38,8 @@ ERROR_CODES = {
     "invalid_payload", "too_large", "conflict", "run_active", "illegal_transition",
     "invariant_violation", "unavailable", "invalid_frame", "unknown_type",
     "too_many_subscriptions",
+    # docs/protocol.md, "Limits": a fuzzer sending commands fast meets the rate limits.
+    "token_rate_limited", "scope_rate_limited", "queue_full", "scope_runs_exceeded",
 }
 ANSWER_OF = {"ping": "pong", "subscribe": "subscribed", "unsubscribe": "unsubscribed"}
 LIVE = {"chunk", "invalidate", "resync"}
@@ -379,7 +381,7 @@ def test_fuzzed_frames_are_answered_or_closed_cleanly(pool: Pool, data: st.DataO
 # --- HTTP bodies: the same inputs through the routes ----------------------------------
 
 # 204: the AI SDK resume route when no run is in flight (the status its client expects).
-HTTP_STATUSES = {200, 201, 202, 204, 400, 403, 404, 405, 409, 413, 422}
+HTTP_STATUSES = {200, 201, 202, 204, 400, 403, 404, 405, 409, 413, 422, 429}
 BODY_FIELDS = (*FIELDS, "title", "metadata", "scope")
 
 

@@ -21,6 +21,7 @@ VALID_BODIES: dict[str, Any] = {
     "send_message": {"text": "hello"},
     "set_visibility": {"visibility": "hidden"},
     "cancel_queued": None,
+    "queued_item": None,
     "resume": {"payload": {"approved": True}},
     "client_result": {"output": {"ok": True}},
     "manual_result": {"output": {"ok": True}},

@@ -101,8 +101,10 @@ def test_the_hard_limit_overflows_at_once() -> None:
     calls: list[bool] = []
     outbox = Outbox(max_bytes=100, on_overflow=lambda: calls.append(True))
     assert outbox.hard_limit == 200
-    assert outbox.put(b"x" * 150, "chunk", "t1")
-    assert not outbox.put(b"x" * 60, "chunk", "t1")
+    # Frames under the bound (one frame over it counts as the bound: test_outbox_oversize.py).
+    assert outbox.put(b"x" * 90, "chunk", "t1")
+    assert outbox.put(b"x" * 90, "chunk", "t1")
+    assert not outbox.put(b"x" * 30, "chunk", "t1")
     assert outbox.overflowed
     assert outbox.queued_bytes == 0  # memory is released immediately
     assert calls == [True]
@@ -225,7 +227,9 @@ async def test_overflow_wakes_a_waiting_getter() -> None:
     outbox = Outbox(max_bytes=10)
     getter = asyncio.create_task(outbox.get())
     await asyncio.sleep(0)
-    # A getter waiting means the queue was empty; a single huge frame still overflows.
+    # A getter waiting means the queue was empty; two huge frames at once overflow (a single
+    # one is sent: test_outbox_oversize.py).
+    outbox.put(b"x" * 100, "chunk", "t1")
     outbox.put(b"x" * 100, "chunk", "t1")
     with pytest.raises(SlowConsumerError):
         await asyncio.wait_for(getter, 1)

@@ -222,3 +222,18 @@ describe('socket', () => {
     sock.close();
   });
 });
+
+test('a link with another token does not replace the held one unless the reader agrees', () => {
+  const storage = memoryStorage({ [TOKEN_KEY]: 'mine' });
+  let asked = 0;
+  const keep = readSession('http://h/?token=theirs', storage, () => { asked += 1; return false; });
+  assert.equal(keep.token, 'mine');
+  assert.equal(storage.getItem(TOKEN_KEY), 'mine');
+  assert.ok(keep.url.endsWith('#token=mine'));
+  assert.equal(readSession('http://h/#token=theirs', storage).token, 'mine'); // default: keep
+  const take = readSession('http://h/#token=theirs', storage, () => { asked += 1; return true; });
+  assert.equal(take.token, 'theirs');
+  assert.equal(storage.getItem(TOKEN_KEY), 'theirs');
+  assert.equal(readSession('http://h/#token=theirs', storage, () => { asked += 1; return false; }).token, 'theirs');
+  assert.equal(asked, 2); // the same token is never asked about
+});

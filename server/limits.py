@@ -1,0 +1,101 @@
+"""The deployment's quotas: command rate limits and websocket connection caps, one limiter."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from realtime.limits import Counters
+from runtime.domain import Principal
+from runtime.errors import ScopeRateLimited, TokenRateLimited, TooManyConnections
+from runtime.storage.base import AdmissionLimits
+from server.settings import Settings
+
+# Connection set members expire unless refreshed: a gateway that dies frees its slots after
+# this long, without anyone having to clean up after it.
+CONNECTION_TTL = 60.0
+REFRESH_INTERVAL = CONNECTION_TTL / 3
+# Seconds a client should wait after `queue_full` or `scope_runs_exceeded`: a run's length is
+# unknown, this is a polite hint, not a promise.
+ADMISSION_RETRY_AFTER = 5.0
+
+
+def admission_limits(settings: Settings) -> AdmissionLimits:
+    """The bounds the store checks inside the admission transaction."""
+    return AdmissionLimits(
+        queue_max_items=settings.queue_max_items,
+        queue_max_bytes=settings.queue_max_bytes,
+        scope_max_active_runs=settings.scope_max_active_runs,
+        retry_after=ADMISSION_RETRY_AFTER,
+    )
+
+
+@dataclass(frozen=True)
+class ConnectionSlot:
+    """One websocket's place in its token's and subject's connection sets."""
+
+    keys: tuple[str, ...]
+    member: str
+
+
+class Limiter:
+    """Decides whether a command or a connection is within the deployment's quotas.
+
+    Commands draw from two token buckets, the token's and each of its scopes'; a refusal
+    names the bucket that was empty (`token_rate_limited`, `scope_rate_limited`) and how long
+    to wait. Buckets and connection sets are `Counters`: shared through Redis when configured.
+    """
+
+    def __init__(self, settings: Settings, counters: Counters) -> None:
+        self.settings = settings
+        self.counters = counters
+
+    async def command(self, principal: Principal, token_id: str) -> None:
+        """Charge one command to the caller's token and scopes; TooManyConnections when over."""
+        s = self.settings
+        wait = await self.counters.take(f"rate:token:{token_id}", s.token_rate, s.token_burst)
+        if wait > 0:
+            raise TokenRateLimited(
+                f"too many commands with this token (at most {s.token_rate:g}/s,"
+                f" bursts of {s.token_burst})",
+                retry_after=wait,
+            )
+        for scope in sorted(principal.scopes):
+            wait = await self.counters.take(f"rate:scope:{scope}", s.scope_rate, s.scope_burst)
+            if wait > 0:
+                raise ScopeRateLimited(
+                    f"too many commands in scope {scope!r} (at most {s.scope_rate:g}/s,"
+                    f" bursts of {s.scope_burst})",
+                    retry_after=wait,
+                )
+
+    async def connect(self, principal: Principal, token_id: str) -> ConnectionSlot:
+        """Take a connection slot for the token and the subject; TooManyConnections when either is
+        full (the gateway closes the websocket with 4429)."""
+        s = self.settings
+        keys = (f"ws:token:{token_id}", f"ws:subject:{principal.subject}")
+        caps = (s.ws_max_connections_per_token, s.ws_max_connections_per_subject)
+        slot = ConnectionSlot(keys, uuid.uuid4().hex)
+        full = await self.counters.join(keys, caps, slot.member, CONNECTION_TTL)
+        if full >= 0:
+            what = ("token", "subject")[full]
+            raise TooManyConnections(
+                f"this {what} already has {caps[full]} open websockets",
+                retry_after=REFRESH_INTERVAL,
+                limit=caps[full],
+            )
+        return slot
+
+    async def keep(self, slot: ConnectionSlot) -> None:
+        await self.counters.refresh(slot.keys, slot.member, CONNECTION_TTL)
+
+    async def disconnect(self, slot: ConnectionSlot) -> None:
+        await self.counters.leave(slot.keys, slot.member)
+
+
+__all__ = [
+    "CONNECTION_TTL",
+    "ConnectionSlot",
+    "Limiter",
+    "admission_limits",
+]

@@ -1,0 +1,74 @@
+"""Quota counters: one suite for the in-process and the Redis backend."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from realtime.limits import Counters, MemoryCounters, RedisCounters
+from tests.services import require_redis
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
+    if request.param == "memory":
+        yield MemoryCounters()
+        return
+    opened = RedisCounters(require_redis(), f"test-limits-{uuid.uuid4().hex[:8]}:")
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_bucket_allows_the_burst_then_says_how_long_to_wait(counters: Counters) -> None:
+    answers = [await counters.take("b", rate=2.0, burst=5) for _ in range(8)]
+    assert answers[:5] == [0.0] * 5
+    assert all(0 < wait <= 0.5 + 1e-6 for wait in answers[5:]), answers
+    await asyncio.sleep(0.6)  # refills one token at 2/s
+    assert await counters.take("b", rate=2.0, burst=5) == 0.0
+    assert await counters.take("b", rate=2.0, burst=5) > 0
+    # Another key has a bucket of its own.
+    assert await counters.take("other", rate=2.0, burst=5) == 0.0
+
+
+async def test_connection_sets_cap_every_key_and_add_nothing_when_one_is_full(
+    counters: Counters,
+) -> None:
+    keys, caps = ("token:a", "subject:s"), (2, 3)
+    assert await counters.join(keys, caps, "c1", ttl=30) == -1
+    assert await counters.join(keys, caps, "c2", ttl=30) == -1
+    assert await counters.join(keys, caps, "c3", ttl=30) == 0  # the token's set is full
+    # The subject's set did not get c3: another token of the subject still fits once.
+    assert await counters.join(("token:b", "subject:s"), caps, "c4", ttl=30) == -1
+    assert await counters.join(("token:b", "subject:s"), caps, "c5", ttl=30) == 1
+    await counters.leave(keys, "c1")
+    assert await counters.join(keys, caps, "c6", ttl=30) == -1
+
+
+async def test_members_expire_unless_refreshed(counters: Counters) -> None:
+    keys, caps = ("token:x",), (1,)
+    assert await counters.join(keys, caps, "old", ttl=0.3) == -1
+    assert await counters.join(keys, caps, "new", ttl=0.3) == 0
+    await asyncio.sleep(0.2)
+    await counters.refresh(keys, "old", ttl=0.3)
+    await asyncio.sleep(0.2)
+    assert await counters.join(keys, caps, "new", ttl=0.3) == 0  # refreshed: still there
+    await asyncio.sleep(0.4)
+    assert await counters.join(keys, caps, "new", ttl=0.3) == -1  # lapsed
+
+
+async def test_redis_counters_fall_back_to_this_process_when_redis_is_down() -> None:
+    # Nothing listens on port 1: every call fails fast and is counted locally instead.
+    down = RedisCounters("redis://127.0.0.1:1/0", "down:", timeout=0.2)
+    try:
+        answers = [await down.take("b", rate=1.0, burst=2) for _ in range(3)]
+        assert answers[:2] == [0.0, 0.0] and answers[2] > 0
+        assert not down.shared
+        assert await down.join(("k",), (1,), "m1", ttl=30) == -1
+        assert await down.join(("k",), (1,), "m2", ttl=30) == 0
+    finally:
+        await down.close()

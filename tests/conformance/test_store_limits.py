@@ -1,0 +1,101 @@
+"""Store conformance: queue bounds and the per-scope run cap, checked inside admission."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.errors import QueueFull, ScopeRunsExceeded
+from runtime.storage import SqlStore
+from runtime.storage.base import AdmissionLimits
+from tests.conformance.store_helpers import SCOPES, finish, new_thread, start_run
+
+
+async def queued(store: SqlStore, thread_id: str) -> int:
+    return len([i for i in await store.list_queue(thread_id) if i.status == "queued"])
+
+
+async def test_queue_is_refused_at_its_item_bound(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    await start_run(store, thread.id)
+    limits = AdmissionLimits(queue_max_items=3, queue_max_bytes=10_000)
+    for n in range(3):
+        await store.submit_input(thread.id, SCOPES, text=f"q{n}", submitted_by="a", limits=limits)
+    version = (await store.get_thread(thread.id, SCOPES)).version
+    with pytest.raises(QueueFull) as refused:
+        await store.submit_input(thread.id, SCOPES, text="q3", submitted_by="a", limits=limits)
+    assert refused.value.retry_after >= 1 and refused.value.details["limit_items"] == 3
+    # Nothing changed: no item, no version bump.
+    assert await queued(store, thread.id) == 3
+    assert (await store.get_thread(thread.id, SCOPES)).version == version
+
+
+async def test_queue_is_refused_at_its_byte_bound_counting_utf8(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    await start_run(store, thread.id)
+    limits = AdmissionLimits(queue_max_items=100, queue_max_bytes=1024)
+    wide = "é" * 300  # 600 bytes in UTF-8, 300 characters
+    await store.submit_input(thread.id, SCOPES, text=wide, submitted_by="a", limits=limits)
+    with pytest.raises(QueueFull):
+        await store.submit_input(thread.id, SCOPES, text=wide, submitted_by="a", limits=limits)
+    await store.submit_input(thread.id, SCOPES, text="x" * 424, submitted_by="a", limits=limits)
+    assert await queued(store, thread.id) == 2
+    # Without limits the store itself stays unbounded (the service passes the settings).
+    await store.submit_input(thread.id, SCOPES, text=wide, submitted_by="a")
+    assert await queued(store, thread.id) == 3
+
+
+async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: SqlStore) -> None:
+    limits = AdmissionLimits(scope_max_active_runs=2)
+    threads = [await new_thread(store) for _ in range(3)]
+    for thread in threads[:2]:
+        admission = await store.submit_input(
+            thread.id, SCOPES, text="go", submitted_by="a", limits=limits
+        )
+        assert admission.run_id is not None
+    with pytest.raises(ScopeRunsExceeded) as refused:
+        await store.submit_input(threads[2].id, SCOPES, text="go", submitted_by="a", limits=limits)
+    assert refused.value.details["limit"] == 2
+    assert await store.active_run(threads[2].id) is None
+    # Another scope is not affected by this one's runs.
+    other = await new_thread(store, scope="globex")
+    admission = await store.submit_input(
+        other.id, ["globex"], text="go", submitted_by="b", limits=limits
+    )
+    assert admission.run_id is not None
+
+
+async def test_a_bounded_snapshot_pages_back_through_every_message(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    for n in range(7):
+        _, lease = await start_run(store, thread.id, text=f"m{n}")
+        await finish(store, lease)
+    whole = await store.snapshot(thread.id, SCOPES)
+    assert whole.page is None and len(whole.messages) == 7
+    seen: list[str] = []
+    before = None
+    pages = 0
+    while True:
+        page = await store.snapshot(thread.id, SCOPES, message_limit=3, before=before)
+        assert page.page is not None and len(page.messages) <= 3
+        seen = [m.id for m in page.messages] + seen
+        pages += 1
+        before = page.page["before"]
+        if before is None:
+            break
+    assert seen == [m.id for m in whole.messages] and pages == 3
+
+
+async def test_runnable_runs_go_round_robin_across_scopes(store: SqlStore) -> None:
+    # Scope acme floods first: five runs, then globex's one run arrives last.
+    flood = []
+    for n in range(5):
+        thread = await new_thread(store)
+        admission = await store.submit_input(thread.id, SCOPES, text=f"a{n}", submitted_by="a")
+        flood.append(admission.run_id)
+    other = await new_thread(store, scope="globex")
+    late = await store.submit_input(other.id, ["globex"], text="b", submitted_by="b")
+    picked = [run.id for run in await store.find_runnable_runs(limit=2)]
+    # Before round robin this was acme's first two: globex waited for the whole burst.
+    assert picked == [flood[0], late.run_id]
+    everything = [run.id for run in await store.find_runnable_runs(limit=10)]
+    assert everything == [flood[0], late.run_id, *flood[1:]]

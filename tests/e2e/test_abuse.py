@@ -1,0 +1,359 @@
+"""Abuse suite: two gateways and a worker on Postgres + Redis, attacked as a hostile token would.
+
+Each test uses scopes and tokens of its own, so the shared rate buckets of one test never
+refuse another's requests. Figures are printed (run with -s to see them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from realtime.closecodes import CloseCode
+from server.errors import STATUS
+from tests.e2e import cluster, harness
+from tests.e2e.harness import ServerHandle
+from tests.services import require_postgres, require_redis
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+TOKEN_BURST = 30
+SCOPE_BURST = 50
+QUEUE_ITEMS = 20
+QUEUE_BYTES = 256 * 1024
+PER_TOKEN = 3
+PER_SUBJECT = 5
+LIMITS = {
+    # Slow refill, so counting what got through is exact within a test's few seconds.
+    "THREADLINE_TOKEN_RATE": "0.5",
+    "THREADLINE_TOKEN_BURST": str(TOKEN_BURST),
+    "THREADLINE_SCOPE_RATE": "0.5",
+    "THREADLINE_SCOPE_BURST": str(SCOPE_BURST),
+    "THREADLINE_QUEUE_MAX_ITEMS": str(QUEUE_ITEMS),
+    "THREADLINE_QUEUE_MAX_BYTES": str(QUEUE_BYTES),
+    "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": str(PER_TOKEN),
+    "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": str(PER_SUBJECT),
+    # Only the author of a reply (or a backend/admin) may regenerate it, hide or stop.
+    "THREADLINE_PERMISSION_REGENERATE": "author",
+    "THREADLINE_PERMISSION_VISIBILITY": "author",
+    "THREADLINE_PERMISSION_STOP": "author",
+}
+
+
+@dataclass
+class Setup:
+    cluster: cluster.Cluster
+
+    @property
+    def gateways(self) -> list[ServerHandle]:
+        return self.cluster.gateways
+
+    def token(self, scope: str, subject: str | None = None, role: str = "user") -> str:
+        name = subject or f"u-{uuid.uuid4().hex[:6]}"
+        return self.cluster.tokens({"t": (scope, role, name)})["t"]
+
+
+@pytest.fixture(scope="module")
+def setup() -> Iterator[Setup]:
+    require_postgres()
+    require_redis()
+    # A prefix of our own: counters of other test runs on this Redis never mix with ours.
+    extra = {**LIMITS, "THREADLINE_LIMITS_PREFIX": f"abuse-{uuid.uuid4().hex[:8]}:"}
+    with cluster.cluster(["gateway", "gateway", "worker"], extra=extra) as running:
+        yield Setup(running)
+        for process in running.processes:
+            assert process.alive(), f"{process.role} died\n{running.logs()}"
+
+
+def scope() -> str:
+    return f"s-{uuid.uuid4().hex[:8]}"
+
+
+def client(gateway: ServerHandle, token: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+
+
+async def wait_status(http: httpx.AsyncClient, thread_id: str, status: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        run = (await http.get(f"/v1/threads/{thread_id}")).json()["run"]
+        if run is not None and run["status"] == status:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the run never reached {status}")
+
+
+def rss(gateway: ServerHandle) -> int:
+    return int(psutil.Process(gateway.process.pid).memory_info().rss)
+
+
+async def test_queue_flood_is_refused_at_the_bound_and_gateway_memory_stays_bounded(
+    setup: Setup,
+) -> None:
+    gateway = setup.gateways[0]
+    # Its own generous bucket is not what stops this flood: the queue bound is.
+    token = setup.token(scope())
+    async with client(gateway, token) as http:
+        thread_id = (await http.post("/v1/threads", json={})).json()["thread"]["id"]
+        await http.post(f"/v1/threads/{thread_id}/messages", json={"text": "email a@b.cc"})
+        await wait_status(http, thread_id, "waiting")
+        before = rss(gateway)
+        text = "x" * 60_000  # 60 KB each: the byte bound (256 KiB) refuses the fifth
+        answers: Counter[str] = Counter()
+        retry_after: set[str] = set()
+        for n in range(200):
+            sent = await http.post(
+                f"/v1/threads/{thread_id}/messages", json={"text": f"{n} {text}"}
+            )
+            if sent.status_code == 202:
+                answers["accepted"] += 1
+            else:
+                assert sent.status_code == 429, sent.text
+                answers[sent.json()["error"]["code"]] += 1
+                retry_after.add(sent.headers["retry-after"])
+        after = rss(gateway)
+        snapshot = await http.get(f"/v1/threads/{thread_id}")
+        queue = snapshot.json()["queue"]
+        full = (await http.get(f"/v1/threads/{thread_id}/queue/{queue[0]['id']}")).json()
+    print(
+        f"\nqueue flood: 200 posts of 60 KB -> {dict(answers)}; queued {len(queue)};"
+        f" gateway RSS {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB;"
+        f" snapshot {len(snapshot.content)} bytes"
+    )
+    assert answers["accepted"] == len(queue) == QUEUE_BYTES // 60_010
+    # Two commands went before the flood (create, the parked message); the bucket refills a bit.
+    assert answers["queue_full"] >= TOKEN_BURST - 2 - answers["accepted"]
+    assert answers["token_rate_limited"] == 200 - answers["accepted"] - answers["queue_full"]
+    assert answers["token_rate_limited"] > 150
+    assert all(value.isdigit() and int(value) >= 1 for value in retry_after)
+    assert after - before < 64 * 2**20
+    # Queued texts are previews in the snapshot; the full text has its own route.
+    assert all(item["truncated"] and len(item["text"]) == 500 for item in queue)
+    assert full["text"] == f"0 {text}" and queue[0]["size"] == len(full["text"])
+    assert len(snapshot.content) < 16 * 1024
+
+
+async def test_a_token_over_its_rate_is_refused_on_both_gateways(setup: Setup) -> None:
+    token = setup.token(scope())
+    g1, g2 = setup.gateways
+    codes: Counter[str] = Counter()
+    async with client(g1, token) as a, client(g2, token) as b:
+        started = time.monotonic()
+        for n in range(2 * TOKEN_BURST):
+            answer = await (a if n % 2 else b).post("/v1/threads", json={"title": str(n)})
+            codes["ok" if answer.status_code == 201 else answer.json()["error"]["code"]] += 1
+            if answer.status_code == 429:
+                assert int(answer.headers["retry-after"]) >= 1
+        refill = int((time.monotonic() - started) * 0.5) + 1
+        # The websocket of either gateway is charged from the same bucket.
+        async with connect(f"{g2.ws_url}?token={token}") as ws:
+            await ws.send(orjson.dumps({"type": "run.stop", "id": 7, "thread_id": "t-none",
+                                        "run_id": "r-none"}).decode())
+            frame = orjson.loads(await ws.recv())
+    print(f"\nrate limit across two gateways: {dict(codes)}; websocket answer {frame}")
+    # One shared bucket: the burst for both gateways together, not per gateway.
+    assert TOKEN_BURST <= codes["ok"] <= TOKEN_BURST + refill
+    assert codes["token_rate_limited"] == 2 * TOKEN_BURST - codes["ok"]
+    assert frame["type"] == "error" and frame["code"] == "token_rate_limited"
+    assert frame["id"] == 7 and frame["retry_after"] >= 1
+
+
+async def test_a_scope_over_its_rate_is_refused_whatever_the_token(setup: Setup) -> None:
+    tenant = scope()
+    tokens = [setup.token(tenant) for _ in range(3)]
+    codes: Counter[str] = Counter()
+    clients = [client(setup.gateways[n % 2], token) for n, token in enumerate(tokens)]
+    started = time.monotonic()
+    for n in range(3 * 25):  # 25 per token: under each token's burst, over the scope's
+        answer = await clients[n % 3].post("/v1/threads", json={})
+        codes["ok" if answer.status_code == 201 else answer.json()["error"]["code"]] += 1
+    refill = int((time.monotonic() - started) * 0.5) + 1
+    for http in clients:
+        await http.aclose()
+    print(f"\nscope rate limit, three tokens: {dict(codes)}")
+    assert SCOPE_BURST <= codes["ok"] <= SCOPE_BURST + refill
+    assert codes["scope_rate_limited"] == 75 - codes["ok"]
+
+
+async def open_ws(gateway: ServerHandle, token: str) -> ClientConnection:
+    ws = await connect(f"{gateway.ws_url}?token={token}")
+    await ws.send('{"type": "ping"}')
+    await ws.recv()  # accepted and past the cap check
+    return ws
+
+
+async def close_code(ws: ClientConnection) -> int | None:
+    try:
+        await asyncio.wait_for(ws.recv(), 5)
+    except ConnectionClosed as closed:
+        return closed.rcvd.code if closed.rcvd else None
+    return None
+
+
+async def test_connections_over_the_token_and_subject_caps_are_refused(setup: Setup) -> None:
+    tenant = scope()
+    subject = f"subj-{uuid.uuid4().hex[:6]}"
+    first, second = setup.token(tenant, subject), setup.token(tenant, subject)
+    g1, g2 = setup.gateways
+    opened = [await open_ws(g1, first), await open_ws(g2, first), await open_ws(g1, first)]
+    refused_token = await close_code(await connect(f"{g2.ws_url}?token={first}"))
+    opened += [await open_ws(g2, second), await open_ws(g1, second)]
+    refused_subject = await close_code(await connect(f"{g1.ws_url}?token={second}"))
+    await opened[0].close()
+    await asyncio.sleep(0.3)
+    again = await open_ws(g2, first)  # a slot freed on one gateway is free on the other
+    print(
+        f"\nconnection caps: token cap {PER_TOKEN} -> close {refused_token};"
+        f" subject cap {PER_SUBJECT} -> close {refused_subject}; reopened after a close"
+    )
+    for ws in [*opened[1:], again]:
+        await ws.close()
+    assert refused_token == refused_subject == CloseCode.TOO_MANY_CONNECTIONS == 4429
+
+
+async def test_a_user_forbidden_to_regenerate_gets_403_and_an_error_frame(setup: Setup) -> None:
+    tenant = scope()
+    alice, bob = setup.token(tenant, "alice"), setup.token(tenant, "bob")
+    g1, g2 = setup.gateways
+    async with client(g1, alice) as a, client(g2, bob) as b:
+        thread_id = (await a.post("/v1/threads", json={})).json()["thread"]["id"]
+        await a.post(f"/v1/threads/{thread_id}/messages", json={"text": "hello there"})
+        await wait_status(a, thread_id, "completed")
+        version = (await a.get(f"/v1/threads/{thread_id}")).json()["thread"]["version"]
+        refused = await b.post(f"/v1/threads/{thread_id}/regenerate", json={})
+        seen_by_bob = (await b.get(f"/v1/threads/{thread_id}")).json()
+        reply = seen_by_bob["messages"][-1]["id"]
+        hidden = await b.post(
+            f"/v1/threads/{thread_id}/messages/{reply}/visibility", json={"visibility": "hidden"}
+        )
+        async with connect(f"{g1.ws_url}?token={bob}") as ws:
+            await ws.send(orjson.dumps({"type": "regenerate", "id": "r", "thread_id": thread_id})
+                          .decode())
+            frame = orjson.loads(await ws.recv())
+        unchanged = (await a.get(f"/v1/threads/{thread_id}")).json()
+        allowed = await a.post(f"/v1/threads/{thread_id}/regenerate", json={})
+    print(
+        f"\npermissions (regenerate=author): bob HTTP {refused.status_code}"
+        f" {refused.json()['error']['code']}, hide {hidden.status_code}, websocket {frame['code']};"
+        f" bob's snapshot permissions {seen_by_bob['permissions']}; alice {allowed.status_code}"
+    )
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    assert hidden.status_code == 403
+    assert frame["type"] == "error" and frame["code"] == "forbidden" and frame["id"] == "r"
+    assert unchanged["thread"]["version"] == version  # nothing changed
+    assert seen_by_bob["permissions"]["regenerate"] is False
+    assert seen_by_bob["permissions"]["visibility"] == []
+    assert unchanged["permissions"]["regenerate"] is True
+    assert allowed.status_code == 202
+
+
+async def insert_messages(database_url: str, thread_id: str, count: int) -> None:
+    """Fill a thread with `count` committed messages straight in Postgres (10 000 runs through
+    the API would take minutes; the snapshot only reads rows)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        text = orjson.dumps([{"type": "text", "text": "lorem ipsum " * 20}]).decode()
+        await conn.copy_records_to_table(
+            "messages",
+            records=[
+                (f"msg_{thread_id}_{n}", thread_id, n, "user" if n % 2 == 0 else "assistant", text,
+                 "visible", None, None, 0.0, 0.0)
+                for n in range(count)
+            ],
+            columns=["id", "thread_id", "position", "role", "parts", "visibility", "run_id",
+                     "client_request_id", "created_at", "updated_at"],
+        )
+        await conn.execute("UPDATE threads SET version = version + 1 WHERE id = $1", thread_id)
+    finally:
+        await conn.close()
+
+
+async def test_a_10000_message_thread_snapshots_in_bounded_size(setup: Setup) -> None:
+    token = setup.token(scope())
+    sizes: dict[int, tuple[int, float]] = {}
+    async with client(setup.gateways[0], token) as http:
+        for count in (10, 1000, 10_000):
+            thread_id = (await http.post("/v1/threads", json={})).json()["thread"]["id"]
+            await insert_messages(setup.cluster.env["THREADLINE_DATABASE_URL"], thread_id, count)
+            started = time.perf_counter()
+            answer = await http.get(f"/v1/threads/{thread_id}")
+            sizes[count] = (len(answer.content), time.perf_counter() - started)
+            body = answer.json()
+            assert len(body["messages"]) == min(count, 100)
+            assert body["messages"][-1]["id"] == f"msg_{thread_id}_{count - 1}"
+        # Page back once from the 10 000-message thread.
+        older = await http.get(f"/v1/threads/{thread_id}?before={body['page']['before']}")
+    print("\nsnapshot of a thread with N messages: " + "; ".join(
+        f"{n}: {size} bytes in {elapsed * 1000:.0f} ms" for n, (size, elapsed) in sizes.items()
+    ))
+    assert body["page"]["before"] == 10_000 - 100
+    assert [m["id"] for m in older.json()["messages"]][-1] == f"msg_{thread_id}_9899"
+    assert sizes[10_000][0] <= sizes[1000][0] * 1.1
+    assert sizes[10_000][0] < 128 * 1024
+
+
+async def closed_within(ws: ClientConnection, seconds: float) -> tuple[int | None, float]:
+    started = time.monotonic()
+    try:
+        while True:
+            await asyncio.wait_for(ws.recv(), seconds)
+    except ConnectionClosed as closed:
+        return (closed.rcvd.code if closed.rcvd else None), time.monotonic() - started
+    except TimeoutError:
+        return None, time.monotonic() - started
+
+
+async def test_a_revoked_token_s_websockets_close_on_both_gateways(setup: Setup) -> None:
+    tenant = scope()
+    victim, other = setup.token(tenant), setup.token(tenant)
+    admin = setup.token(tenant, role="admin")
+    g1, g2 = setup.gateways
+    figures = []
+    # Once through the admin route, once through `threadline token revoke`.
+    for how in ("route", "cli"):
+        token = victim if how == "route" else other
+        sockets = [await open_ws(g1, token), await open_ws(g2, token)]
+        started = time.monotonic()
+        if how == "route":
+            async with client(g2, admin) as http:
+                answer = await http.post("/v1/tokens/revoke", json={"token": token})
+            assert answer.status_code == 200, answer.text
+        else:
+            done = harness.run_command(["token", "revoke", token], setup.cluster.env)
+            assert done.returncode == 0, done.stderr
+        closes = [await closed_within(ws, 10) for ws in sockets]
+        elapsed = time.monotonic() - started
+        figures.append((how, [code for code, _ in closes], round(elapsed, 2)))
+        assert [code for code, _ in closes] == [CloseCode.TOKEN_REVOKED] * 2, closes
+        async with client(g1, token) as http:
+            assert (await http.get("/v1/me")).status_code == 401
+    print(f"\nrevocation (how, close codes on both gateways, seconds incl. the command): {figures}")
+    # Through the route, the bus carries it: well within a second of the answer.
+    assert figures[0][2] < 1.5
+
+
+def test_every_limit_error_code_is_in_the_protocol_doc() -> None:
+    doc = (DOCS / "protocol.md").read_text(encoding="utf-8")
+    limits = doc.split("### Limits", 1)[1].split("\n## ", 1)[0]
+    codes = set(re.findall(r"`([a-z_]+)`", limits)) & set(STATUS)
+    assert {code for code, status in STATUS.items() if status == 429} <= codes
+    assert "`4429`" in doc.split("## Close codes", 1)[1]
+    print(f"\nlimit codes documented: {sorted(c for c in codes if STATUS[c] == 429)}")
