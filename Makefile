@@ -19,6 +19,8 @@ tests/js/node_modules/.installed: tests/js/package-lock.json
 	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Node 20 that ensure-services.sh put in .tools/ when the system's node is older.
+test: export PATH := $(CURDIR)/.tools/node/bin:$(PATH)
 test: $(VENV)/.installed
 	bash scripts/ensure-services.sh
 	$(MAKE) tests/js/node_modules/.installed

@@ -119,14 +119,14 @@ class ToolPhase:
             waiting = Waiting(
                 action_id=_action_id(),
                 kind=tool_.suspend.kind,
-                schema=tool_.suspend.payload.model_json_schema(),
+                payload_schema=tool_.suspend.payload.model_json_schema(),
                 allowed_roles=tool_.suspend.allowed_roles,
             )
         else:
             waiting = Waiting(
                 action_id=_action_id(),
                 kind=WaitKind.CLIENT_TOOL,
-                schema=ResultPayload.model_json_schema(),
+                payload_schema=ResultPayload.model_json_schema(),
                 allowed_roles=ALL_ROLES,
             )
         self.parts[index] = part.transition(ToolState.AWAITING_ACTION, waiting=waiting)
@@ -138,7 +138,7 @@ class ToolPhase:
         """Continue resolved waiting parts of the tail message; returns all parts in order."""
         all_parts = list(parts)
         self.parts = [p for p in all_parts if isinstance(p, ToolCallPart)]
-        ready: list[tuple[int, Tool, BaseModel]] = []
+        ready: list[tuple[int, Tool, BaseModel | None]] = []
         finals: list[tuple[int, ToolResult]] = []
         for index, part in enumerate(list(self.parts)):
             waiting = part.waiting

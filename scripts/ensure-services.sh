@@ -31,13 +31,25 @@ if ! command -v npm >/dev/null 2>&1; then
   missing+=("npm (installs tests/js: the AG-UI and AI SDK client libraries)"); packages+=(npm)
 fi
 
-if [[ ${#packages[@]} -eq 0 ]]; then
-  say "PostgreSQL, Redis, Chromium, node and npm are present"
-  exit 0
-fi
-
-list=$(IFS=,; echo "${missing[*]}" | sed 's/,/, /g')
-say "missing: $list"
+install_missing() {
+  local list
+  list=$(IFS=,; echo "${missing[*]}" | sed 's/,/, /g')
+  say "missing: $list"
+  command -v apt-get >/dev/null 2>&1 || { cannot_install "no apt-get on this system"; return; }
+  local as_root=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || { cannot_install "not root and no sudo"; return; }
+    as_root=(sudo)
+    say "using sudo to install packages"
+  fi
+  say "installing ${packages[*]} with apt-get"
+  # Wait for a concurrent apt/dpkg (an unattended upgrade, another make test) instead of failing.
+  local apt=("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
+             apt-get -o DPkg::Lock::Timeout=300)
+  "${apt[@]}" update -qq
+  "${apt[@]}" install -y -qq "${packages[@]}" >/dev/null
+  say "installed ${packages[*]}"
+}
 
 cannot_install() {
   say "$1. Install them yourself (Debian packages: ${packages[*]}),"
@@ -48,19 +60,24 @@ cannot_install() {
   exit 0
 }
 
-command -v apt-get >/dev/null 2>&1 || cannot_install "no apt-get on this system"
-if [[ $(id -u) -eq 0 ]]; then
-  as_root=()
-elif command -v sudo >/dev/null 2>&1; then
-  as_root=(sudo)
-  say "using sudo to install packages"
+if [[ ${#packages[@]} -eq 0 ]]; then
+  say "PostgreSQL, Redis, Chromium, node and npm are present"
 else
-  cannot_install "not root and no sudo"
+  install_missing
 fi
 
-say "installing ${packages[*]} with apt-get"
-# Wait for a concurrent apt/dpkg (an unattended upgrade, another make test) instead of failing.
-apt=("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get -o DPkg::Lock::Timeout=300)
-"${apt[@]}" update -qq
-"${apt[@]}" install -y -qq "${packages[@]}" >/dev/null
-say "installed ${packages[*]}"
+# The AG-UI and AI SDK client libraries (tests/js) need Node 20 or newer; some distributions
+# (Debian bookworm) ship 18. Then take Node 20 from the npm registry's per-platform package into
+# .tools/ (make test puts .tools/node/bin first on PATH); nothing system-wide changes.
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [[ $node_major -lt 20 && ! -x .tools/node/bin/node ]]; then
+  case $(uname -m) in
+    x86_64) platform=linux-x64 ;;
+    aarch64) platform=linux-arm64 ;;
+    *) say "node $node_major is older than 20 and no Node 20 package fits $(uname -m)"; exit 0 ;;
+  esac
+  say "node $node_major is older than 20: installing node-$platform@20 from the npm registry into .tools/"
+  npm install --silent --no-audit --no-fund --prefix .tools/node20 "node-$platform@20.20.2"
+  mkdir -p .tools/node/bin
+  ln -sf "$PWD/.tools/node20/node_modules/node-$platform/bin/node" .tools/node/bin/node
+fi

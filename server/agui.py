@@ -155,13 +155,13 @@ class RunStream:
             delta = str(data.get("delta", ""))
             if not delta:
                 return []
-            events: list[BaseEvent] = []
+            out: list[BaseEvent] = []
             if self.text_id is None:
                 self.messages += 1
                 self.text_id = f"{chunk.run_id}-{self.messages}"
-                events.append(TextMessageStartEvent(message_id=self.text_id, role="assistant"))
-            events.append(TextMessageContentEvent(message_id=self.text_id, delta=delta))
-            return events
+                out.append(TextMessageStartEvent(message_id=self.text_id, role="assistant"))
+            out.append(TextMessageContentEvent(message_id=self.text_id, delta=delta))
+            return out
         if kind == "tool-call":
             call_id = str(data["tool_call_id"])
             self.tool_names[call_id] = str(data["name"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
@@ -25,21 +25,22 @@ class Frame(BaseModel):
 
 def _frame_model(command: Command[Any, Any]) -> type[Frame]:
     words = command.name.replace(".", "_").split("_")
-    model: type[Frame] = create_model(
+    model = create_model(
         "".join(word.capitalize() for word in words) + "Frame",
         __base__=(command.input, Frame),
         __module__=__name__,
-        type=(Literal[command.name], ...),  # type: ignore[valid-type]
+        type=(Literal[command.name], ...),  # type: ignore[arg-type]
     )
-    return model
+    return cast(type[Frame], model)
 
 
 FRAME_MODELS: dict[str, type[Frame]] = {
     command.name: _frame_model(command) for command in COMMANDS if command.reply is not None
 }
 CLIENT_FRAME_TYPES: tuple[str, ...] = tuple(FRAME_MODELS)
-ClientFrame = Annotated[
-    Union[tuple(FRAME_MODELS.values())],  # type: ignore[valid-type]  # noqa: UP007
+# Built at import time from the command table, so a runtime value, not a static type.
+ClientFrame: Any = Annotated[
+    Union[tuple(FRAME_MODELS.values())],  # noqa: UP007
     Field(discriminator="type"),
 ]
 ClientFrameAdapter: TypeAdapter[Frame] = TypeAdapter(ClientFrame)

@@ -81,7 +81,9 @@ class _SqliteConn(Conn):
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
         # Fetching every row also completes RETURNING statements before the next one runs.
-        return list(await self._db.execute_fetchall(self.dialect.render(sql), args))
+        rows = await self._db.execute_fetchall(self.dialect.render(sql), args)
+        # aiosqlite's Row is a mapping by column name (row_factory), which is what Row means.
+        return list(rows)  # type: ignore[arg-type]
 
     async def run_script(self, script: str) -> None:
         for statement in split_script(script):

@@ -1,4 +1,4 @@
-"""mypy over realtime/ and runtime/ with the configuration in pyproject.toml (strict)."""
+"""mypy over realtime/, runtime/ and server/ with the configuration in pyproject.toml (strict)."""
 
 from __future__ import annotations
 
