@@ -47,7 +47,11 @@ def _check_model(model: type[BaseModel], value: Any, prefix: tuple[str, ...] = (
     # Strict JSON validation: the payload arrived as JSON and its public contract is the
     # model's JSON Schema, so "yes" is no boolean and "1" no integer (lax mode would coerce).
     try:
-        return model.model_validate_json(orjson.dumps(value), strict=True)
+        raw = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError) as exc:  # nested past the encoder's limit
+        raise InvalidPayload(_MESSAGE, errors=[{"loc": list(prefix), "msg": str(exc)}]) from exc
+    try:
+        return model.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         raise InvalidPayload(
             _MESSAGE,

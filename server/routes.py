@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, create_model
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
@@ -19,6 +19,7 @@ from runtime.service import ThreadService
 from server.auth import authenticate, bearer_token, token_key
 from server.commands import COMMANDS, Caller, Command
 from server.errors import InvalidJSON, wire_error
+from server.inputs import Input
 from server.responses import JSONResponse
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -72,9 +73,11 @@ def body_model(command: Command[Any, Any]) -> type[BaseModel] | None:
         for name, info in command.input.model_fields.items()
         if name not in http.path_fields
     }
+    # Based on Input, so the checks every command field gets (no NUL, bounded nesting) hold
+    # for HTTP bodies as for websocket frames.
     model: type[BaseModel] = create_model(
         f"{command.input.__name__}Body",
-        __config__=ConfigDict(extra="forbid"),
+        __base__=Input,
         __module__=__name__,
         **fields,
     )
