@@ -391,3 +391,28 @@ def test_regenerate_and_visibility(alice: Api) -> None:
         "POST", f"/v1/threads/{thread_id}/regenerate", json={"message_id": "msg-nope"}
     )
     assert_error(unknown, 404, "not_found")
+
+
+def test_retry_a_cancelled_run(alice: Api) -> None:
+    """`run.retry` over HTTP: a cancelled run starts again as a new run from its input; the old
+    run cannot be retried twice, and an active run not at all."""
+    thread_id, first_action, snapshot = _pending_email(alice)
+    run_id = snapshot["run"]["id"]
+    busy = alice.request("POST", f"/v1/threads/{thread_id}/runs/{run_id}/retry", json={})
+    assert_error(busy, 409, "conflict")
+    stopped = alice.request("POST", f"/v1/threads/{thread_id}/runs/{run_id}/stop")
+    assert stopped.status_code == 202, stopped.text
+    alice.wait_run(thread_id, ("cancelled",))
+
+    response = alice.request("POST", f"/v1/threads/{thread_id}/runs/{run_id}/retry", json={})
+    assert response.status_code == 202, response.text
+    new_run = response.json()["run_id"]
+    assert new_run != run_id
+    after = alice.wait_run(thread_id, ("waiting",))
+    assert after["run"]["id"] == new_run
+    (action,) = after["pending_actions"]
+    assert action["id"] != first_action["id"] and action["tool_name"] == "send_email"
+    users = [m for m in after["messages"] if m["role"] == "user"]
+    assert len(users) == 1, "the retry reuses the run's input instead of adding a message"
+    again = alice.request("POST", f"/v1/threads/{thread_id}/runs/{run_id}/retry", json={})
+    assert_error(again, 409, "conflict")
