@@ -410,10 +410,7 @@ class ThreadService:
         await self._require(principal, Destructive.REGENERATE, thread_id, message_id=message_id)
         start = message_id
         result = await rewrite(
-            self.store,
-            self.publisher,
-            self.lifecycle,
-            self.owner,
+            self,
             principal,
             thread_id,
             lambda version: Truncate(
@@ -446,10 +443,7 @@ class ThreadService:
         check_retryable(target, latest.id, latest.status)
         run = await self.store.get_run(target)
         result = await rewrite(
-            self.store,
-            self.publisher,
-            self.lifecycle,
-            self.owner,
+            self,
             principal,
             thread_id,
             lambda version: RetryRun(
@@ -479,10 +473,7 @@ class ThreadService:
                 raise NotFound(f"message {message_id} not found")
             await self._require(principal, Destructive.VISIBILITY, thread_id, message_id=message_id)
         return await rewrite(
-            self.store,
-            self.publisher,
-            self.lifecycle,
-            self.owner,
+            self,
             principal,
             thread_id,
             lambda version: SetVisibility(
