@@ -10,6 +10,32 @@ from runtime.chunks import StreamChunk
 from runtime.domain import Resolution, RunTrigger, ToolState, Visibility
 from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest
 
+# What agent authors get from `runtime` (it star-imports this list; RewriteKind stays internal).
+__all__ = [
+    "AfterStepDecision",
+    "AgentLifecycle",
+    "BeforeToolDecision",
+    "Block",
+    "ContextNext",
+    "Continue",
+    "MetadataPatch",
+    "ModelCall",
+    "PrepareRunDecision",
+    "Reject",
+    "ReplaceInput",
+    "Respond",
+    "RewriteContext",
+    "RewriteOutcome",
+    "RunContext",
+    "RuntimeContextInput",
+    "Skip",
+    "StepContext",
+    "StepResult",
+    "ToolCall",
+    "ToolCallContext",
+    "ToolResult",
+]
+
 # --- contexts handed to hooks (read-only views; hooks never touch storage) ------------------
 
 

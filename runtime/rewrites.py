@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from runtime import telemetry
 from runtime.compose import HistoryRewrittenErrors
@@ -20,11 +21,22 @@ log = logging.getLogger(__name__)
 ADMIN_LEASE_TTL = 10.0
 
 
+class RewriteHost(Protocol):
+    """What a rewrite runs with: the store, the bus, the composed hooks and the lease owner
+    (ThreadService is one)."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def publisher(self) -> Publisher: ...
+    @property
+    def lifecycle(self) -> AgentLifecycle: ...
+    @property
+    def owner(self) -> str: ...
+
+
 async def rewrite(
-    store: Store,
-    publisher: Publisher,
-    lifecycle: AgentLifecycle,
-    owner: str,
+    host: RewriteHost,
     principal: Principal,
     thread_id: str,
     make_op: Callable[[int], RewriteOp],
@@ -42,6 +54,7 @@ async def rewrite(
     version read: the hook's patch is computed from metadata nobody can change before the
     commit, and the commit refuses if the thread moved on anyway (VersionMismatch, 409).
     `expected_version` is the caller's own precondition, checked against the same read."""
+    store, publisher, lifecycle, owner = host.store, host.publisher, host.lifecycle, host.owner
     with telemetry.span(
         "threadline.history_rewrite", **{"threadline.rewrite.kind": kind, "thread_id": thread_id}
     ) as span:

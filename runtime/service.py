@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,7 +26,6 @@ from runtime.domain import (
     WaitKind,
 )
 from runtime.errors import Forbidden, InvalidInput, NotFound
-from runtime.lifecycle import RewriteKind
 from runtime.payloads import check_payload
 from runtime.permissions import Destructive, PermissionPolicy
 from runtime.publisher import Publisher
@@ -35,7 +34,6 @@ from runtime.storage.base import (
     AdmissionLimits,
     ResolveResult,
     RetryRun,
-    RewriteOp,
     RewriteResult,
     SetVisibility,
     StopResult,
@@ -411,7 +409,8 @@ class ThreadService:
             raise NotFound(f"message {message_id} not found")
         await self._require(principal, Destructive.REGENERATE, thread_id, message_id=message_id)
         start = message_id
-        result = await self._rewrite(
+        result = await rewrite(
+            self,
             principal,
             thread_id,
             lambda version: Truncate(
@@ -443,7 +442,8 @@ class ThreadService:
         target = run_id or latest.id
         check_retryable(target, latest.id, latest.status)
         run = await self.store.get_run(target)
-        result = await self._rewrite(
+        result = await rewrite(
+            self,
             principal,
             thread_id,
             lambda version: RetryRun(
@@ -472,7 +472,8 @@ class ThreadService:
             if not any(m.id == message_id for m in messages):
                 raise NotFound(f"message {message_id} not found")
             await self._require(principal, Destructive.VISIBILITY, thread_id, message_id=message_id)
-        return await self._rewrite(
+        return await rewrite(
+            self,
             principal,
             thread_id,
             lambda version: SetVisibility(
@@ -482,33 +483,6 @@ class ThreadService:
             message_id=message_id,
             visibility=visibility,
             expected_version=expected_version,
-        )
-
-    async def _rewrite(
-        self,
-        principal: Principal,
-        thread_id: str,
-        make_op: Callable[[int], RewriteOp],
-        *,
-        kind: RewriteKind,
-        message_id: str,
-        visibility: Visibility | None = None,
-        expected_version: int | None = None,
-        retried_run_id: str | None = None,
-    ) -> RewriteResult:
-        return await rewrite(
-            self.store,
-            self.publisher,
-            self.lifecycle,
-            self.owner,
-            principal,
-            thread_id,
-            make_op,
-            kind=kind,
-            message_id=message_id,
-            visibility=visibility,
-            expected_version=expected_version,
-            retried_run_id=retried_run_id,
         )
 
 

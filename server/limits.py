@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from realtime.limits import Counters
 from runtime.domain import Principal
-from runtime.errors import ScopeRateLimited, TokenRateLimited, TooManyConnections
+from runtime.errors import QuotaExceeded, ScopeRateLimited, TokenRateLimited, TooManyConnections
 from runtime.storage.base import AdmissionLimits
 from server.settings import Settings
 
@@ -53,21 +53,23 @@ class Limiter:
     async def command(self, principal: Principal, token_id: str) -> None:
         """Charge one command to the caller's token and scopes; TooManyConnections when over."""
         s = self.settings
-        wait = await self.counters.take(f"rate:token:{token_id}", s.token_rate, s.token_burst)
-        if wait > 0:
-            raise TokenRateLimited(
-                f"too many commands with this token (at most {s.token_rate:g}/s,"
-                f" bursts of {s.token_burst})",
-                retry_after=wait,
-            )
+        await self._take(
+            f"rate:token:{token_id}", s.token_rate, s.token_burst, TokenRateLimited,
+            "too many commands with this token",
+        )
         for scope in sorted(principal.scopes):
-            wait = await self.counters.take(f"rate:scope:{scope}", s.scope_rate, s.scope_burst)
-            if wait > 0:
-                raise ScopeRateLimited(
-                    f"too many commands in scope {scope!r} (at most {s.scope_rate:g}/s,"
-                    f" bursts of {s.scope_burst})",
-                    retry_after=wait,
-                )
+            await self._take(
+                f"rate:scope:{scope}", s.scope_rate, s.scope_burst, ScopeRateLimited,
+                f"too many commands in scope {scope!r}",
+            )
+
+    async def _take(
+        self, key: str, rate: float, burst: int, refusal: type[QuotaExceeded], what: str
+    ) -> None:
+        """Take one from the bucket at `key`; `refusal` with the wait when it is empty."""
+        wait = await self.counters.take(key, rate, burst)
+        if wait > 0:
+            raise refusal(f"{what} (at most {rate:g}/s, bursts of {burst})", retry_after=wait)
 
     async def connect(self, principal: Principal, token_id: str) -> ConnectionSlot:
         """Take a connection slot for the token and the subject; TooManyConnections when either is

@@ -346,21 +346,25 @@ class SqlStore:
     # --- leases -------------------------------------------------------------------------
 
     async def acquire_run_lease(self, run_id: str, owner: str, ttl: float) -> Lease | None:
-        ttl, owner = check_ttl(ttl), check_owner(owner)
-        lease = await self._write(
-            lambda conn: sql_leases.acquire_run_lease(conn, run_id, owner, ttl)
-        )
-        if lease is None:
-            sql_leases.lease_event("busy", LeaseKind.RUN)
-        return lease
+        return await self._acquire(sql_leases.acquire_run_lease, LeaseKind.RUN, run_id, owner, ttl)
 
     async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
-        ttl, owner = check_ttl(ttl), check_owner(owner)
-        lease = await self._write(
-            lambda conn: sql_leases.acquire_admin_lease(conn, thread_id, owner, ttl)
+        return await self._acquire(
+            sql_leases.acquire_admin_lease, LeaseKind.ADMIN, thread_id, owner, ttl
         )
+
+    async def _acquire(
+        self,
+        acquire: Callable[[Conn, str, str, float], Awaitable[Lease | None]],
+        kind: LeaseKind,
+        resource_id: str,
+        owner: str,
+        ttl: float,
+    ) -> Lease | None:
+        ttl, owner = check_ttl(ttl), check_owner(owner)
+        lease = await self._write(lambda conn: acquire(conn, resource_id, owner, ttl))
         if lease is None:
-            sql_leases.lease_event("busy", LeaseKind.ADMIN)
+            sql_leases.lease_event("busy", kind)
         return lease
 
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
