@@ -19,8 +19,10 @@ tests/js/node_modules/.installed: tests/js/package-lock.json
 	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
 	touch $@
 
-# Node 20 that ensure-services.sh put in .tools/ when the system's node is older.
+# Node 20 that ensure-services.sh put in .tools/ when the system's node is older. That node
+# has its own CA list: give it the system's too (what apt and pip trust here).
 test: export PATH := $(CURDIR)/.tools/node/bin:$(PATH)
+test: export NODE_EXTRA_CA_CERTS ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 test: $(VENV)/.installed
 	bash scripts/ensure-services.sh
 	$(MAKE) tests/js/node_modules/.installed
