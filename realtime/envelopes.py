@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -16,13 +16,39 @@ class _Envelope(BaseModel):
 
 
 class ChunkEnvelope(_Envelope):
-    """A live canonical chunk; its bytes are the client's `chunk` frame as is."""
+    """A live canonical chunk; its bytes are the client's `chunk` frame as is.
+
+    `episode` is the fencing token of the run episode that streamed it: after a takeover the
+    new episode streams the redone step with the same seqs, and anything an older episode still
+    publishes is void (receivers drop it; see `ChunkPosition`)."""
 
     type: Literal["chunk"] = "chunk"
     thread_id: str
     run_id: str
     seq: int = Field(ge=0)
+    episode: int = Field(default=0, ge=0)
     chunk: dict[str, Any]
+
+
+class ChunkPosition(NamedTuple):
+    """Where a chunk sits in its run: (episode, seq) order is the order receivers accept."""
+
+    run_id: str
+    episode: int
+    seq: int
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return self.episode, self.seq
+
+
+def chunk_position(data: bytes) -> ChunkPosition | None:
+    """The position of an encoded chunk frame (None for anything that is not one)."""
+    try:
+        frame = orjson.loads(data)
+        return ChunkPosition(str(frame["run_id"]), int(frame.get("episode", 0)), int(frame["seq"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 class InvalidateEnvelope(_Envelope):

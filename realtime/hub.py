@@ -14,7 +14,14 @@ import orjson
 from realtime.base import AsyncResource, cancel_and_wait
 from realtime.bus import Bus
 from realtime.channels import replay_key, thread_channel
-from realtime.envelopes import InvalidateEnvelope, MessageKind, ResyncEnvelope, encode
+from realtime.envelopes import (
+    ChunkPosition,
+    InvalidateEnvelope,
+    MessageKind,
+    ResyncEnvelope,
+    chunk_position,
+    encode,
+)
 from realtime.errors import BusError
 
 log = logging.getLogger(__name__)
@@ -46,9 +53,26 @@ class _Watch:
     task: asyncio.Task[None] | None = None
     version: int | None = None  # newest invalidation seen (live or polled)
     dropped: int = 0
+    # Newest episode seen per run (the last few runs): an older episode's chunks are void.
+    episodes: dict[str, int] = field(default_factory=dict)
+
+    def superseded(self, position: ChunkPosition) -> bool:
+        """Whether a live chunk comes from an episode older than one already seen for its run."""
+        newest = self.episodes.get(position.run_id)
+        if newest is not None and position.episode < newest:
+            return True
+        if newest is None or position.episode > newest:
+            self.episodes.pop(position.run_id, None)
+            self.episodes[position.run_id] = position.episode
+            while len(self.episodes) > MAX_TRACKED_RUNS:
+                del self.episodes[next(iter(self.episodes))]
+        return False
 
 
-def _classify(data: bytes) -> tuple[MessageKind, int | None] | None:
+MAX_TRACKED_RUNS = 64
+
+
+def _classify(data: bytes) -> tuple[MessageKind, int | None, ChunkPosition | None] | None:
     try:
         message = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -57,12 +81,32 @@ def _classify(data: bytes) -> tuple[MessageKind, int | None] | None:
         return None
     kind = message.get("type")
     if kind == "chunk":
-        return "chunk", None
+        try:
+            position = ChunkPosition(
+                str(message["run_id"]), int(message.get("episode", 0)), int(message["seq"])
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        return "chunk", None, position
     if kind == "invalidate":
         version = message.get("version")
         if isinstance(version, int) and not isinstance(version, bool):
-            return "invalidate", version
+            return "invalidate", version, None
     return None
+
+
+def current_episodes(replay: list[bytes]) -> list[bytes]:
+    """A replay buffer without the chunks of episodes a newer one of the same run replaced."""
+    positions = [chunk_position(data) for data in replay]
+    newest: dict[str, int] = {}
+    for position in positions:
+        if position is not None:
+            newest[position.run_id] = max(newest.get(position.run_id, 0), position.episode)
+    return [
+        data
+        for data, position in zip(replay, positions, strict=True)
+        if position is not None and position.episode == newest[position.run_id]
+    ]
 
 
 class Hub(AsyncResource):
@@ -161,9 +205,10 @@ class Hub(AsyncResource):
             await self._stop(watch)
 
     async def replay(self, thread_id: str) -> list[bytes]:
-        """The in-flight step's chunk frames, oldest first (empty if the bus cannot say)."""
+        """The in-flight step's chunk frames, oldest first, without a superseded episode's
+        (empty if the bus cannot say)."""
         try:
-            return await self._bus.read_replay(replay_key(thread_id))
+            return current_episodes(await self._bus.read_replay(replay_key(thread_id)))
         except BusError as exc:
             log.warning("replay of thread %s unavailable: %s", thread_id, exc)
             return []
@@ -200,7 +245,10 @@ class Hub(AsyncResource):
         if classified is None:
             log.warning("dropping unknown message on thread %s: %.80r", watch.thread_id, data)
             return
-        kind, version = classified
+        kind, version, position = classified
+        if position is not None and watch.superseded(position):
+            log.info("dropping a superseded episode's chunk on thread %s", watch.thread_id)
+            return
         if version is not None:
             if watch.version is not None and version <= watch.version:
                 return  # a newer invalidation already went out; only the latest matters

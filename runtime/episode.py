@@ -135,7 +135,7 @@ class Episode:
         """start_episode: fenced, +1 episode, queued -> running (+1 version when it changed)."""
         deps = self.deps
         run, version = await deps.store.start_episode(deps.lease)
-        sink = ChunkSink(deps.publisher, self.thread_id, self.run_id, run.next_seq)
+        sink = ChunkSink(deps.publisher, self.thread_id, self.run_id, run.next_seq, run.episode)
         state = EpisodeState(run=run, sink=sink, anchor=-1)
         if run.status.is_terminal:
             # Ended (stopped while queued) after the lease was taken: nothing is left to do.
@@ -181,8 +181,10 @@ class Episode:
         interrupted = resumable is not None and any(
             isinstance(p, ToolCallPart) and p.state is ToolState.RUNNING for p in resumable.parts
         )
-        if before.status is RunStatus.RUNNING and before.episode > 0 and (
-            resumable is None or interrupted
+        if (
+            before.status is RunStatus.RUNNING
+            and before.episode > 0
+            and (resumable is None or interrupted)
         ):
             # A takeover (tools committed as started but unfinished mean one, even of a resuming
             # run). The dead episode's uncommitted chunks reuse the seqs the redo is about to

@@ -50,9 +50,14 @@ class Publisher:
         self._replay_limit = replay_limit
         self._failing = False
 
-    async def chunk(self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any]) -> bool:
+    async def chunk(
+        self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any], *, episode: int = 0
+    ) -> bool:
         """Publish a live chunk and keep it in the thread's replay buffer for late joiners."""
-        data = encode(ChunkEnvelope(thread_id=thread_id, run_id=run_id, seq=seq, chunk=chunk))
+        envelope = ChunkEnvelope(
+            thread_id=thread_id, run_id=run_id, seq=seq, episode=episode, chunk=chunk
+        )
+        data = encode(envelope)
         # Concurrent: two independent round trips; ordering across calls holds because each
         # call finishes both before the runtime publishes the next chunk.
         published, appended = await asyncio.gather(

@@ -41,13 +41,22 @@ class StepOutput:
 
 
 class ChunkSink:
-    """Assigns gap-free `seq` numbers per run and publishes canonical chunks live."""
+    """Assigns gap-free `seq` numbers per run and publishes canonical chunks live, each marked
+    with the episode (fencing token) that streamed it."""
 
-    def __init__(self, publisher: Publisher, thread_id: str, run_id: str, next_seq: int) -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        thread_id: str,
+        run_id: str,
+        next_seq: int,
+        episode: int = 0,
+    ) -> None:
         self.publisher = publisher
         self.thread_id = thread_id
         self.run_id = run_id
         self.seq = next_seq
+        self.episode = episode
         # Parallel tools emit concurrently; one publish at a time keeps seq order on the wire.
         self._lock = asyncio.Lock()
 
@@ -61,7 +70,9 @@ class ChunkSink:
         async with self._lock:
             seq = self.seq
             self.seq += 1
-            await self.publisher.chunk(self.thread_id, self.run_id, seq, payload)
+            await self.publisher.chunk(
+                self.thread_id, self.run_id, seq, payload, episode=self.episode
+            )
 
 
 async def primed(stream: AsyncIterator[ModelDelta]) -> AsyncIterator[ModelDelta]:

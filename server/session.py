@@ -8,9 +8,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import orjson
-
-from realtime.envelopes import MessageKind
+from realtime.envelopes import MessageKind, chunk_position
 from realtime.outbox import Outbox
 from runtime.domain import Principal, Thread
 from runtime.errors import InvalidInput, NotFound
@@ -60,13 +58,16 @@ class ThreadListener:
 
     The hub delivers from the moment the listener is added, but the client must see
     `subscribed` and the replay of the in-flight step first; frames arriving meanwhile wait
-    here and are merged (without duplicating replayed chunks) when the subscription opens.
+    here. A chunk is published and appended to the replay buffer concurrently, so one the replay
+    already had can arrive live before or after `open`: per run, live chunks at or before the
+    replay's last (episode, seq) are dropped until the first newer one passes.
     """
 
     thread_id: str
     outbox: Outbox
     floor: int | None = None
     held: list[tuple[bytes, MessageKind, int | None]] | None = field(default_factory=list)
+    replayed: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
         if self.held is not None:
@@ -79,27 +80,31 @@ class ThreadListener:
         stale = version is not None and self.floor is not None and version <= self.floor
         if kind == "invalidate" and stale:
             return
+        if kind == "chunk" and self.replayed and self._replayed_already(data):
+            return
         self.outbox.put(data, kind, self.thread_id, version)
 
+    def _replayed_already(self, data: bytes) -> bool:
+        position = chunk_position(data)
+        if position is None or position.run_id not in self.replayed:
+            return False
+        if position.order <= self.replayed[position.run_id]:
+            return True
+        del self.replayed[position.run_id]  # live has moved past the replay: stop parsing
+        return False
+
     def open(self, version: int, replay: list[bytes]) -> None:
-        """Send what was held after the replay, dropping chunks the replay already had."""
+        """Send the replay, then what was held, without the chunks the replay already had."""
         self.floor = version
-        replayed = {key for key in map(_chunk_key, replay) if key is not None}
         for data in replay:
+            position = chunk_position(data)
+            if position is not None:
+                last = self.replayed.get(position.run_id)
+                self.replayed[position.run_id] = max(last or position.order, position.order)
             self.outbox.put(data, "chunk", self.thread_id)
         held, self.held = self.held or [], None
         for data, kind, item_version in held:
-            if kind == "chunk" and _chunk_key(data) in replayed:
-                continue
             self._put(data, kind, item_version)
-
-
-def _chunk_key(data: bytes) -> tuple[str, int] | None:
-    try:
-        frame = orjson.loads(data)
-        return str(frame["run_id"]), int(frame["seq"])
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
 
 
 class Session:
@@ -168,9 +173,7 @@ class Session:
         command = BY_NAME[frame.type]
         if command.authorize is not None:
             command.authorize(self.principal)
-        caller = Caller(
-            self.principal, self.service, self, frame.id, self.limiter, self.token_id
-        )
+        caller = Caller(self.principal, self.service, self, frame.id, self.limiter, self.token_id)
         fields = await command.run(caller, frame)
         if fields is not None and command.reply is not None:
             self._answer(command.reply(id=frame.id, **fields).to_bytes())

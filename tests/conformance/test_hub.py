@@ -101,10 +101,14 @@ async def hub(bus: Bus) -> AsyncIterator[Hub]:
         yield opened
 
 
-def chunk_frame(thread_id: str, seq: int) -> bytes:
+def chunk_frame(thread_id: str, seq: int, episode: int = 1, run_id: str = "run") -> bytes:
     return encode(
         ChunkEnvelope(
-            thread_id=thread_id, run_id="run", seq=seq, chunk={"type": "text-delta", "delta": "x"}
+            thread_id=thread_id,
+            run_id=run_id,
+            seq=seq,
+            episode=episode,
+            chunk={"type": "text-delta", "delta": "x"},
         )
     )
 
@@ -213,6 +217,29 @@ async def test_replay_for_late_joiners(bus: Bus, hub: Hub) -> None:
     assert [orjson.loads(f)["seq"] for f in frames] == [0, 1, 2]
     await bus.clear_replay(replay_key("t1"))
     assert await within(hub.replay("t1")) == []
+
+
+async def test_a_superseded_episode_is_dropped_live_and_from_the_replay(
+    bus: Bus, hub: Hub
+) -> None:
+    # A worker that lost its lease (stalled, then resumed) may still publish after the new
+    # owner's first chunk: listeners and late joiners must not see it.
+    recorder = Recorder()
+    sent = [
+        chunk_frame("t1", 0, episode=1),
+        chunk_frame("t1", 0, episode=2),  # the takeover redoes the step from seq 0
+        chunk_frame("t1", 1, episode=1),  # the stale worker again: void
+        chunk_frame("t1", 0, episode=1, run_id="other"),  # another run is independent
+        chunk_frame("t1", 1, episode=2),
+    ]
+    async with listening(hub, ("t1", recorder)):
+        for data in sent:
+            await bus.publish(thread_channel("t1"), data)
+            await bus.append_replay(replay_key("t1"), data, limit=10)
+        await eventually(lambda: len(recorder.received) == 4)
+        await asyncio.sleep(0.05)
+    assert [data for data, _, _ in recorder.received] == [sent[0], sent[1], sent[3], sent[4]]
+    assert await within(hub.replay("t1")) == [sent[1], sent[3], sent[4]]
 
 
 async def test_hub_reports_bus_health(bus: Bus, hub: Hub) -> None:

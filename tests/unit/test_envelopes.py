@@ -10,8 +10,10 @@ from pydantic import ValidationError
 from realtime.channels import replay_key, thread_channel
 from realtime.envelopes import (
     ChunkEnvelope,
+    ChunkPosition,
     InvalidateEnvelope,
     ResyncEnvelope,
+    chunk_position,
     decode_thread_message,
     encode,
 )
@@ -25,10 +27,13 @@ def test_chunk_bytes_are_the_protocol_frame() -> None:
     data = encode(envelope)
     assert isinstance(data, bytes)
     assert data == (
-        b'{"type":"chunk","thread_id":"th_1","run_id":"run_1","seq":0,'
+        b'{"type":"chunk","thread_id":"th_1","run_id":"run_1","seq":0,"episode":0,'
         b'"chunk":{"type":"text-delta","delta":"H\xc3\xa9"}}'
     )
-    assert list(orjson.loads(data)) == ["type", "thread_id", "run_id", "seq", "chunk"]
+    assert list(orjson.loads(data)) == ["type", "thread_id", "run_id", "seq", "episode", "chunk"]
+    assert chunk_position(data) == ChunkPosition("run_1", 0, 0)
+    assert chunk_position(b'{"type":"invalidate","thread_id":"th_1","version":1}') is None
+    assert chunk_position(b"[1") is None
 
 
 def test_invalidate_bytes_are_the_protocol_frame() -> None:

@@ -105,10 +105,14 @@ class FakeHub:
             listener.deliver(data, kind, version)
 
 
-def chunk(seq: int, run_id: str = "r1") -> bytes:
+def chunk(seq: int, run_id: str = "r1", episode: int = 1) -> bytes:
     return encode(
         ChunkEnvelope(
-            thread_id=THREAD, run_id=run_id, seq=seq, chunk={"type": "text-delta", "delta": "x"}
+            thread_id=THREAD,
+            run_id=run_id,
+            seq=seq,
+            episode=episode,
+            chunk={"type": "text-delta", "delta": "x"},
         )
     )
 
@@ -206,6 +210,32 @@ async def test_frames_arriving_during_subscribe_are_held_and_deduplicated(parts:
         ("chunk", 2),
         ("invalidate", 5),
     ]
+
+
+async def test_a_replayed_chunk_arriving_live_after_subscribed_is_not_sent_twice(
+    parts: Any,
+) -> None:
+    # Publishing and appending to the replay run concurrently: the replay can already hold a
+    # chunk whose live copy reaches the listener only after `subscribed` went out.
+    session, _, hub, outbox = parts
+    hub.replays[THREAD] = [chunk(0), chunk(1), chunk(0, run_id="r0")]
+    await session.feed(orjson.dumps({"type": "subscribe", "thread_id": THREAD}))
+    for data in (chunk(1), chunk(2), chunk(1, run_id="r0"), chunk(3)):
+        hub.publish(THREAD, data, "chunk", None)
+    frames = drain(outbox)[1:]
+    assert [(f["run_id"], f["seq"]) for f in frames] == [
+        ("r1", 0), ("r1", 1), ("r0", 0), ("r1", 2), ("r0", 1), ("r1", 3)
+    ]
+
+
+async def test_a_takeover_after_the_replay_passes_with_its_repeated_seqs(parts: Any) -> None:
+    session, _, hub, outbox = parts
+    hub.replays[THREAD] = [chunk(0), chunk(1), chunk(2)]
+    await session.feed(orjson.dumps({"type": "subscribe", "thread_id": THREAD}))
+    for data in (chunk(2), chunk(0, episode=2), chunk(1, episode=2)):
+        hub.publish(THREAD, data, "chunk", None)
+    frames = drain(outbox)[1:]
+    assert [(f["episode"], f["seq"]) for f in frames] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]
 
 
 async def test_invalidations_coalesce_and_never_decrease(parts: Any) -> None:
