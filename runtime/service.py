@@ -9,13 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from runtime.access import AccessControl, last_assistant_reply_start
 from runtime.agent import Agent
 from runtime.compose import compose_lifecycle
 from runtime.domain import (
     Admission,
     InboxEntry,
     InputPolicy,
-    MessageRole,
     Principal,
     Resolution,
     Role,
@@ -93,6 +93,7 @@ class ThreadService:
         self.snapshot_messages = snapshot_messages
         self.queue_preview_chars = queue_preview_chars
         self.permissions = permissions or PermissionPolicy()
+        self.access = AccessControl(store, self.permissions)
         # Queue and per-scope run bounds, checked by the store inside the admission transaction.
         self.limits = limits
         self.publisher = publisher
@@ -144,7 +145,7 @@ class ThreadService:
             message_limit=limit or self.snapshot_messages,
             before=before,
         )
-        return await self._with_permissions(principal, self._preview_queue(snapshot))
+        return await self.access.annotate(principal, self._preview_queue(snapshot))
 
     def _preview_queue(self, snapshot: Snapshot) -> Snapshot:
         cap = self.queue_preview_chars
@@ -167,94 +168,6 @@ class ThreadService:
             if item.id == item_id:
                 return item
         raise NotFound(f"queued item {item_id} not found")
-
-    async def _with_permissions(self, principal: Principal, snapshot: Snapshot) -> Snapshot:
-        """The snapshot with what this reader may do, so clients offer only those actions."""
-        policy = self.permissions
-        authors = await self._page_authors(snapshot, policy)
-
-        def may(action: Destructive, author: str | None) -> bool:
-            return policy.allows(action, principal, author)
-
-        run = snapshot.run
-        run_author = None
-        if run is not None and policy.needs_author(Destructive.STOP):
-            run_author = (await self.store.get_run(run.id)).started_by
-        reply = _last_assistant_reply_start(snapshot.messages)
-        permissions = {
-            "policy": policy.model_dump(mode="json"),
-            "regenerate": reply is not None and may(Destructive.REGENERATE, authors.get(reply)),
-            "stop": run is not None and may(Destructive.STOP, run_author),
-            "cancel_queued": [
-                item.id
-                for item in snapshot.queue
-                if may(Destructive.CANCEL_QUEUED, item.submitted_by)
-            ],
-            "visibility": [
-                m.id for m in snapshot.messages if may(Destructive.VISIBILITY, authors.get(m.id))
-            ],
-        }
-        return snapshot.model_copy(update={"permissions": permissions})
-
-    async def _page_authors(self, snapshot: Snapshot, policy: PermissionPolicy) -> dict[str, str]:
-        """Authors of the snapshot's messages only, so a bounded snapshot stays bounded."""
-        if not (
-            policy.needs_author(Destructive.REGENERATE)
-            or policy.needs_author(Destructive.VISIBILITY)
-        ):
-            return {}
-        runs = {}
-        for run_id in {m.run_id for m in snapshot.messages if m.run_id}:
-            runs[run_id] = await self.store.get_run(run_id)
-        by_input = {run.input_message_id: run.started_by for run in runs.values()}
-        authors = {}
-        for message in snapshot.messages:
-            if message.run_id in runs:
-                authors[message.id] = runs[message.run_id].started_by
-            elif message.id in by_input:
-                authors[message.id] = by_input[message.id]
-        return authors
-
-    async def _authors(self, thread_id: str, policy: PermissionPolicy) -> dict[str, str]:
-        """Author of each message: who started the run that wrote it (assistant and tool
-        messages) or that it started (user messages). Read only when a rule needs authors."""
-        if not (
-            policy.needs_author(Destructive.REGENERATE)
-            or policy.needs_author(Destructive.VISIBILITY)
-        ):
-            return {}
-        messages = await self.store.list_messages(thread_id)
-        runs: dict[str, Any] = {}
-        for run_id in {m.run_id for m in messages if m.run_id}:
-            runs[run_id] = await self.store.get_run(run_id)
-        by_input = {run.input_message_id: run.started_by for run in runs.values()}
-        authors: dict[str, str] = {}
-        for message in messages:
-            if message.run_id in runs:
-                authors[message.id] = runs[message.run_id].started_by
-            elif message.id in by_input:
-                authors[message.id] = by_input[message.id]
-        return authors
-
-    async def _require(
-        self,
-        principal: Principal,
-        action: Destructive,
-        thread_id: str,
-        author: str | None = None,
-        message_id: str | None = None,
-    ) -> None:
-        """Refuse `action` unless the deployment's policy allows it to `principal`."""
-        if message_id is not None and self.permissions.needs_author(action):
-            author = (await self._authors(thread_id, self.permissions)).get(message_id)
-        if not self.permissions.allows(action, principal, author):
-            rule = self.permissions.rule(action)
-            what = action.value.replace("_", " ")
-            raise Forbidden(
-                f"this deployment lets only {rule.value!r} principals {what} here",
-                action=action.value,
-                rule=rule.value,
-            )
 
     # --- input ---------------------------------------------------------------------------
 
@@ -294,15 +207,7 @@ class ThreadService:
         return admission
 
     async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int:
-        if self.permissions.needs_author(Destructive.CANCEL_QUEUED) or not self.permissions.allows(
-            Destructive.CANCEL_QUEUED, principal, None
-        ):
-            await self.store.get_thread(thread_id, principal.scopes)
-            items = {item.id: item for item in await self.store.list_queue(thread_id)}
-            if item_id not in items:
-                raise NotFound(f"queued item {item_id} not found")
-            author = items[item_id].submitted_by
-            await self._require(principal, Destructive.CANCEL_QUEUED, thread_id, author)
+        await self.access.require_cancel_queued(principal, thread_id, item_id)
         version = await self.store.cancel_queued_item(thread_id, principal.scopes, item_id)
         await self.publisher.invalidate(thread_id, version)
         return version
@@ -374,12 +279,7 @@ class ThreadService:
     # --- stop ----------------------------------------------------------------------------
 
     async def stop_run(self, principal: Principal, thread_id: str, run_id: str) -> StopResult:
-        if not self.permissions.allows(Destructive.STOP, principal, None):
-            await self.store.get_thread(thread_id, principal.scopes)
-            run = await self.store.get_run(run_id)  # NotFound for an unknown run
-            if run.thread_id != thread_id:
-                raise NotFound(f"run {run_id} not found")
-            await self._require(principal, Destructive.STOP, thread_id, run.started_by)
+        await self.access.require_stop(principal, thread_id, run_id)
         result = await self.store.request_stop(thread_id, principal.scopes, run_id)
         if result.status.is_terminal:
             await self.publisher.invalidate(thread_id, result.version)
@@ -401,13 +301,15 @@ class ThreadService:
     ) -> RewriteResult:
         messages = await self._messages(principal, thread_id)
         if message_id is None:
-            target = _last_assistant_reply_start(messages)
+            target = last_assistant_reply_start(messages)
             if target is None:
                 raise InvalidInput("there is no assistant reply to regenerate")
             message_id = target
         elif not any(m.id == message_id for m in messages):
             raise NotFound(f"message {message_id} not found")
-        await self._require(principal, Destructive.REGENERATE, thread_id, message_id=message_id)
+        await self.access.require(
+            principal, Destructive.REGENERATE, thread_id, message_id=message_id
+        )
         start = message_id
         result = await rewrite(
             self,
@@ -467,11 +369,13 @@ class ThreadService:
         *,
         expected_version: int | None = None,
     ) -> RewriteResult:
-        if not self.permissions.allows(Destructive.VISIBILITY, principal, None):
+        if not self.access.open_to(principal, Destructive.VISIBILITY):
             messages = await self._messages(principal, thread_id)
             if not any(m.id == message_id for m in messages):
                 raise NotFound(f"message {message_id} not found")
-            await self._require(principal, Destructive.VISIBILITY, thread_id, message_id=message_id)
+            await self.access.require(
+                principal, Destructive.VISIBILITY, thread_id, message_id=message_id
+            )
         return await rewrite(
             self,
             principal,
@@ -508,14 +412,6 @@ def _default_scope(principal: Principal) -> str:
     if len(principal.scopes) != 1:
         raise InvalidInput("this token has several scopes: say which one with 'scope'")
     return next(iter(principal.scopes))
-
-
-def _last_assistant_reply_start(messages: Sequence[Any]) -> str | None:
-    """The first message after the last user message, if it is the assistant's reply."""
-    for index in range(len(messages) - 1, -1, -1):
-        if messages[index].role is MessageRole.USER:
-            return messages[index + 1].id if index + 1 < len(messages) else None
-    return None
 
 
 __all__ = [
