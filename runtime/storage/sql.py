@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
+from realtime.base import AsyncResource
 from runtime.domain import (
     Admission,
     InboxEntry,
@@ -76,7 +76,7 @@ from runtime.storage.sql_rows import (
 T = TypeVar("T")
 
 
-class SqlStore:
+class SqlStore(AsyncResource):
     """Every `Store` method, written once: check the input, then run one transaction function
     through `_run`. What differs per backend is in `dialect` and `pool`, never in a subclass."""
 
@@ -112,18 +112,6 @@ class SqlStore:
 
     async def close(self) -> None:
         await self.pool.close()
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def migrate(self) -> list[str]:
         """Apply pending migrations in one transaction; returns the names applied now."""

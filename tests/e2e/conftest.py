@@ -57,6 +57,22 @@ class Api:
         raise AssertionError(f"run of {thread_id} never reached {statuses}: {snapshot}")
 
 
+# A valid body per route name, so that only authentication, scope or role can refuse it.
+VALID_BODIES: dict[str, Any] = {
+    "snapshot": None,
+    "send_message": {"text": "hello"},
+    "set_visibility": {"visibility": "hidden"},
+    "cancel_queued": None,
+    "queued_item": None,
+    "resume": {"payload": {"approved": True}},
+    "client_result": {"output": {"ok": True}},
+    "manual_result": {"output": {"ok": True}},
+    "stop_run": None,
+    "regenerate": {},
+    "retry_run": {},
+}
+
+
 def fill(path: str, thread_id: str) -> str:
     return (
         path.replace("{thread_id}", thread_id)

@@ -12,23 +12,8 @@ from starlette.routing import Route
 
 from server.app import create_app
 from server.settings import Settings
-from tests.e2e.conftest import Api, assert_error, fill
+from tests.e2e.conftest import VALID_BODIES, Api, assert_error, fill
 from tests.e2e.harness import ServerHandle
-
-# A valid body per route name, so that only the scope check can refuse the request.
-VALID_BODIES: dict[str, Any] = {
-    "snapshot": None,
-    "send_message": {"text": "hello"},
-    "set_visibility": {"visibility": "hidden"},
-    "cancel_queued": None,
-    "queued_item": None,
-    "resume": {"payload": {"approved": True}},
-    "client_result": {"output": {"ok": True}},
-    "manual_result": {"output": {"ok": True}},
-    "stop_run": None,
-    "regenerate": {},
-    "retry_run": {},
-}
 
 
 def thread_routes() -> list[tuple[str, str, str]]:

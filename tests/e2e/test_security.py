@@ -24,7 +24,7 @@ from server.app import create_app
 from server.frames import CLIENT_FRAME_TYPES, ClientFrame
 from server.settings import Settings
 from tests.e2e import harness
-from tests.e2e.conftest import Api
+from tests.e2e.conftest import VALID_BODIES, Api
 from tests.e2e.harness import ServerHandle
 
 TIMEOUT = 10.0
@@ -62,20 +62,6 @@ def frame_type(model: type[BaseModel]) -> str:
     return str(literal)
 
 
-# A valid body per route name: only authentication, scope or role can refuse it.
-VALID_BODIES: dict[str, Any] = {
-    "snapshot": None,
-    "send_message": {"text": "intruder"},
-    "set_visibility": {"visibility": "hidden"},
-    "cancel_queued": None,
-    "queued_item": None,
-    "resume": {"payload": {"approved": True}},
-    "client_result": {"output": {"ok": True}},
-    "manual_result": {"output": {"ok": True}},
-    "stop_run": None,
-    "regenerate": {},
-    "retry_run": {},
-}
 # Bodies that are wrong in some way, for routes that read one.
 BAD_BODIES: list[Any] = [b"{not json", [1, 2], {"unexpected": 1}, {"text": 7, "payload": "x"}]
 SUB_IDS = ("message_id", "action_id", "run_id", "item_id")
