@@ -25,6 +25,7 @@ from runtime.storage.decisions import (
     plan_run_target,
     stop_outcome,
 )
+from runtime.storage.sql_actions import index_actions
 from runtime.storage.sql_core import Conn, bump, lock_thread
 from runtime.storage.sql_leases import fence, live_lease
 from runtime.storage.sql_queue import admit_next, append_message
@@ -170,6 +171,7 @@ async def _update_tail(conn: Conn, thread_id: str, message_id: str, parts: list[
         parts,
     )
     await _write_parts(conn, message_id, encode_parts(parts))
+    await index_actions(conn, thread_id, message_id, parts)
 
 
 async def _append_run_message(
@@ -186,7 +188,7 @@ async def _append_run_message(
         message.client_request_id,
     ):
         raise Conflict(f"client_request_id {message.client_request_id} is already used")
-    await append_message(
+    message_id = await append_message(
         conn,
         thread_id,
         role=message.role,
@@ -195,6 +197,7 @@ async def _append_run_message(
         run_id=run_id,
         message_id=message.id,
     )
+    await index_actions(conn, thread_id, message_id, message.parts)
 
 
 async def _transition(conn: Conn, thread_id: str, run_id: str, change: RunChange) -> bool:
