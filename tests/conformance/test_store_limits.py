@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from runtime.errors import QueueFull, ScopeRunsExceeded
@@ -62,6 +64,31 @@ async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: SqlStore) 
         other.id, ["globex"], text="go", submitted_by="b", limits=limits
     )
     assert admission.run_id is not None
+
+
+async def test_the_scope_run_cap_is_exact_under_concurrent_starts(store: SqlStore) -> None:
+    # Twelve threads of one scope start at once (a pool of connections on Postgres): without
+    # a lock per scope each count misses the others' uncommitted runs and all would pass.
+    cap = 3
+    limits = AdmissionLimits(scope_max_active_runs=cap)
+    threads = [await new_thread(store) for _ in range(12)]
+
+    async def start(thread_id: str) -> str:
+        try:
+            await store.submit_input(thread_id, SCOPES, text="go", submitted_by="a", limits=limits)
+        except ScopeRunsExceeded:
+            return "refused"
+        return "admitted"
+
+    for attempt in range(3):  # three rounds: the race has more than one chance to show
+        outcomes = await asyncio.gather(*(start(t.id) for t in threads))
+        active = [t.id for t in threads if await store.active_run(t.id) is not None]
+        assert outcomes.count("admitted") == len(active) == cap, (attempt, outcomes)
+        for thread_id in active:
+            run = await store.active_run(thread_id)
+            assert run is not None
+            await store.request_stop(thread_id, SCOPES, run.id)  # queued: cancelled at once
+        assert all([await store.active_run(t.id) is None for t in threads])
 
 
 async def test_a_bounded_snapshot_pages_back_through_every_message(store: SqlStore) -> None:
