@@ -350,6 +350,30 @@ async def test_a_revoked_token_s_websockets_close_on_both_gateways(setup: Setup)
     assert figures[0][2] < 1.5
 
 
+async def test_an_expiring_token_s_websockets_close_at_its_expiry(setup: Setup) -> None:
+    lifetime = 3.0  # room for a slow mint and two upgrades on a loaded machine
+    minted_after = time.monotonic()
+    token = setup.cluster.tokens({"t": (scope(), "user", "short-lived")}, expires_in=lifetime)["t"]
+    minted_before = time.monotonic()
+    g1, g2 = setup.gateways
+    sockets = [await open_ws(g1, token), await open_ws(g2, token)]
+    closes = [await closed_within(ws, 10) for ws in sockets]
+    ended = time.monotonic()
+    # The token expired between these two instants (its clock started inside the mint).
+    late = ended - (minted_before + lifetime)
+    print(
+        f"\ntoken expiry ({lifetime} s): close codes {[code for code, _ in closes]},"
+        f" last socket closed {late:+.3f} s after the expiry"
+        f" (mint took {minted_before - minted_after:.3f} s)"
+    )
+    assert [code for code, _ in closes] == [CloseCode.TOKEN_REVOKED] * 2, closes
+    # At the expiry, not at the next 5 s recheck: never early, and well under a recheck late.
+    assert ended - minted_after >= lifetime - 0.05
+    assert late < 0.5
+    async with client(g1, token) as http:
+        assert (await http.get("/v1/me")).status_code == 401
+
+
 def test_every_limit_error_code_is_in_the_protocol_doc() -> None:
     doc = (DOCS / "protocol.md").read_text(encoding="utf-8")
     limits = doc.split("### Limits", 1)[1].split("\n## ", 1)[0]
