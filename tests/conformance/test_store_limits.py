@@ -126,3 +126,48 @@ async def test_runnable_runs_go_round_robin_across_scopes(store: SqlStore) -> No
     assert picked == [flood[0], late.run_id]
     everything = [run.id for run in await store.find_runnable_runs(limit=10)]
     assert everything == [flood[0], late.run_id, *flood[1:]]
+
+
+async def flood(store: SqlStore, count: int, scope: str = "acme") -> list[str]:
+    runs = []
+    for n in range(count):
+        thread = await new_thread(store, scope=scope)
+        admission = await store.submit_input(
+            thread.id, [scope], text=f"{scope}{n}", submitted_by="a"
+        )
+        assert admission.run_id is not None
+        runs.append(admission.run_id)
+    return runs
+
+
+async def test_a_scope_s_runs_in_progress_count_as_its_turns(store: SqlStore) -> None:
+    acme = await flood(store, 3)
+    assert await store.acquire_run_lease(acme[0], "w1", 30.0) is not None
+    globex = await flood(store, 1, "globex")
+    # acme's next run is its second turn (one already runs): globex's first goes before it,
+    # although it arrived last.
+    assert [run.id for run in await store.find_runnable_runs(limit=1)] == globex
+    assert [run.id for run in await store.find_runnable_runs(limit=10)] == [*globex, *acme[1:]]
+
+
+async def test_of_equal_turns_the_scope_served_longest_ago_goes_first(store: SqlStore) -> None:
+    acme = await flood(store, 3)
+    # One worker slot: acme's first run ran and ended just before globex's run arrived.
+    lease = await store.acquire_run_lease(acme[0], "w1", 30.0)
+    assert lease is not None
+    await store.start_episode(lease)
+    await finish(store, lease)
+    await store.release_lease(lease)
+    globex = await flood(store, 2, "globex")
+    # Both scopes offer a first turn now; acme was just served, globex never was.
+    picked = (await store.find_runnable_runs(limit=1))[0].id
+    assert picked == globex[0]
+    lease = await store.acquire_run_lease(picked, "w1", 30.0)
+    assert lease is not None
+    await store.start_episode(lease)
+    await finish(store, lease)
+    await store.release_lease(lease)
+    # Now globex was served last: acme's turn, then they alternate.
+    assert [run.id for run in await store.find_runnable_runs(limit=10)] == [
+        acme[1], globex[1], acme[2]
+    ]
