@@ -162,17 +162,22 @@ async def test_a_token_over_its_rate_is_refused_on_both_gateways(setup: Setup) -
             if answer.status_code == 429:
                 assert int(answer.headers["retry-after"]) >= 1
         refill = int((time.monotonic() - started) * 0.5) + 1
-        # The websocket of either gateway is charged from the same bucket.
+        # The websocket of either gateway is charged from the same bucket. The bucket may have
+        # refilled one token since the last refusal (0.5/s): a second command finds it empty,
+        # where a bucket of its own would still hold its whole burst.
         async with connect(f"{g2.ws_url}?token={token}") as ws:
-            await ws.send(orjson.dumps({"type": "run.stop", "id": 7, "thread_id": "t-none",
-                                        "run_id": "r-none"}).decode())
-            frame = orjson.loads(await ws.recv())
+            for attempt in range(2):
+                await ws.send(orjson.dumps({"type": "run.stop", "id": 7 + attempt,
+                                            "thread_id": "t-none", "run_id": "r-none"}).decode())
+                frame = orjson.loads(await ws.recv())
+                if frame.get("code") == "token_rate_limited":
+                    break
     print(f"\nrate limit across two gateways: {dict(codes)}; websocket answer {frame}")
     # One shared bucket: the burst for both gateways together, not per gateway.
     assert TOKEN_BURST <= codes["ok"] <= TOKEN_BURST + refill
     assert codes["token_rate_limited"] == 2 * TOKEN_BURST - codes["ok"]
     assert frame["type"] == "error" and frame["code"] == "token_rate_limited"
-    assert frame["id"] == 7 and frame["retry_after"] >= 1
+    assert frame["id"] in (7, 8) and frame["retry_after"] >= 1
 
 
 async def test_a_scope_over_its_rate_is_refused_whatever_the_token(setup: Setup) -> None:
@@ -364,8 +369,8 @@ async def test_an_expiring_token_s_websockets_close_at_its_expiry(setup: Setup) 
     late = ended - (minted_before + lifetime)
     print(
         f"\ntoken expiry ({lifetime} s): close codes {[code for code, _ in closes]},"
-        f" last socket closed {late:+.3f} s after the expiry"
-        f" (mint took {minted_before - minted_after:.3f} s)"
+        f" last socket closed {late:+.3f} to {ended - minted_after - lifetime:+.3f} s after"
+        f" the expiry (it lies within the {minted_before - minted_after:.3f} s of the mint)"
     )
     assert [code for code, _ in closes] == [CloseCode.TOKEN_REVOKED] * 2, closes
     # At the expiry, not at the next 5 s recheck: never early, and well under a recheck late.
