@@ -63,6 +63,14 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def check_replay_bounds(limit: int, max_bytes: int | None) -> None:
+    """The arguments of `Bus.append_replay` every backend refuses alike."""
+    if limit < 1:
+        raise ValueError("replay limit must be at least 1")
+    if max_bytes is not None and max_bytes < 1:
+        raise ValueError("replay max_bytes must be at least 1")
+
+
 class QueueSubscription:
     """One local subscription to a channel: a bounded queue of messages, iterated in order.
 

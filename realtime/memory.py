@@ -15,6 +15,7 @@ from realtime.base import (
     QueueSubscription,
     ReconnectListener,
     ReconnectListeners,
+    check_replay_bounds,
 )
 from realtime.errors import BusClosedError
 
@@ -23,11 +24,21 @@ _SWEEP_EVERY = 1024
 
 
 class _ReplayBuffer:
-    __slots__ = ("expires_at", "items")
+    __slots__ = ("expires_at", "items", "size")
 
-    def __init__(self, limit: int) -> None:
-        self.items: deque[bytes] = deque(maxlen=limit)
+    def __init__(self) -> None:
+        self.items: deque[bytes] = deque()
+        self.size = 0  # bytes of `items` together
         self.expires_at = 0.0
+
+    def append(self, data: bytes, limit: int, max_bytes: int | None) -> None:
+        self.items.append(data)
+        self.size += len(data)
+        # Oldest first, never the entry just appended.
+        while len(self.items) > 1 and (
+            len(self.items) > limit or (max_bytes is not None and self.size > max_bytes)
+        ):
+            self.size -= len(self.items.popleft())
 
 
 class MemoryBus(AsyncResource):
@@ -91,19 +102,16 @@ class MemoryBus(AsyncResource):
         """Local subscriptions of `channel` (the hub keeps this at one per thread)."""
         return self._subscriptions.count(channel)
 
-    async def append_replay(self, key: str, data: bytes, limit: int) -> None:
+    async def append_replay(
+        self, key: str, data: bytes, limit: int, max_bytes: int | None = None
+    ) -> None:
         self._require_open()
-        if limit < 1:
-            raise ValueError("replay limit must be at least 1")
+        check_replay_bounds(limit, max_bytes)
         now = self._clock()
         buffer = self._replay.get(key)
         if buffer is None or buffer.expires_at <= now:
-            buffer = self._replay[key] = _ReplayBuffer(limit)
-        elif buffer.items.maxlen != limit:
-            resized = _ReplayBuffer(limit)
-            resized.items.extend(buffer.items)
-            buffer = self._replay[key] = resized
-        buffer.items.append(data)
+            buffer = self._replay[key] = _ReplayBuffer()
+        buffer.append(data, limit, max_bytes)
         buffer.expires_at = now + self._replay_ttl
         self._appends += 1
         if self._appends % _SWEEP_EVERY == 0:

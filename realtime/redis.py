@@ -25,6 +25,7 @@ from realtime.base import (
     ReconnectListener,
     ReconnectListeners,
     cancel_and_wait,
+    check_replay_bounds,
     redact_url,
 )
 from realtime.errors import BusClosedError, BusUnavailableError
@@ -33,6 +34,29 @@ from realtime.telemetry import RECONNECTS, safe_add
 log = logging.getLogger(__name__)
 
 DEFAULT_REPLAY_TTL = 3600
+
+# KEYS: the replay list, its byte total. ARGV: entry, max entries, max bytes (0: none), TTL.
+# A list of one entry is new (or was cleared or expired): its total restarts from that entry,
+# so a stale total never outlives its list. The newest entry is never trimmed.
+_APPEND_REPLAY = """
+local count = redis.call('RPUSH', KEYS[1], ARGV[1])
+local size
+if count == 1 then
+  size = string.len(ARGV[1])
+  redis.call('SET', KEYS[2], size)
+else
+  size = redis.call('INCRBY', KEYS[2], string.len(ARGV[1]))
+end
+local limit = tonumber(ARGV[2])
+local max_bytes = tonumber(ARGV[3])
+while count > 1 and (count > limit or (max_bytes > 0 and size > max_bytes)) do
+  size = redis.call('DECRBY', KEYS[2], string.len(redis.call('LPOP', KEYS[1])))
+  count = count - 1
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return size
+"""
 
 
 async def _close_quietly(pubsub: PubSub) -> None:
@@ -201,18 +225,24 @@ class RedisBus(AsyncResource):
         async with self._command(f"publish to {channel!r}") as client:
             await client.publish(self.prefix + channel, data)
 
-    async def append_replay(self, key: str, data: bytes, limit: int) -> None:
-        if limit < 1:
-            raise ValueError("replay limit must be at least 1")
+    async def append_replay(
+        self, key: str, data: bytes, limit: int, max_bytes: int | None = None
+    ) -> None:
+        check_replay_bounds(limit, max_bytes)
         full_key = self.prefix + key
-        async with (
-            self._command(f"append to replay {key!r}") as client,
-            client.pipeline(transaction=True) as pipe,
-        ):
-            pipe.rpush(full_key, data)
-            pipe.ltrim(full_key, -limit, -1)
-            pipe.expire(full_key, self._replay_ttl)
-            await pipe.execute()
+        async with self._command(f"append to replay {key!r}") as client:
+            # One script: append, trim by count and bytes, expire, atomically. The byte total
+            # lives in a companion key (`<key>:bytes`) that expires with the list.
+            await client.eval(
+                _APPEND_REPLAY,
+                2,
+                full_key,
+                full_key + ":bytes",
+                data,
+                limit,
+                0 if max_bytes is None else max_bytes,
+                self._replay_ttl,
+            )
 
     async def read_replay(self, key: str) -> list[bytes]:
         async with self._command(f"read of replay {key!r}") as client:

@@ -23,6 +23,8 @@ from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope
 log = logging.getLogger(__name__)
 
 DEFAULT_REPLAY_LIMIT = 2000
+# Bytes of one thread's replay buffer (encoded chunk envelopes); the oldest go first.
+DEFAULT_REPLAY_MAX_BYTES = 1024 * 1024
 
 
 class Publisher:
@@ -39,15 +41,19 @@ class Publisher:
         bus: Bus,
         replay_limit: int = DEFAULT_REPLAY_LIMIT,
         *,
+        replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
         scope_of: Callable[[str], Awaitable[str | None]] | None = None,
     ) -> None:
         if replay_limit < 1:
             raise ValueError("replay_limit must be at least 1")
+        if replay_max_bytes < 1:
+            raise ValueError("replay_max_bytes must be at least 1")
         self._bus = bus
         # With `scope_of`, every invalidation is also announced on its scope's channel, for the
         # scope-wide action inbox (one more publish per commit, never per chunk).
         self._scope_of = scope_of
         self._replay_limit = replay_limit
+        self._replay_max_bytes = replay_max_bytes
         self._failing = False
 
     async def chunk(
@@ -64,7 +70,9 @@ class Publisher:
             self._attempt("chunk", self._bus.publish(thread_channel(thread_id), data)),
             self._attempt(
                 "replay",
-                self._bus.append_replay(replay_key(thread_id), data, self._replay_limit),
+                self._bus.append_replay(
+                    replay_key(thread_id), data, self._replay_limit, self._replay_max_bytes
+                ),
             ),
         )
         return published and appended

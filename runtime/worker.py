@@ -15,7 +15,7 @@ from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decod
 from runtime.domain import RunStatus
 from runtime.episode import Episode
 from runtime.errors import LeaseLost
-from runtime.publisher import Publisher
+from runtime.publisher import DEFAULT_REPLAY_MAX_BYTES, Publisher
 from runtime.scopes import ScopeCache
 from runtime.storage.base import Store
 
@@ -36,12 +36,13 @@ class Worker:
         lease_ttl: float = 15.0,
         poll_interval: float = 1.0,
         max_concurrent_runs: int = 16,
+        replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
     ) -> None:
         self.store = store
         self.bus = bus
         # Announce commits per scope too (the action inbox), when the store can say the scope.
         scope_of = ScopeCache(store).scope_of if hasattr(store, "thread_scopes") else None
-        self.publisher = Publisher(bus, scope_of=scope_of)
+        self.publisher = Publisher(bus, replay_max_bytes=replay_max_bytes, scope_of=scope_of)
         self.agent = agent
         self.lifecycle = compose_lifecycle(agent.lifecycle)
         self.owner = owner or f"worker-{uuid.uuid4().hex[:10]}"

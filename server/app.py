@@ -119,6 +119,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                 lease_ttl=settings.lease_ttl,
                 poll_interval=settings.poll_interval,
                 max_concurrent_runs=settings.max_concurrent_runs,
+                replay_max_bytes=settings.replay_max_bytes,
             )
             await stack.enter_async_context(worker)
             state.worker = worker

@@ -33,7 +33,7 @@ _OUTBOX_CHECK_INTERVAL = 1.0
 _SHUTDOWN_TIMEOUT = 5.0
 _COMMAND_GRACE = 10.0
 # How often open connections' tokens are checked against storage: the path that closes them
-# when a revocation message was lost (bus down) or a token expired.
+# when a revocation message was lost (bus down). Expiry has a timer per connection.
 TOKEN_RECHECK_INTERVAL = 5.0
 
 
@@ -62,8 +62,10 @@ class Connection:
         self.max_frame_bytes = settings.ws_max_frame_bytes
         self._finished = asyncio.Event()
         self._close: Close | None = None
-        # Set by the gateway: which token this connection authenticated with.
+        # Set by the gateway: which token this connection authenticated with, and when (event
+        # loop time) that token expires, if it does.
         self.token_hash = ""
+        self.expires_at: float | None = None
         self._inflight: asyncio.Future[None] | None = None
         # Set once the connection released everything (tasks, hub listeners, outbox).
         self.done = asyncio.Event()
@@ -79,6 +81,8 @@ class Connection:
             asyncio.create_task(self._guard(self._write()), name="ws-write"),
             asyncio.create_task(self._guard(self._watch_outbox()), name="ws-outbox"),
         ]
+        if self.expires_at is not None:
+            tasks.append(asyncio.create_task(self._guard(self._expire()), name="ws-expiry"))
         try:
             await self._finished.wait()
         finally:
@@ -139,6 +143,12 @@ class Connection:
             return Close(CloseCode.SLOW_CONSUMER, "slow consumer")
         except OutboxClosedError:
             return None
+
+    async def _expire(self) -> Close | None:
+        # A timer of its own: the token's last second is its last, not the next periodic check.
+        assert self.expires_at is not None
+        await asyncio.sleep(max(0.0, self.expires_at - asyncio.get_running_loop().time()))
+        return Close(CloseCode.TOKEN_REVOKED, "token expired")
 
     async def _watch_outbox(self) -> Close | None:
         # A writer stuck in a send never calls into the outbox; the grace period still has to
@@ -225,6 +235,12 @@ class Gateway:
             log.exception("websocket authentication failed")
             await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
             return
+        try:
+            expires_at = await self._expiry(hash_token(token or ""))
+        except Exception:
+            log.exception("token expiry lookup failed")
+            await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
+            return
         slot: ConnectionSlot | None = None
         if self.limiter is not None:
             try:
@@ -235,12 +251,20 @@ class Gateway:
             self._slots.add(slot)
             self._keep_slots()
         try:
-            await self._serve(websocket, principal, hash_token(token or ""))
+            await self._serve(websocket, principal, hash_token(token or ""), expires_at)
         finally:
             if slot is not None and self.limiter is not None:
                 self._slots.discard(slot)
                 with contextlib.suppress(Exception):
                     await self.limiter.disconnect(slot)
+
+    async def _expiry(self, token_hash: str) -> float | None:
+        """When (event loop time) the token expires: the database says how many seconds are
+        left on its clock, so gateways with skewed clocks still agree."""
+        remaining = await self.service.store.token_expires_in(token_hash)
+        if remaining is None:
+            return None
+        return asyncio.get_running_loop().time() + remaining
 
     def _keep_slots(self) -> None:
         # One task per gateway refreshes every slot's expiry, so a crashed gateway's slots
@@ -256,7 +280,13 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await self.limiter.keep(slot)
 
-    async def _serve(self, websocket: WebSocket, principal: Principal, token_hash: str) -> None:
+    async def _serve(
+        self,
+        websocket: WebSocket,
+        principal: Principal,
+        token_hash: str,
+        expires_at: float | None,
+    ) -> None:
         connection: Connection | None = None
 
         def overflowed() -> None:
@@ -277,6 +307,7 @@ class Gateway:
         )
         connection = Connection(websocket, session, self.settings)
         connection.token_hash = token_hash
+        connection.expires_at = expires_at
         self._connections.add(connection)
         self._check_tokens()
         _count(WS_CONNECTIONS, 1)

@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(default=15.0, gt=0)
     poll_interval: float = Field(default=1.0, gt=0)
     max_concurrent_runs: int = Field(default=16, ge=1)
+    # Bytes of one thread's replay buffer (the in-flight step's chunks for late joiners).
+    replay_max_bytes: int = Field(default=1024 * 1024, ge=64 * 1024)
 
     # Larger websocket frames close the connection with 1009 (docs/protocol.md).
     ws_max_frame_bytes: int = Field(default=64 * 1024, ge=1024)

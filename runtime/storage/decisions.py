@@ -261,6 +261,15 @@ def find_action(parts: Sequence[Part], action_id: str) -> int | None:
     return None
 
 
+def action_ids(parts: Sequence[Part]) -> list[str]:
+    """Every action id in `parts`, pending or resolved (what the action index records)."""
+    return [
+        part.waiting.action_id
+        for part in parts
+        if isinstance(part, ToolCallPart) and part.waiting is not None
+    ]
+
+
 def action_conflict(action_id: str, part: ToolCallPart) -> ActionConflict:
     """The conflict a late resolution gets: it names the winner when there is one."""
     resolution = part.waiting.resolution if part.waiting is not None else None

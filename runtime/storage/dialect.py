@@ -38,6 +38,10 @@ class Dialect:
     # Run first in the migration transaction so concurrent processes migrate one at a time
     # (None: the write transaction already serialises them).
     migration_lock: str | None = None
+    # Run before counting a scope's active runs (`$1` = the scope), held to the end of the
+    # transaction, so concurrent admissions in one scope count one after the other and the cap
+    # is exact (None: the write transaction already serialises them).
+    scope_lock: str | None = None
     # The shared SQL's `$n` placeholders in the driver's spelling.
     render: Callable[[str], str] = _same
     # SQL for the size in bytes of a TEXT expression (queue bounds are in UTF-8 bytes).

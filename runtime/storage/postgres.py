@@ -16,6 +16,8 @@ from runtime.storage.sql_rows import Row
 
 # Arbitrary but fixed: every Threadline process serialises migrations on this advisory lock.
 _MIGRATION_LOCK_KEY = 0x7468_726C_6D69
+# The class key of the per-scope admission locks (an int4, like hashtext's result).
+_SCOPE_LOCK_CLASS = 0x746C_7363
 
 _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,  # class 08: connection exceptions
@@ -47,6 +49,9 @@ POSTGRES = Dialect(
     thread_lock=" FOR UPDATE",
     is_transient=_is_transient,
     migration_lock=f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_KEY})",
+    # Two-key form: the first key keeps these locks apart from the migration lock; a hash
+    # collision between scopes only makes them wait for each other.
+    scope_lock=f"SELECT pg_advisory_xact_lock({_SCOPE_LOCK_CLASS}, hashtext($1))",
 )
 
 

@@ -443,6 +443,9 @@ class SqlStore(AsyncResource):
     async def principal_for_token(self, token_hash: str) -> Principal | None:
         return await self._read(lambda conn: sql_threads.principal_for_token(conn, token_hash))
 
+    async def token_expires_in(self, token_hash: str) -> float | None:
+        return await self._read(lambda conn: sql_threads.token_expires_in(conn, token_hash))
+
     async def db_time(self) -> float:
         return await self._read(lambda conn: conn.now())
 

@@ -1,15 +1,21 @@
-"""Transaction function for resolving a pending action: compare-and-set under the thread lock."""
+"""Transaction functions for pending actions: the resolving compare-and-set under the thread
+lock, and the index of action ids that finds an action outside the tail without a scan."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
-from runtime.domain import Resolution, RunStatus
+from runtime.domain import Part, Resolution, RunStatus
 from runtime.errors import RunStopping
 from runtime.storage.base import ResolveResult
-from runtime.storage.decisions import check_expected_version, resolve_action, stale_action_error
+from runtime.storage.decisions import (
+    action_ids,
+    check_expected_version,
+    resolve_action,
+    stale_action_error,
+)
 from runtime.storage.sql_core import Conn, bump, lock_thread
-from runtime.storage.sql_rows import decode_parts, dumps, encode_parts, like_pattern
+from runtime.storage.sql_rows import decode_parts, encode_parts
 from runtime.storage.sql_threads import tail_row
 
 
@@ -30,14 +36,15 @@ async def resolve(
     if tail is not None:
         outcome = resolve_action(decode_parts(tail["parts"]), action_id, resolution)
     if tail is None or outcome is None:
-        # Only a candidate filter: the decision reads the decoded parts.
-        rows = await conn.fetch(
-            "SELECT parts FROM messages WHERE thread_id = $1 AND parts LIKE $2 ESCAPE '\\'"
-            " ORDER BY position DESC",
+        # One indexed row (message_actions), never a scan of the thread's messages.
+        row = await conn.fetchrow(
+            "SELECT m.parts FROM message_actions a JOIN messages m ON m.id = a.message_id"
+            " WHERE a.thread_id = $1 AND a.action_id = $2",
             thread_id,
-            like_pattern(dumps(action_id)[1:-1]),
+            action_id,
         )
-        raise stale_action_error((decode_parts(row["parts"]) for row in rows), action_id)
+        older = () if row is None else (decode_parts(row["parts"]),)
+        raise stale_action_error(older, action_id)
     run_id = tail["run_id"]
     if run_id is not None and await conn.fetchval(
         "SELECT stop_requested FROM runs WHERE id = $1", run_id
@@ -66,3 +73,18 @@ async def resolve(
         run_id=run_id,
         run_resumed=resumed,
     )
+
+
+async def index_actions(
+    conn: Conn, thread_id: str, message_id: str, parts: Sequence[Part]
+) -> None:
+    """Record which message holds each action id of `parts`; called in the transaction that
+    writes the message, so the index never disagrees with a committed message."""
+    for action_id in action_ids(parts):
+        await conn.execute(
+            "INSERT INTO message_actions (thread_id, action_id, message_id) VALUES ($1, $2, $3)"
+            " ON CONFLICT (thread_id, action_id) DO UPDATE SET message_id = excluded.message_id",
+            thread_id,
+            action_id,
+            message_id,
+        )

@@ -26,14 +26,27 @@ async def acquire_run_lease(conn: Conn, run_id: str, owner: str, ttl: float) -> 
     if thread_id is None:
         raise NotFound(f"run {run_id} not found")
     # The thread lock orders this against admin leases, stops and resolutions.
-    await lock_thread(conn, thread_id)
+    thread = await lock_thread(conn, thread_id)
     run = await conn.fetchrow("SELECT status, stop_requested FROM runs WHERE id = $1", run_id)
     assert run is not None
     if not run_leasable(RunStatus(run["status"]), bool(run["stop_requested"])):
         return None
     if await live_lease(conn, LeaseKind.ADMIN, thread_id) is not None:
         return None
-    return await _grant(conn, LeaseKind.RUN, run_id, thread_id, owner, ttl)
+    lease = await _grant(conn, LeaseKind.RUN, run_id, thread_id, owner, ttl)
+    if lease is not None:
+        await _served(conn, str(thread["scope"]))
+    return lease
+
+
+async def _served(conn: Conn, scope: str) -> None:
+    """Note that a worker just took a run of `scope`: the round robin's tie-break."""
+    await conn.execute(
+        "INSERT INTO scope_turns (scope, served_at) VALUES ($1, $2)"
+        " ON CONFLICT (scope) DO UPDATE SET served_at = excluded.served_at",
+        scope,
+        await conn.now(),
+    )
 
 
 async def acquire_admin_lease(conn: Conn, thread_id: str, owner: str, ttl: float) -> Lease | None:

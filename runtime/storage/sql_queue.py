@@ -144,12 +144,15 @@ async def _check_queue(conn: Conn, thread_id: str, text: str, limits: AdmissionL
 async def _check_scope_runs(conn: Conn, scope: str, limits: AdmissionLimits) -> None:
     """Refuse a new run while the scope has its maximum of queued or running runs.
 
-    Checked under this thread's lock only, so concurrent starts in other threads of the scope
-    may overshoot by the number of gateways racing; the next start sees them.
+    Exact under concurrency: the thread lock orders starts in one thread, and the dialect's
+    scope lock (held to COMMIT) orders starts in different threads of the scope, so each count
+    sees every run admitted before it (SQLite's write transaction serialises everything).
     """
     cap = limits.scope_max_active_runs
     if cap is None:
         return
+    if conn.dialect.scope_lock is not None:
+        await conn.execute(conn.dialect.scope_lock, scope)
     active = await conn.fetchval(
         "SELECT COUNT(*) FROM runs r JOIN threads t ON t.id = r.thread_id"
         " WHERE t.scope = $1 AND r.status IN ('queued', 'running')",

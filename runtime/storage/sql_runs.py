@@ -25,6 +25,7 @@ from runtime.storage.decisions import (
     plan_run_target,
     stop_outcome,
 )
+from runtime.storage.sql_actions import index_actions
 from runtime.storage.sql_core import Conn, bump, lock_thread
 from runtime.storage.sql_leases import fence, live_lease
 from runtime.storage.sql_queue import admit_next, append_message
@@ -50,20 +51,31 @@ async def active_run(conn: Conn, thread_id: str) -> Run | None:
 
 
 async def find_runnable_runs(conn: Conn, limit: int) -> list[Run]:
-    """Runnable runs, round robin across scopes: every scope's oldest run comes before any
-    scope's second, so one tenant's burst delays another tenant's run by at most one run."""
+    """Runnable runs, round robin across scopes, so one tenant's burst delays another tenant's
+    run by at most one run.
+
+    A run's turn is its place in its scope's line, counting the scope's runs a worker holds
+    first: a scope running k runs offers its next at turn k + 1, after every scope running
+    fewer. Of equal turns, the scope a worker served longest ago (`scope_turns`, written when
+    a run lease is granted; never served counts as longest) goes first, then the oldest run.
+    """
     rows = await conn.fetch(
-        "SELECT * FROM ("
-        "  SELECT r.*, t.scope,"
-        "   ROW_NUMBER() OVER (PARTITION BY t.scope ORDER BY r.created_at, r.id) AS turn"
+        "SELECT runnable.* FROM ("
+        "  SELECT r.*, t.scope, held.resource_id AS held_by_worker,"
+        "   ROW_NUMBER() OVER (PARTITION BY t.scope"
+        "    ORDER BY CASE WHEN held.resource_id IS NULL THEN 1 ELSE 0 END, r.created_at, r.id)"
+        "    AS turn"
         "  FROM runs r JOIN threads t ON t.id = r.thread_id"
+        "  LEFT JOIN leases held ON held.kind = 'run' AND held.resource_id = r.id"
+        "   AND held.expires_at > $1"
         f" WHERE r.status IN {ACTIVE_STATUSES}"
         "  AND (r.status <> 'waiting' OR r.stop_requested = TRUE)"
-        "  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'run'"
-        "    AND l.resource_id = r.id AND l.expires_at > $1)"
+        ") AS runnable LEFT JOIN scope_turns s ON s.scope = runnable.scope"
+        " WHERE runnable.held_by_worker IS NULL"
         "  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'admin'"
-        "    AND l.resource_id = r.thread_id AND l.expires_at > $1)"
-        ") AS runnable ORDER BY turn, created_at, id LIMIT $2",
+        "   AND l.resource_id = runnable.thread_id AND l.expires_at > $1)"
+        " ORDER BY runnable.turn, COALESCE(s.served_at, 0), runnable.created_at, runnable.id"
+        " LIMIT $2",
         await conn.now(),
         int(limit),
     )
@@ -170,6 +182,7 @@ async def _update_tail(conn: Conn, thread_id: str, message_id: str, parts: list[
         parts,
     )
     await _write_parts(conn, message_id, encode_parts(parts))
+    await index_actions(conn, thread_id, message_id, parts)
 
 
 async def _append_run_message(
@@ -186,7 +199,7 @@ async def _append_run_message(
         message.client_request_id,
     ):
         raise Conflict(f"client_request_id {message.client_request_id} is already used")
-    await append_message(
+    message_id = await append_message(
         conn,
         thread_id,
         role=message.role,
@@ -195,6 +208,7 @@ async def _append_run_message(
         run_id=run_id,
         message_id=message.id,
     )
+    await index_actions(conn, thread_id, message_id, message.parts)
 
 
 async def _transition(conn: Conn, thread_id: str, run_id: str, change: RunChange) -> bool:

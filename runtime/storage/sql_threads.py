@@ -243,6 +243,17 @@ async def principal_for_token(conn: Conn, token_hash: str) -> Principal | None:
     )
 
 
+async def token_expires_in(conn: Conn, token_hash: str) -> float | None:
+    """Seconds until the token expires on the database clock (0 once it has); None when it
+    never expires or does not exist."""
+    expires_at = await conn.fetchval(
+        "SELECT expires_at FROM api_tokens WHERE token_hash = $1", token_hash
+    )
+    if expires_at is None:
+        return None
+    return max(0.0, float(expires_at) - await conn.now())
+
+
 async def revoke_token(conn: Conn, token_hash: str) -> bool:
     """Mark the token revoked; False when no such (unrevoked) token exists."""
     revoked = await conn.fetchval(

@@ -164,6 +164,47 @@ async def test_replay_keeps_the_newest_entries_up_to_the_limit(bus: Bus) -> None
     assert await bus.read_replay(key) == [b"chunk-3", b"chunk-4", b"chunk-5"]
 
 
+async def test_replay_is_bounded_in_bytes_dropping_the_oldest(bus: Bus) -> None:
+    key = replay_key("bytes")
+    for entry in (b"aaaa", b"bbbb", b"cccc"):  # 12 bytes over a bound of 10
+        await bus.append_replay(key, entry, limit=100, max_bytes=10)
+    assert await bus.read_replay(key) == [b"bbbb", b"cccc"]
+    await bus.append_replay(key, b"dd", limit=100, max_bytes=10)  # exactly 10: all stay
+    assert await bus.read_replay(key) == [b"bbbb", b"cccc", b"dd"]
+    # One entry over the bound is kept alone (it is the in-flight step's newest chunk)...
+    await bus.append_replay(key, b"x" * 25, limit=100, max_bytes=10)
+    assert await bus.read_replay(key) == [b"x" * 25]
+    # ...and goes as soon as a newer one needs the room.
+    await bus.append_replay(key, b"e", limit=100, max_bytes=10)
+    assert await bus.read_replay(key) == [b"e"]
+    # The count bound still holds alongside the byte bound.
+    for entry in (b"1", b"2", b"3"):
+        await bus.append_replay(key, entry, limit=2, max_bytes=10)
+    assert await bus.read_replay(key) == [b"2", b"3"]
+
+
+async def test_replay_byte_total_starts_anew_after_a_clear(bus: Bus) -> None:
+    key = replay_key("cleared")
+    await bus.append_replay(key, b"a" * 9, limit=100, max_bytes=10)
+    await bus.clear_replay(key)
+    # A total left over from before the clear would count 9 bytes too many and trim.
+    await bus.append_replay(key, b"b" * 6, limit=100, max_bytes=10)
+    await bus.append_replay(key, b"c" * 4, limit=100, max_bytes=10)
+    assert await bus.read_replay(key) == [b"b" * 6, b"c" * 4]
+
+
+async def test_concurrent_replay_appends_never_pass_the_byte_bound(bus: Bus) -> None:
+    key = replay_key("racing")
+    entries = [b"%03d" % n + b"." * 97 for n in range(60)]  # 100 bytes each
+    await asyncio.gather(*(bus.append_replay(key, e, limit=1000, max_bytes=1000) for e in entries))
+    kept = await bus.read_replay(key)
+    assert len(kept) == 10 and sum(len(e) for e in kept) == 1000
+    # Appending more still trims exactly: the total stayed true through the race.
+    await bus.append_replay(key, b"z" * 100, limit=1000, max_bytes=1000)
+    kept_after = await bus.read_replay(key)
+    assert kept_after[-1] == b"z" * 100 and kept_after[:-1] == kept[1:]
+
+
 async def test_replay_clear_and_isolation(bus: Bus) -> None:
     await bus.append_replay(replay_key("x"), b"x0", limit=10)
     await bus.append_replay(replay_key("y"), b"y0", limit=10)
@@ -176,6 +217,18 @@ async def test_replay_clear_and_isolation(bus: Bus) -> None:
 async def test_replay_rejects_a_non_positive_limit(bus: Bus) -> None:
     with pytest.raises(ValueError):
         await bus.append_replay(replay_key("bad"), b"x", limit=0)
+    with pytest.raises(ValueError):
+        await bus.append_replay(replay_key("bad"), b"x", limit=5, max_bytes=0)
+    assert await bus.read_replay(replay_key("bad")) == []
+
+
+async def test_publisher_bounds_the_replay_in_bytes(bus: Bus) -> None:
+    first = encode(ChunkEnvelope(thread_id="t2", run_id="r", seq=0, chunk={"delta": "x"}))
+    publisher = Publisher(bus, replay_max_bytes=3 * len(first))
+    for seq in range(5):
+        assert await publisher.chunk("t2", "r", seq, {"delta": "x"})
+    kept = await bus.read_replay(replay_key("t2"))
+    assert [decode_thread_message(k).seq for k in kept] == [2, 3, 4]  # type: ignore[union-attr]
 
 
 async def test_publisher_chunks_go_live_and_into_replay(bus: Bus) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from runtime.errors import QueueFull, ScopeRunsExceeded
@@ -64,6 +66,31 @@ async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: SqlStore) 
     assert admission.run_id is not None
 
 
+async def test_the_scope_run_cap_is_exact_under_concurrent_starts(store: SqlStore) -> None:
+    # Twelve threads of one scope start at once (a pool of connections on Postgres): without
+    # a lock per scope each count misses the others' uncommitted runs and all would pass.
+    cap = 3
+    limits = AdmissionLimits(scope_max_active_runs=cap)
+    threads = [await new_thread(store) for _ in range(12)]
+
+    async def start(thread_id: str) -> str:
+        try:
+            await store.submit_input(thread_id, SCOPES, text="go", submitted_by="a", limits=limits)
+        except ScopeRunsExceeded:
+            return "refused"
+        return "admitted"
+
+    for attempt in range(3):  # three rounds: the race has more than one chance to show
+        outcomes = await asyncio.gather(*(start(t.id) for t in threads))
+        active = [t.id for t in threads if await store.active_run(t.id) is not None]
+        assert outcomes.count("admitted") == len(active) == cap, (attempt, outcomes)
+        for thread_id in active:
+            run = await store.active_run(thread_id)
+            assert run is not None
+            await store.request_stop(thread_id, SCOPES, run.id)  # queued: cancelled at once
+        assert all([await store.active_run(t.id) is None for t in threads])
+
+
 async def test_a_bounded_snapshot_pages_back_through_every_message(store: SqlStore) -> None:
     thread = await new_thread(store)
     for n in range(7):
@@ -99,3 +126,48 @@ async def test_runnable_runs_go_round_robin_across_scopes(store: SqlStore) -> No
     assert picked == [flood[0], late.run_id]
     everything = [run.id for run in await store.find_runnable_runs(limit=10)]
     assert everything == [flood[0], late.run_id, *flood[1:]]
+
+
+async def flood(store: SqlStore, count: int, scope: str = "acme") -> list[str]:
+    runs = []
+    for n in range(count):
+        thread = await new_thread(store, scope=scope)
+        admission = await store.submit_input(
+            thread.id, [scope], text=f"{scope}{n}", submitted_by="a"
+        )
+        assert admission.run_id is not None
+        runs.append(admission.run_id)
+    return runs
+
+
+async def test_a_scope_s_runs_in_progress_count_as_its_turns(store: SqlStore) -> None:
+    acme = await flood(store, 3)
+    assert await store.acquire_run_lease(acme[0], "w1", 30.0) is not None
+    globex = await flood(store, 1, "globex")
+    # acme's next run is its second turn (one already runs): globex's first goes before it,
+    # although it arrived last.
+    assert [run.id for run in await store.find_runnable_runs(limit=1)] == globex
+    assert [run.id for run in await store.find_runnable_runs(limit=10)] == [*globex, *acme[1:]]
+
+
+async def test_of_equal_turns_the_scope_served_longest_ago_goes_first(store: SqlStore) -> None:
+    acme = await flood(store, 3)
+    # One worker slot: acme's first run ran and ended just before globex's run arrived.
+    lease = await store.acquire_run_lease(acme[0], "w1", 30.0)
+    assert lease is not None
+    await store.start_episode(lease)
+    await finish(store, lease)
+    await store.release_lease(lease)
+    globex = await flood(store, 2, "globex")
+    # Both scopes offer a first turn now; acme was just served, globex never was.
+    picked = (await store.find_runnable_runs(limit=1))[0].id
+    assert picked == globex[0]
+    lease = await store.acquire_run_lease(picked, "w1", 30.0)
+    assert lease is not None
+    await store.start_episode(lease)
+    await finish(store, lease)
+    await store.release_lease(lease)
+    # Now globex was served last: acme's turn, then they alternate.
+    assert [run.id for run in await store.find_runnable_runs(limit=10)] == [
+        acme[1], globex[1], acme[2]
+    ]

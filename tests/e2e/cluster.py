@@ -80,12 +80,16 @@ class Cluster:
         self.processes += started
         return started
 
-    def tokens(self, specs: dict[str, tuple[str | list[str], str, str]]) -> dict[str, str]:
+    def tokens(
+        self,
+        specs: dict[str, tuple[str | list[str], str, str]],
+        expires_in: float | None = None,
+    ) -> dict[str, str]:
         """Mint several tokens in this process, as `threadline token create` does (one Python
         start-up per token would cost seconds); works inside a running event loop too."""
+        minting = _mint(self.env["THREADLINE_DATABASE_URL"], specs, expires_in)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(asyncio.run, _mint(self.env["THREADLINE_DATABASE_URL"], specs))
-            return future.result(timeout=60)
+            return pool.submit(asyncio.run, minting).result(timeout=60)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.role} :{p.port} ---\n{p.log()[-3000:]}" for p in self.processes)
@@ -97,7 +101,9 @@ class Cluster:
 
 
 async def _mint(
-    database_url: str, specs: dict[str, tuple[str | list[str], str, str]]
+    database_url: str,
+    specs: dict[str, tuple[str | list[str], str, str]],
+    expires_in: float | None = None,
 ) -> dict[str, str]:
     from runtime.domain import Role
     from server.app import open_storage
@@ -109,7 +115,7 @@ async def _mint(
         for name, (scope, role, subject) in specs.items():
             scopes = [scope] if isinstance(scope, str) else scope
             minted[name] = await create_token(
-                store, subject=subject, role=Role(role), scopes=scopes
+                store, subject=subject, role=Role(role), scopes=scopes, expires_in=expires_in
             )
         return minted
 
