@@ -136,10 +136,18 @@ async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for) -> None:
     await rt.service.send_message(ALICE, thread_id, "hello")
     await asyncio.wait_for(started.wait(), 10)
     await rt.start_worker()
-    await rt.wait_for(thread_id, settled, timeout=15)
+    done = await rt.wait_for(thread_id, settled, timeout=15)
     release.set()
+    # The counter follows the commit only once the store call returns (on Postgres the pool
+    # resets the connection after COMMIT first): the snapshot can show the end before that.
+    await _eventually(lambda: mark.delta("threadline.runs", event="completed") == 1 or None)
+    assert done.run is not None
+    run = await rt.store.get_run(done.run.id)
     assert mark.delta("threadline.runs", event="started") == 1
-    assert mark.delta("threadline.runs", event="takeover") == 1
+    # Under load an episode may lose its 0.6 s lease by its own clock and be taken over once
+    # more: every episode after the first is a takeover, none is a start.
+    assert run.episode >= 2
+    assert mark.delta("threadline.runs", event="takeover") == run.episode - 1
     assert mark.delta("threadline.runs", event="completed") == 1
 
 
