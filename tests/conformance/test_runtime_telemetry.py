@@ -112,7 +112,7 @@ async def test_a_failed_run_sets_an_error_status_on_its_episode_span(runtime_for
 async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for) -> None:
     """A takeover continues a started run: `event=takeover`, not a second `started`.
 
-    Breaks with: Episode._body computing `takeover = False`."""
+    Breaks with: `episode.start_kind` returning "started" for a running run."""
     from runtime.worker import Worker
     from tests.conformance.test_runtime_takeover import FrozenHeartbeat
 

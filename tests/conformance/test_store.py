@@ -34,7 +34,9 @@ from tests.conformance.store_helpers import (
 # --- lifecycle and migrations -------------------------------------------------------------
 
 
-MIGRATIONS = ["0001_init", "0002_commit_keys", "0003_token_expiry_revocation"]
+MIGRATIONS = [
+    "0001_init", "0002_commit_keys", "0003_token_expiry_revocation", "0004_resumed_episode"
+]
 
 
 async def test_migrate_is_idempotent(store: SqlStore) -> None:
