@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
@@ -13,6 +15,7 @@ from pydantic import BaseModel
 from runtime.agent import Agent
 from runtime.domain import RunStatus, Visibility
 from runtime.lifecycle import AgentLifecycle
+from runtime.providers.base import FinishDelta, TextDelta
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
@@ -85,6 +88,49 @@ async def test_runs_models_and_tools_are_traced_and_counted(runtime_for) -> None
     assert mark.delta("gen_ai.client.token.usage", **usage) == 1 + 7
     assert mark.delta("threadline.tool_call.errors", tool="explode") == 1
     assert mark.delta("threadline.realtime.published") > 0
+
+
+async def test_the_model_call_span_measures_only_the_provider(runtime_for) -> None:
+    """The step transforms and publishes between the provider's deltas; that time is not the
+    model's. The awaited intervals and the transform's are disjoint parts of the call's wall
+    time, so the span's duration plus the transform's time fits in it (plus clock slack).
+
+    Breaks with: ModelCallTrace.end calling `self.span.end()` (the span ends when the provider
+    stream is closed, the transform's time included)."""
+    telemetry = otel.install()
+    provider_pause, transform_pause = 0.02, 0.15
+    transformed: list[float] = []
+
+    async def model(request):  # type: ignore[no-untyped-def]
+        for piece in ("one ", "two ", "three"):
+            await asyncio.sleep(provider_pause)
+            yield TextDelta(text=piece)
+        yield FinishDelta(reason="stop")
+
+    class SlowTransform(AgentLifecycle):
+        async def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
+            async for chunk in stream:
+                started = time.perf_counter()
+                await asyncio.sleep(transform_pause)
+                transformed.append(time.perf_counter() - started)
+                yield chunk
+
+    agent = Agent(model=FunctionModel(model, name="slow-7b"), lifecycle=SlowTransform())
+    rt = await runtime_for(agent)
+    thread_id = await rt.thread()
+    admission = await rt.service.send_message(ALICE, thread_id, "go")
+    done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
+    assert done.messages[-1].parts[0].text == "one two three"  # type: ignore[union-attr]
+    by_run = {"threadline.run_id": admission.run_id}
+    [span] = telemetry.spans_where("threadline.model_call", **by_run)
+    duration = (span.end_time - span.start_time) / 1e9
+    attributes = span.attributes
+    assert duration == pytest.approx(attributes["threadline.model_call.wait_s"], abs=1e-6)
+    assert duration >= 3 * provider_pause * 0.9
+    # Three deltas transformed inside the call (step-start/finish are not in the model stream).
+    assert len(transformed) >= 3
+    assert duration + sum(transformed[:3]) <= attributes["threadline.model_call.elapsed_s"] + 1e-3
+    assert tuple(attributes["gen_ai.response.finish_reasons"]) == ("stop",)
 
 
 async def test_a_failed_run_sets_an_error_status_on_its_episode_span(runtime_for) -> None:
