@@ -101,9 +101,10 @@ async def freeze_and_thaw(
             assert sent.status_code == 202, sent.text
             run_id = sent.json()["run_id"]
             await watcher.wait_for(lambda f: len(f.chunks(run_id)) >= 10)
-            # Half a chunk interval later the stale worker is waiting for its next piece, not
-            # for Redis: thawed, that overdue piece goes out before its heartbeat gives up, so
-            # it publishes after the takeover (counted in `stale_after_takeover`).
+            # Half a chunk interval later the stale worker is more likely waiting for its next
+            # piece than for Redis: thawed, that overdue piece may go out before its heartbeat
+            # gives up, i.e. after the takeover (counted in `stale_after_takeover`; not always:
+            # runs here published 0 to 2 such chunks per 2 iterations).
             await asyncio.sleep(0.02)
             stale_log = len(stale.log())
             os.kill(stale.process.pid, signal.SIGSTOP)
