@@ -241,6 +241,9 @@ class Run(_Frozen):
     started_by: str
     input_message_id: str | None
     episode: int = 0
+    # `episode` when the run was last resumed from waiting: a running run whose episode count
+    # is higher was left by an episode that started and died (`is_takeover`).
+    resumed_episode: int = 0
     # Chunks [0, next_seq) of this run are committed; live chunks continue from here.
     next_seq: int = 0
     stop_requested: bool = False

@@ -40,7 +40,7 @@ from runtime.streaming import ChunkSink
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Episode"]
+__all__ = ["Episode", "start_kind"]
 
 
 class Episode:
@@ -140,8 +140,11 @@ class Episode:
         if run.status.is_terminal:
             # Ended (stopped while queued) after the lease was taken: nothing is left to do.
             state.phase = Phase.ENDED
-        elif run.status is not before.status:
-            await deps.publisher.invalidate(self.thread_id, version)
+        else:
+            # Counted with the commit that starts the episode, whatever happens to it next.
+            telemetry.safe_add(telemetry.RUNS, 1, {"event": start_kind(before)})
+            if run.status is not before.status:
+                await deps.publisher.invalidate(self.thread_id, version)
         return state
 
     # --- body ------------------------------------------------------------------------------
@@ -178,23 +181,12 @@ class Episode:
         tail = messages[-1] if messages else None
         state.anchor = tail.position if tail is not None else -1
         resumable = _resumable(tail, run.id)
-        interrupted = resumable is not None and any(
-            isinstance(p, ToolCallPart) and p.state is ToolState.RUNNING for p in resumable.parts
-        )
-        if (
-            before.status is RunStatus.RUNNING
-            and before.episode > 0
-            and (resumable is None or interrupted)
-        ):
-            # A takeover (tools committed as started but unfinished mean one, even of a resuming
-            # run). The dead episode's uncommitted chunks reuse the seqs the redo is about to
-            # emit: late joiners must not get them replayed (nor live chunks deduplicated away).
+        if start_kind(before) == "takeover":
+            # The dead episode's uncommitted chunks reuse the seqs the redo is about to emit
+            # (a resuming run's too: its tool states, results, a prepare_run answer): clients
+            # drop them on this chunk, late joiners must not get them replayed.
             await deps.publisher.clear_replay(self.thread_id)
             await state.sink.emit(RunTakeoverChunk(episode=run.episode))
-        # A takeover continues a run that already started: it is not counted as a new start.
-        takeover = before.status is RunStatus.RUNNING and before.episode > 0
-        event = "takeover" if takeover else "started" if resumable is None else "resumed"
-        telemetry.safe_add(telemetry.RUNS, 1, {"event": event})
         step = sum(1 for m in messages if m.run_id == run.id and m.role is MessageRole.ASSISTANT)
         run_ctx = await runtime_context(deps, state, thread, step, resumed=resumable is not None)
         if run.stop_requested:
@@ -264,6 +256,18 @@ class Episode:
             )
         except Exception:
             log.exception("run %s: could not record failure", self.run_id)
+
+
+def start_kind(before: Run) -> str:
+    """How an episode begins its run, judged from the run before `start_episode`: `started`
+    (queued), `resumed` (waiting, or resumed from waiting with no episode since), or
+    `takeover` (running, and an episode began since it started or was resumed: that episode
+    died or stalled without ending it, so this one redoes what it left uncommitted)."""
+    if before.status is RunStatus.QUEUED:
+        return "started"
+    if before.status is RunStatus.RUNNING and before.episode > before.resumed_episode:
+        return "takeover"
+    return "resumed"
 
 
 def _resumable(tail: Message | None, run_id: str) -> Message | None:

@@ -12,15 +12,21 @@ from runtime import telemetry
 class ModelCallTrace:
     """One model call, traced with OpenTelemetry GenAI attributes (`gen_ai.*`).
 
-    The `threadline.model_call` span starts when around_model_call is entered and ends when the
-    provider stream ends, before the step's tool calls go through the canonical stream; its
-    duration metrics count only the time spent awaiting the model (`waiting`), so the transform
-    and publishing interleaved with the stream are not charged to the model."""
+    The provider stream is read by the step itself: between two deltas the step transforms and
+    publishes what it got. None of that is the model's, so the `threadline.model_call` span
+    measures only the time spent awaiting the provider (`waiting`: the call through
+    around_model_call, then each delta): it starts when the call starts and its duration is
+    that time, so it ends at start + awaited time, not when the stream was closed. The wall
+    time from the call to the end of the provider stream is the attribute
+    `threadline.model_call.elapsed_s`. The duration metrics count the same awaited time."""
 
     def __init__(self, model: str, run_id: str, step: int) -> None:
         self.model = model
+        self.started_ns = time.time_ns()
+        self.started = time.perf_counter()
         self.span = telemetry.start_span(
             "threadline.model_call",
+            start_time=self.started_ns,
             **{
                 "gen_ai.operation.name": "chat",
                 "gen_ai.request.model": model,
@@ -66,8 +72,10 @@ class ModelCallTrace:
             self.span.set_attribute("gen_ai.usage.input_tokens", self.input_tokens)
             self.span.set_attribute("gen_ai.usage.output_tokens", self.output_tokens)
             self.span.set_attribute("threadline.model_call.wait_s", self.waited)
+            elapsed = time.perf_counter() - self.started
+            self.span.set_attribute("threadline.model_call.elapsed_s", elapsed)
             if finish_reason is not None:
                 self.span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
             if error is not None:
                 telemetry.fail_span(self.span, error)
-            self.span.end()
+            self.span.end(end_time=self.started_ns + int(self.waited * 1e9))

@@ -47,9 +47,10 @@ def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None 
         histogram.record(value, attributes or {})
 
 
-def start_span(name: str, **attributes: Any) -> trace.Span:
-    """A span ended by the caller, for work whose end is not the end of a `with` block."""
-    return tracer.start_span(name, attributes=attributes)
+def start_span(name: str, start_time: int | None = None, **attributes: Any) -> trace.Span:
+    """A span ended by the caller, for work whose end is not the end of a `with` block
+    (`start_time`: nanoseconds since the epoch, default now)."""
+    return tracer.start_span(name, attributes=attributes, start_time=start_time)
 
 
 def fail_span(current: trace.Span, exc: BaseException | str) -> None:

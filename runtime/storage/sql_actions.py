@@ -62,7 +62,9 @@ async def resolve(
         status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
         if status == RunStatus.WAITING:
             await conn.execute(
-                "UPDATE runs SET status = 'running', updated_at = $2 WHERE id = $1",
+                # The next episode resumes; one after it (episode past this count) is a takeover.
+                "UPDATE runs SET status = 'running', resumed_episode = episode, updated_at = $2"
+                " WHERE id = $1",
                 run_id,
                 await conn.now(),
             )

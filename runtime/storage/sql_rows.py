@@ -147,6 +147,7 @@ def run_from_row(row: Row) -> Run:
         started_by=row["started_by"],
         input_message_id=row["input_message_id"],
         episode=int(row["episode"]),
+        resumed_episode=int(row["resumed_episode"]),
         next_seq=int(row["next_seq"]),
         stop_requested=bool(row["stop_requested"]),
         error=row["error"],

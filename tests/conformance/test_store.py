@@ -39,6 +39,7 @@ MIGRATIONS = [
     "0002_commit_keys",
     "0003_token_expiry_revocation",
     "0004_action_index_scope_turns",
+    "0005_resumed_episode",
 ]
 
 

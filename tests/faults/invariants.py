@@ -20,8 +20,34 @@ class Observed:
     """What a scenario saw on the bus: invalidated versions and live chunks, per thread/run."""
 
     invalidations: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    # run id -> seq -> the last chunk published with that seq (a redo reuses seqs).
+    # run id -> seq -> the chunk of that seq that counts: a redo after a takeover reuses seqs,
+    # and a stale episode may still publish after it (it is void: see `current`).
     chunks: dict[str, dict[int, dict[str, Any]]] = field(default_factory=lambda: defaultdict(dict))
+    # run id -> seq -> episode of the chunk kept in `chunks`.
+    episodes: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
+    # run id -> (episode, seq) of its newest `run-takeover` chunk.
+    takeovers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Chunks published by an episode after a newer one of its run had taken over.
+    stale_after_takeover: int = 0
+
+    def record(self, frame: dict[str, Any]) -> None:
+        """Record one published frame (an invalidation or a chunk) of `frame["thread_id"]`."""
+        if frame["type"] == "invalidate":
+            self.invalidations[frame["thread_id"]].append(frame["version"])
+            return
+        if frame["type"] != "chunk":
+            return
+        run_id, seq, episode = frame["run_id"], int(frame["seq"]), int(frame.get("episode", 0))
+        takeover = self.takeovers.get(run_id)
+        if takeover is not None and episode < takeover[0]:
+            self.stale_after_takeover += 1
+            if seq >= takeover[1]:
+                return  # void: the newer episode redoes this seq
+        if frame["chunk"].get("type") == "run-takeover":
+            self.takeovers[run_id] = (episode, seq)
+        if episode >= self.episodes[run_id].get(seq, 0):
+            self.chunks[run_id][seq] = frame["chunk"]
+            self.episodes[run_id][seq] = episode
 
 
 @dataclass

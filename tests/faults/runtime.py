@@ -46,11 +46,7 @@ class FaultRuntime:
             async with self.bus.subscribe(thread_channel(thread_id)) as subscription:
                 ready.set()
                 async for data in subscription:
-                    frame = orjson.loads(data)
-                    if frame["type"] == "invalidate":
-                        self.observed.invalidations[thread_id].append(frame["version"])
-                    elif frame["type"] == "chunk":
-                        self.observed.chunks[frame["run_id"]][frame["seq"]] = frame["chunk"]
+                    self.observed.record(orjson.loads(data))
 
         self._watchers.append(asyncio.create_task(pump()))
         await asyncio.wait_for(ready.wait(), 5)

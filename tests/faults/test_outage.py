@@ -43,11 +43,7 @@ async def observe(thread_id: str, observed: Observed) -> AsyncIterator[None]:
         async with bus.subscribe(thread_channel(thread_id)) as subscription:
             ready.set()
             async for data in subscription:
-                frame = orjson.loads(data)
-                if frame["type"] == "invalidate":
-                    observed.invalidations[thread_id].append(frame["version"])
-                elif frame["type"] == "chunk":
-                    observed.chunks[frame["run_id"]][frame["seq"]] = frame["chunk"]
+                observed.record(orjson.loads(data))
 
     task = asyncio.create_task(pump())
     try:
