@@ -23,6 +23,7 @@ from runtime.domain import (
 )
 from runtime.episode_state import EpisodeDeps, EpisodeState, Phase
 from runtime.errors import LeaseLost, Unavailable
+from runtime.history import HistoryCache
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.phases import (
     RunFailed,
@@ -56,8 +57,11 @@ class Episode:
         agent: Agent,
         lifecycle: AgentLifecycle,
         lease: Lease,
+        history: HistoryCache | None = None,
     ) -> None:
-        self.deps = EpisodeDeps(store, publisher, agent, lifecycle, lease)
+        self.deps = EpisodeDeps(
+            store, publisher, agent, lifecycle, lease, history or HistoryCache()
+        )
         self.run_id = lease.resource_id
         self.thread_id = lease.thread_id
         self.stop_requested = asyncio.Event()
@@ -174,7 +178,8 @@ class Episode:
         """The run-level phases (runtime_context, prepare_run), then a resume or the steps."""
         deps, run = self.deps, state.run
         thread = await deps.store.get_thread(self.thread_id, [run.scope])
-        messages = await deps.store.list_messages(self.thread_id)
+        # A tail read: the cache holds the parsed history of threads this worker ran before.
+        messages = await deps.history.messages(deps.store, self.thread_id)
         tail = messages[-1] if messages else None
         state.anchor = tail.position if tail is not None else -1
         resumable = _resumable(tail, run.id)
@@ -195,7 +200,7 @@ class Episode:
         takeover = before.status is RunStatus.RUNNING and before.episode > 0
         event = "takeover" if takeover else "started" if resumable is None else "resumed"
         telemetry.safe_add(telemetry.RUNS, 1, {"event": event})
-        step = sum(1 for m in messages if m.run_id == run.id and m.role is MessageRole.ASSISTANT)
+        step = _steps_taken(messages, run)
         run_ctx = await runtime_context(deps, state, thread, step, resumed=resumable is not None)
         if run.stop_requested:
             # A stop that arrived while no worker held the run: only finalisation is left.
@@ -264,6 +269,18 @@ class Episode:
             )
         except Exception:
             log.exception("run %s: could not record failure", self.run_id)
+
+
+def _steps_taken(messages: list[Message], run: Run) -> int:
+    """The run's assistant messages so far. They all follow its input message (a run appends
+    only while it is active, after its input), so the count stops there when the run has one."""
+    steps = 0
+    for message in reversed(messages):
+        if message.id == run.input_message_id:
+            break
+        if message.run_id == run.id and message.role is MessageRole.ASSISTANT:
+            steps += 1
+    return steps
 
 
 def _resumable(tail: Message | None, run_id: str) -> Message | None:

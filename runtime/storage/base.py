@@ -124,6 +124,16 @@ class ResolveResult(BaseModel):
     run_resumed: bool
 
 
+class HistoryRead(BaseModel):
+    """Messages of a thread from a position on, with the thread's history epoch: +1 on every
+    history rewrite, so messages before the tail read earlier are still current while it stays
+    the same (appends add positions; only the tail is ever updated otherwise)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    epoch: int
+    messages: tuple[Message, ...]
+
+
 class StopResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     thread_id: str
@@ -199,6 +209,10 @@ class Store(Protocol):
     async def list_messages(
         self, thread_id: str, up_to_position: int | None = None
     ) -> list[Message]: ...
+    async def read_history(self, thread_id: str, from_position: int = 0) -> HistoryRead:
+        """Messages at `from_position` and after, and the history epoch (`HistoryRead`);
+        `NotFound` for an unknown thread."""
+        ...
     async def request_stop(self, thread_id: str, scopes: Scopes, run_id: str) -> StopResult: ...
 
     # leases (database clock)
@@ -257,6 +271,7 @@ class Store(Protocol):
 
 
 __all__ = [
+    "HistoryRead",
     "MessageRole",
     "ResolveResult",
     "RewriteResult",

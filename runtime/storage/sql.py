@@ -35,6 +35,7 @@ from runtime.storage import (
 )
 from runtime.storage.base import (
     AdmissionLimits,
+    HistoryRead,
     ResolveResult,
     RetryRun,
     RewriteOp,
@@ -265,6 +266,12 @@ class SqlStore:
         return await self._read(
             lambda conn: sql_threads.list_messages(conn, thread_id, up_to_position)
         )
+
+    async def read_history(self, thread_id: str, from_position: int = 0) -> HistoryRead:
+        epoch, messages = await self._read(
+            lambda conn: sql_threads.read_history(conn, thread_id, from_position)
+        )
+        return HistoryRead(epoch=epoch, messages=tuple(messages))
 
     # --- input and queue admission ------------------------------------------------------
 

@@ -20,7 +20,7 @@ from runtime.domain import (
     Visibility,
     pending_actions_of,
 )
-from runtime.errors import Conflict
+from runtime.errors import Conflict, NotFound
 from runtime.storage.sql_core import Conn, placeholders, scope_clause, thread_row
 from runtime.storage.sql_rows import (
     Row,
@@ -161,6 +161,22 @@ async def messages(conn: Conn, thread_id: str, up_to_position: int | None = None
             int(up_to_position),
         )
     return [message_from_row(row) for row in rows]
+
+
+async def read_history(
+    conn: Conn, thread_id: str, from_position: int
+) -> tuple[int, list[Message]]:
+    """(history epoch, messages from `from_position` on). The epoch is read after the messages:
+    unchanged from an earlier read, no rewrite committed before these rows were read."""
+    rows = await conn.fetch(
+        "SELECT * FROM messages WHERE thread_id = $1 AND position >= $2 ORDER BY position",
+        thread_id,
+        int(from_position),
+    )
+    epoch = await conn.fetchval("SELECT history_epoch FROM threads WHERE id = $1", thread_id)
+    if epoch is None:
+        raise NotFound(f"thread {thread_id} not found")
+    return int(epoch), [message_from_row(row) for row in rows]
 
 
 async def tail_row(conn: Conn, thread_id: str) -> Row | None:

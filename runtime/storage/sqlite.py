@@ -8,6 +8,7 @@ import functools
 import os
 import re
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -45,6 +46,8 @@ SQLITE = Dialect(
     render=to_sqlite,
     # SQLite has no octet_length before 3.43: a TEXT cast to BLOB measures its UTF-8 bytes.
     octets=lambda expression: f"length(CAST({expression} AS BLOB))",
+    # julianday('now') is the machine's wall clock, which time.time() reads without a query.
+    local_clock=time.time,
 )
 
 
