@@ -34,7 +34,12 @@ from tests.conformance.store_helpers import (
 # --- lifecycle and migrations -------------------------------------------------------------
 
 
-MIGRATIONS = ["0001_init", "0002_commit_keys", "0003_token_expiry_revocation"]
+MIGRATIONS = [
+    "0001_init",
+    "0002_commit_keys",
+    "0003_token_expiry_revocation",
+    "0004_history_epoch",
+]
 
 
 async def test_migrate_is_idempotent(store: SqlStore) -> None:

@@ -1,0 +1,100 @@
+"""The runtime's parsed-message cache (`runtime/history.py`) against both stores: after appends,
+tail updates and every kind of history rewrite it returns exactly what `list_messages` does,
+reading only the tail while nothing but the tail changed."""
+
+from __future__ import annotations
+
+from runtime.context import to_context
+from runtime.domain import Visibility
+from runtime.history import HistoryCache
+from runtime.storage import SqlStore
+from runtime.storage.base import SetVisibility, StepCommit, Truncate
+from tests.conformance.store_helpers import (
+    SCOPES,
+    assistant,
+    finish,
+    new_thread,
+    resolution,
+    start_run,
+    suspend,
+    text,
+)
+
+
+async def _same(cache: HistoryCache, store: SqlStore, thread_id: str) -> None:
+    listed = await store.list_messages(thread_id)
+    assert await cache.messages(store, thread_id) == listed
+    for anchor in (-1, 0, len(listed) // 2, len(listed) + 5):
+        upto = await store.list_messages(thread_id, up_to_position=anchor)
+        assert await cache.messages(store, thread_id, anchor) == upto
+        assert await cache.context(store, thread_id, anchor) == to_context(upto)
+
+
+async def test_appends_and_tail_updates_are_tail_reads(store: SqlStore) -> None:
+    cache = HistoryCache()
+    thread = await new_thread(store)
+    assert await cache.messages(store, thread.id) == []
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("one")), assistant(text("two")))))
+    await _same(cache, store, thread.id)
+    # An empty thread has no tail to read from; from the first message on, reads are tail reads.
+    reloads = cache.reloads
+    # The tail gets a pending action, then its resolution rewrites the tail's parts.
+    await suspend(store, lease, "act-1")
+    await _same(cache, store, thread.id)
+    await store.resolve_action(thread.id, SCOPES, "act-1", resolution())
+    tail = (await cache.messages(store, thread.id))[-1]
+    assert tail == (await store.list_messages(thread.id))[-1]
+    assert tail.parts[-1].waiting is not None  # type: ignore[union-attr]
+    assert tail.parts[-1].waiting.resolution is not None  # type: ignore[union-attr]
+    assert cache.reloads == reloads
+    # Later runs append after the cached tail.
+    await store.start_episode(lease)
+    await finish(store, lease)
+    await _same(cache, store, thread.id)
+    _, lease = await start_run(store, thread.id, text="again")
+    await store.commit(lease, StepCommit(append=(assistant(text("three")),)))
+    await _same(cache, store, thread.id)
+    assert cache.reloads == reloads
+
+
+async def test_rewrites_reload_the_thread(store: SqlStore) -> None:
+    cache = HistoryCache()
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("a")), assistant(text("b")))))
+    await finish(store, lease)
+    await _same(cache, store, thread.id)
+    messages = await store.list_messages(thread.id)
+    # Hiding a message before the tail: the cached copy must not keep it visible.
+    admin = await store.acquire_admin_lease(thread.id, "admin", 10.0)
+    assert admin is not None
+    await store.rewrite_history(
+        admin, SetVisibility(message_id=messages[1].id, visibility=Visibility.HIDDEN)
+    )
+    assert [m.visibility for m in await cache.messages(store, thread.id)] == [
+        Visibility.VISIBLE,
+        Visibility.HIDDEN,
+        Visibility.VISIBLE,
+    ]
+    assert len(await cache.context(store, thread.id, 10)) == 2
+    assert cache.reloads == 2
+    # Regenerate deletes from a message on and appends nothing yet: the same count of reads
+    # from the cached tail position would find nothing, and the epoch says so too.
+    await store.rewrite_history(
+        admin, Truncate(from_message_id=messages[1].id, started_by="alice")
+    )
+    await store.release_lease(admin)
+    await _same(cache, store, thread.id)
+    assert [m.id for m in await cache.messages(store, thread.id)] == [messages[0].id]
+    assert cache.reloads == 3
+
+
+async def test_read_history_reads_from_a_position(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("a")), assistant(text("b")))))
+    read = await store.read_history(thread.id, 1)
+    assert [m.position for m in read.messages] == [1, 2]
+    assert read.epoch == 0
+    assert (await store.read_history(thread.id, 3)).messages == ()
