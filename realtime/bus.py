@@ -33,6 +33,12 @@ class Bus(Protocol):
     async def read_replay(self, key: str) -> list[bytes]: ...
     async def clear_replay(self, key: str) -> None: ...
 
+    async def publish_replayed(self, channel: str, key: str, data: bytes, limit: int) -> None:
+        """`append_replay(key, data, limit)`, then `publish(channel, data)`, as one operation
+        (one round trip on Redis). Appended first: a late joiner that subscribes and then reads
+        the replay buffer misses nothing."""
+        ...
+
     @property
     def healthy(self) -> bool:
         """False while the connection to the bus is lost (gateways then poll versions)."""

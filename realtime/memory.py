@@ -91,6 +91,12 @@ class MemoryBus(AsyncResource):
         """Local subscriptions of `channel` (the hub keeps this at one per thread)."""
         return self._subscriptions.count(channel)
 
+    async def publish_replayed(self, channel: str, key: str, data: bytes, limit: int) -> None:
+        if not isinstance(data, bytes):
+            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        await self.append_replay(key, data, limit)
+        await self.publish(channel, data)
+
     async def append_replay(self, key: str, data: bytes, limit: int) -> None:
         self._require_open()
         if limit < 1:

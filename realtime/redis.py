@@ -214,6 +214,22 @@ class RedisBus(AsyncResource):
             pipe.expire(full_key, self._replay_ttl)
             await pipe.execute()
 
+    async def publish_replayed(self, channel: str, key: str, data: bytes, limit: int) -> None:
+        if not isinstance(data, bytes):
+            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        if limit < 1:
+            raise ValueError("replay limit must be at least 1")
+        full_key = self.prefix + key
+        async with (
+            self._command(f"publish to {channel!r} with replay {key!r}") as client,
+            client.pipeline(transaction=True) as pipe,
+        ):
+            pipe.rpush(full_key, data)
+            pipe.ltrim(full_key, -limit, -1)
+            pipe.expire(full_key, self._replay_ttl)
+            pipe.publish(self.prefix + channel, data)
+            await pipe.execute()
+
     async def read_replay(self, key: str) -> list[bytes]:
         async with self._command(f"read of replay {key!r}") as client:
             items = await client.lrange(self.prefix + key, 0, -1)

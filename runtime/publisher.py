@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,10 +11,10 @@ from pydantic import BaseModel
 from realtime.bus import Bus
 from realtime.channels import replay_key, scope_channel, thread_channel
 from realtime.envelopes import (
-    ChunkEnvelope,
     InvalidateEnvelope,
     ScopeInvalidateEnvelope,
     encode,
+    encode_chunk,
 )
 from realtime.telemetry import PUBLISH_ERRORS, PUBLISHED, safe_add
 from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope
@@ -53,21 +52,17 @@ class Publisher:
     async def chunk(
         self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any], *, episode: int = 0
     ) -> bool:
-        """Publish a live chunk and keep it in the thread's replay buffer for late joiners."""
-        envelope = ChunkEnvelope(
-            thread_id=thread_id, run_id=run_id, seq=seq, episode=episode, chunk=chunk
+        """Keep a live chunk in the thread's replay buffer for late joiners and publish it, in
+        one bus operation (one round trip on Redis); ordering across calls holds because each
+        call finishes before the runtime publishes the next chunk."""
+        data = encode_chunk(thread_id, run_id, seq, episode, chunk)
+        operation = self._bus.publish_replayed(
+            thread_channel(thread_id), replay_key(thread_id), data, self._replay_limit
         )
-        data = encode(envelope)
-        # Concurrent: two independent round trips; ordering across calls holds because each
-        # call finishes both before the runtime publishes the next chunk.
-        published, appended = await asyncio.gather(
-            self._attempt("chunk", self._bus.publish(thread_channel(thread_id), data)),
-            self._attempt(
-                "replay",
-                self._bus.append_replay(replay_key(thread_id), data, self._replay_limit),
-            ),
-        )
-        return published and appended
+        if not await self._attempt("chunk", operation):
+            return False
+        safe_add(PUBLISHED, 1, {"kind": "replay"})
+        return True
 
     async def invalidate(self, thread_id: str, version: int) -> bool:
         published = await self._publish(

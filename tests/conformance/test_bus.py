@@ -173,6 +173,21 @@ async def test_replay_clear_and_isolation(bus: Bus) -> None:
     await bus.clear_replay(replay_key("never-written"))
 
 
+async def test_publish_replayed_appends_then_publishes(bus: Bus) -> None:
+    key = replay_key("pr")
+    async with bus.subscribe(thread_channel("pr")) as subscription:
+        for i in range(4):
+            await bus.publish_replayed(thread_channel("pr"), key, b"c%d" % i, limit=3)
+            # By the time a subscriber has the message, the replay buffer holds it.
+            assert await take(subscription, 1) == [b"c%d" % i]
+            assert (await bus.read_replay(key))[-1] == b"c%d" % i
+    assert await bus.read_replay(key) == [b"c1", b"c2", b"c3"]
+    with pytest.raises(ValueError):
+        await bus.publish_replayed(thread_channel("pr"), key, b"x", limit=0)
+    with pytest.raises(TypeError):
+        await bus.publish_replayed(thread_channel("pr"), key, "text", limit=3)  # type: ignore[arg-type]
+
+
 async def test_replay_rejects_a_non_positive_limit(bus: Bus) -> None:
     with pytest.raises(ValueError):
         await bus.append_replay(replay_key("bad"), b"x", limit=0)
