@@ -36,7 +36,7 @@ from runtime.phases import (
     runtime_context,
 )
 from runtime.publisher import Publisher
-from runtime.storage.base import RunChange, StepCommit, Store
+from runtime.storage.base import EpisodeStart, RunChange, StepCommit, Store
 from runtime.streaming import ChunkSink
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class Episode:
         self.state: EpisodeState | None = None
         # Why this episode failed its run, if it did (for the episode span's status).
         self.failure: BaseException | None = None
+        # The thread's messages as the episode started (None: to be read).
+        self._messages: list[Message] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -105,8 +107,8 @@ class Episode:
         # start_episode runs before the stop is watched: nothing cancels it, and a stop that
         # arrives meanwhile is seen right after.
         try:
-            before = await self.deps.store.get_run(self.run_id)
-            self.state = state = await self._start(before)
+            started = await self._begin()
+            self.state = state = await self._start(started)
         except (LeaseLost, Unavailable):
             self.lease_lost = True
             return None
@@ -117,7 +119,7 @@ class Episode:
             return None
         if state.ended:
             return None  # the run ended (stopped while queued) before this episode started it
-        body = asyncio.create_task(self._guarded(self._body(state, before), state))
+        body = asyncio.create_task(self._guarded(self._body(state, started), state))
         stop = asyncio.create_task(self.stop_requested.wait())
         try:
             await asyncio.wait({body, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -135,10 +137,18 @@ class Episode:
 
     # --- start -----------------------------------------------------------------------------
 
-    async def _start(self, before: Run) -> EpisodeState:
-        """start_episode: fenced, +1 episode, queued -> running (+1 version when it changed)."""
+    async def _begin(self) -> EpisodeStart:
+        """start_episode and the reads the episode starts from, in one transaction; the
+        thread's messages are read from its tail cached by the worker (`HistoryCache`)."""
         deps = self.deps
-        run, version = await deps.store.start_episode(deps.lease)
+        history_from = deps.history.read_from(self.thread_id)
+        started = await deps.store.begin_episode(deps.lease, history_from or 0)
+        self._messages = deps.history.apply(self.thread_id, history_from, started.history)
+        return started
+
+    async def _start(self, started: EpisodeStart) -> EpisodeState:
+        """start_episode: fenced, +1 episode, queued -> running (+1 version when it changed)."""
+        deps, before, run, version = self.deps, started.before, started.run, started.version
         sink = ChunkSink(deps.publisher, self.thread_id, self.run_id, run.next_seq, run.episode)
         state = EpisodeState(run=run, sink=sink, anchor=-1)
         if run.status.is_terminal:
@@ -174,12 +184,12 @@ class Episode:
             log.exception("run %s failed", self.run_id)
             await self._finish_failed(state, exc)
 
-    async def _body(self, state: EpisodeState, before: Run) -> None:
+    async def _body(self, state: EpisodeState, started: EpisodeStart) -> None:
         """The run-level phases (runtime_context, prepare_run), then a resume or the steps."""
-        deps, run = self.deps, state.run
-        thread = await deps.store.get_thread(self.thread_id, [run.scope])
-        # A tail read: the cache holds the parsed history of threads this worker ran before.
-        messages = await deps.history.messages(deps.store, self.thread_id)
+        deps, run, before, thread = self.deps, state.run, started.before, started.thread
+        messages = self._messages
+        if messages is None:  # a history rewrite since the worker cached the thread
+            messages = await deps.history.messages(deps.store, self.thread_id)
         tail = messages[-1] if messages else None
         state.anchor = tail.position if tail is not None else -1
         resumable = _resumable(tail, run.id)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from runtime.domain import Message, Visibility
 from runtime.providers.base import ContextMessage
-from runtime.storage.base import Store
+from runtime.storage.base import HistoryRead, Store
 
 # Bounds of one cache (per worker): threads kept, and messages kept over all of them.
 MAX_THREADS = 256
@@ -83,37 +83,63 @@ class HistoryCache:
         entry = await self._refresh(store, thread_id)
         return [c for c in entry.contexts[: entry.count(up_to_position)] if c is not None]
 
+    def read_from(self, thread_id: str) -> int | None:
+        """Where a read of the thread should start: its cached tail (None: not cached, read
+        the whole thread)."""
+        entry = self._threads.get(thread_id)
+        return entry.positions[-1] if entry is not None and entry.messages else None
+
+    def apply(
+        self, thread_id: str, from_position: int | None, read: HistoryRead
+    ) -> list[Message] | None:
+        """Take a read made from `read_from(thread_id)` (from 0 for None) elsewhere, e.g. in
+        `begin_episode`'s transaction: the thread's messages, or None when the read cannot be
+        used (a rewrite since, or the entry changed meanwhile) and the caller must call
+        `messages`."""
+        entry = self._update(thread_id, from_position, read)
+        return None if entry is None else list(entry.messages)
+
     async def _refresh(self, store: Store, thread_id: str) -> _Thread:
+        start = self.read_from(thread_id)
+        entry = self._update(thread_id, start, await store.read_history(thread_id, start or 0))
+        if entry is None:
+            entry = self._update(thread_id, None, await store.read_history(thread_id, 0))
+            assert entry is not None  # a read from 0 always replaces the entry
+        return entry
+
+    def _update(
+        self, thread_id: str, from_position: int | None, read: HistoryRead
+    ) -> _Thread | None:
         self.reads += 1
         entry = self._threads.get(thread_id)
-        if entry is not None and entry.messages:
-            tail, cached = entry.messages[-1], len(entry.messages)
-            read = await store.read_history(thread_id, tail.position)
-            current = read.epoch == entry.epoch and bool(read.messages)
-            # ... and no other read of this thread changed the entry meanwhile.
-            if (
-                current
-                and read.messages[0].id == tail.id
-                and self._threads.get(thread_id) is entry
-                and len(entry.messages) == cached
-                and entry.messages[-1] is tail
-            ):
-                # Only the tail may have changed since it was read: replace it.
-                entry.drop_tail()
-                entry.extend(read.messages)
-                self._size += len(read.messages) - 1
-                self._threads.move_to_end(thread_id)
-                self._evict()
-                return entry
-        self.reloads += 1
-        read = await store.read_history(thread_id, 0)
-        fresh = _Thread(epoch=read.epoch)
-        fresh.extend(read.messages)
-        self._forget(thread_id)
-        self._threads[thread_id] = fresh
-        self._size += len(fresh.messages)
+        if from_position is None or entry is None or not entry.messages:
+            if from_position is not None:
+                return None
+            self.reloads += 1
+            fresh = _Thread(epoch=read.epoch)
+            fresh.extend(read.messages)
+            self._forget(thread_id)
+            self._threads[thread_id] = fresh
+            self._size += len(fresh.messages)
+            self._evict()
+            return fresh
+        tail = entry.messages[-1]
+        # Usable when no rewrite happened since the entry was read, and the read starts at the
+        # entry's tail (it was made from `read_from`, and no other read changed the entry since).
+        if (
+            read.epoch != entry.epoch
+            or tail.position != from_position
+            or not read.messages
+            or read.messages[0].id != tail.id
+        ):
+            return None
+        # Only the tail may have changed since it was read: replace it.
+        entry.drop_tail()
+        entry.extend(read.messages)
+        self._size += len(read.messages) - 1
+        self._threads.move_to_end(thread_id)
         self._evict()
-        return fresh
+        return entry
 
     def _forget(self, thread_id: str) -> None:
         old = self._threads.pop(thread_id, None)

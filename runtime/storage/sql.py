@@ -35,6 +35,7 @@ from runtime.storage import (
 )
 from runtime.storage.base import (
     AdmissionLimits,
+    EpisodeStart,
     HistoryRead,
     ResolveResult,
     RetryRun,
@@ -336,6 +337,9 @@ class SqlStore:
 
     async def start_episode(self, lease: Lease) -> tuple[Run, int]:
         return await self._write(lambda conn: sql_runs.start_episode(conn, lease))
+
+    async def begin_episode(self, lease: Lease, history_from: int = 0) -> EpisodeStart:
+        return await self._write(lambda conn: sql_runs.begin_episode(conn, lease, history_from))
 
     async def commit(self, lease: Lease, commit: StepCommit) -> int:
         # Validate (and serialise) everything before taking any lock.

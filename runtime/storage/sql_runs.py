@@ -14,7 +14,7 @@ from runtime.domain import (
     check_run_transition,
 )
 from runtime.errors import Conflict, NotFound
-from runtime.storage.base import RunChange, StepCommit, StopResult
+from runtime.storage.base import EpisodeStart, HistoryRead, RunChange, StepCommit, StopResult
 from runtime.storage.decisions import (
     StopOutcome,
     check_commit,
@@ -28,10 +28,17 @@ from runtime.storage.decisions import (
 from runtime.storage.sql_core import Conn, bump, lock_thread
 from runtime.storage.sql_leases import fence, live_lease
 from runtime.storage.sql_queue import admit_next, append_message
-from runtime.storage.sql_rows import decode_parts, encode_parts, run_from_row
+from runtime.storage.sql_rows import (
+    Row,
+    decode_parts,
+    encode_parts,
+    run_from_row,
+    thread_from_row,
+)
 from runtime.storage.sql_threads import (
     ACTIVE_STATUSES,
     active_run_row,
+    read_history,
     run_row,
     tail_row,
 )
@@ -104,6 +111,25 @@ async def request_stop(
 async def start_episode(conn: Conn, lease: Lease) -> tuple[Run, int]:
     thread, run = await fence(conn, lease, LeaseKind.RUN)
     assert run is not None
+    return await _start(conn, lease, thread, run)
+
+
+async def begin_episode(conn: Conn, lease: Lease, history_from: int) -> EpisodeStart:
+    thread, before = await fence(conn, lease, LeaseKind.RUN)
+    assert before is not None
+    run, version = await _start(conn, lease, thread, before)
+    epoch, messages = await read_history(conn, lease.thread_id, history_from)
+    return EpisodeStart(
+        before=run_from_row(before),
+        run=run,
+        version=version,
+        # Read before start_episode's bump: only its version (and updated_at) moved since.
+        thread=thread_from_row(thread).model_copy(update={"version": version}),
+        history=HistoryRead(epoch=epoch, messages=tuple(messages)),
+    )
+
+
+async def _start(conn: Conn, lease: Lease, thread: Row, run: Row) -> tuple[Run, int]:
     status = RunStatus(run["status"])
     version = int(thread["version"])
     target = episode_status(status)

@@ -98,3 +98,34 @@ async def test_read_history_reads_from_a_position(store: SqlStore) -> None:
     assert [m.position for m in read.messages] == [1, 2]
     assert read.epoch == 0
     assert (await store.read_history(thread.id, 3)).messages == ()
+
+
+async def test_begin_episode_is_start_episode_and_its_reads(store: SqlStore) -> None:
+    cache = HistoryCache()
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("a")),)))
+    await finish(store, lease)
+    assert len(await cache.messages(store, thread.id)) == 2
+    admission = await store.submit_input(thread.id, SCOPES, text="next", submitted_by="alice")
+    assert admission.run_id is not None
+    before = await store.get_run(admission.run_id)
+    lease = await store.acquire_run_lease(admission.run_id, "w1", 30.0)
+    assert lease is not None
+    start = cache.read_from(thread.id)
+    assert start == 1  # the cached tail
+    began = await store.begin_episode(lease, start)
+    assert began.before == before
+    assert began.run == await store.get_run(admission.run_id)
+    assert (began.run.status.value, began.run.episode) == ("running", before.episode + 1)
+    current = await store.get_thread(thread.id, SCOPES)
+    assert began.version == current.version
+    assert (began.thread.id, began.thread.scope, began.thread.version) == (
+        current.id,
+        current.scope,
+        current.version,
+    )
+    assert [m.position for m in began.history.messages] == [1, 2]
+    assert cache.apply(thread.id, start, began.history) == await store.list_messages(thread.id)
+    # A read from a position that is not the cached tail cannot be used.
+    assert cache.apply(thread.id, 1, await store.read_history(thread.id, 1)) is None
