@@ -122,6 +122,15 @@ class PostgresPool:
                 yield _PgConn(connection)
 
 
+    @asynccontextmanager
+    async def statements(self) -> AsyncIterator[Conn]:
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("PostgresStore is not open")
+        async with pool.acquire() as connection:
+            yield _PgConn(connection)
+
+
 class PostgresStore(SqlStore):
     """`SqlStore` over the Postgres dialect and an asyncpg pool on `dsn`."""
 

@@ -205,6 +205,15 @@ class SqlStore:
     async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         return await self._run(fn, write=False)
 
+    async def _read_statements(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """A read whose every statement is consistent on its own: outside a transaction."""
+
+        async def attempt() -> T:
+            async with self.pool.statements() as conn:
+                return await fn(conn)
+
+        return await self._retry(attempt)
+
     async def _write(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         return await self._run(fn, write=True)
 
@@ -269,7 +278,7 @@ class SqlStore:
         )
 
     async def read_history(self, thread_id: str, from_position: int = 0) -> HistoryRead:
-        epoch, messages = await self._read(
+        epoch, messages = await self._read_statements(
             lambda conn: sql_threads.read_history(conn, thread_id, from_position)
         )
         return HistoryRead(epoch=epoch, messages=tuple(messages))
@@ -318,7 +327,7 @@ class SqlStore:
     # --- runs ---------------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> Run:
-        return await self._read(lambda conn: sql_runs.get_run(conn, run_id))
+        return await self._read_statements(lambda conn: sql_runs.get_run(conn, run_id))
 
     async def active_run(self, thread_id: str) -> Run | None:
         return await self._read(lambda conn: sql_runs.active_run(conn, thread_id))
@@ -326,7 +335,9 @@ class SqlStore:
     async def find_runnable_runs(self, limit: int = 10) -> list[Run]:
         if limit <= 0:
             return []
-        return await self._read(lambda conn: sql_runs.find_runnable_runs(conn, limit))
+        # Outside a transaction: the clock read and the query need not be one snapshot (a run
+        # found runnable is leased, checked again, before anything runs it).
+        return await self._read_statements(lambda conn: sql_runs.find_runnable_runs(conn, limit))
 
     async def request_stop(
         self, thread_id: str, scopes: Collection[str], run_id: str

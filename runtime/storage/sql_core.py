@@ -33,6 +33,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+# The column `Conn.now_column` adds to a SELECT.
+NOW_COLUMN = "now_"
+
+
 class Conn(abc.ABC):
     """One connection inside one transaction. The shared SQL uses `$n` placeholders; the
     dialect renders them for the driver.
@@ -75,6 +79,19 @@ class Conn(abc.ABC):
                 self._now = float(await self.fetchval(f"SELECT {self.dialect.now_sql} AS now"))
         return self._now
 
+    def now_column(self) -> str:
+        """`, <now_sql> AS now_` for a SELECT list: the statement also reads the clock (one
+        round trip fewer) while the transaction has not read it yet and the dialect needs a
+        query for it; pass the row to `take_now`. Empty otherwise."""
+        if self._now is not None or self.dialect.local_clock is not None:
+            return ""
+        return f", {self.dialect.now_sql} AS {NOW_COLUMN}"
+
+    def take_now(self, row: Row | None) -> None:
+        """Keep the clock a `now_column` statement read, as `now()` from then on."""
+        if self._now is None and row is not None and NOW_COLUMN in row:
+            self._now = float(row[NOW_COLUMN])
+
     def on_commit(self, callback: Callable[[], None]) -> None:
         self.after_commit.append(callback)
 
@@ -89,6 +106,10 @@ class Pool(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
     def transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]: ...
+    def statements(self) -> AbstractAsyncContextManager[Conn]:
+        """A connection outside any transaction, for reads whose statements are each
+        consistent on their own (no BEGIN and COMMIT round trips)."""
+        ...
 
 
 TxFn = Callable[[Conn], Awaitable[T]]

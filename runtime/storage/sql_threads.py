@@ -166,17 +166,19 @@ async def messages(conn: Conn, thread_id: str, up_to_position: int | None = None
 async def read_history(
     conn: Conn, thread_id: str, from_position: int
 ) -> tuple[int, list[Message]]:
-    """(history epoch, messages from `from_position` on). The epoch is read after the messages:
-    unchanged from an earlier read, no rewrite committed before these rows were read."""
+    """(history epoch, messages from `from_position` on), in one statement: one snapshot, so
+    it needs no transaction (the thread row comes even when no message is at the position)."""
     rows = await conn.fetch(
-        "SELECT * FROM messages WHERE thread_id = $1 AND position >= $2 ORDER BY position",
+        "SELECT t.history_epoch AS history_epoch_, m.* FROM threads t"
+        " LEFT JOIN messages m ON m.thread_id = t.id AND m.position >= $2"
+        " WHERE t.id = $1 ORDER BY m.position",
         thread_id,
         int(from_position),
     )
-    epoch = await conn.fetchval("SELECT history_epoch FROM threads WHERE id = $1", thread_id)
-    if epoch is None:
+    if not rows:
         raise NotFound(f"thread {thread_id} not found")
-    return int(epoch), [message_from_row(row) for row in rows]
+    messages = [message_from_row(row) for row in rows if row["id"] is not None]
+    return int(rows[0]["history_epoch_"]), messages
 
 
 async def tail_row(conn: Conn, thread_id: str) -> Row | None:

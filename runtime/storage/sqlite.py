@@ -10,7 +10,7 @@ import re
 import sqlite3
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from runtime.storage.dialect import Dialect
@@ -153,6 +153,10 @@ class SqlitePool:
             except BaseException:
                 _rollback(db)
                 raise
+
+    def statements(self) -> AbstractAsyncContextManager[Conn]:
+        # Local: a read transaction costs no round trip, and keeps the lock discipline.
+        return self.transaction(write=False)
 
     async def _begin(self, db: sqlite3.Connection, begin: str) -> None:
         loop = asyncio.get_running_loop()
