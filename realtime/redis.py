@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import uuid
@@ -14,7 +15,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from realtime.base import (
     DEFAULT_MAX_QUEUE,
@@ -39,6 +40,16 @@ async def _close_quietly(pubsub: PubSub) -> None:
     with suppress(Exception):
         await pubsub.aclose()
 
+
+# `publish_replayed`: append to the replay list, keep its newest `limit`, refresh its expiry,
+# then publish. KEYS[1] list; ARGV: data, limit, ttl seconds, channel.
+_PUBLISH_REPLAYED = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return redis.call('PUBLISH', ARGV[4], ARGV[1])
+"""
+_PUBLISH_REPLAYED_SHA = hashlib.sha1(_PUBLISH_REPLAYED.encode()).hexdigest()
 
 class RedisBus(AsyncResource):
     """Implements `realtime.bus.Bus` on Redis pub/sub (redis-py asyncio).
@@ -219,16 +230,15 @@ class RedisBus(AsyncResource):
             raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
         if limit < 1:
             raise ValueError("replay limit must be at least 1")
-        full_key = self.prefix + key
-        async with (
-            self._command(f"publish to {channel!r} with replay {key!r}") as client,
-            client.pipeline(transaction=True) as pipe,
-        ):
-            pipe.rpush(full_key, data)
-            pipe.ltrim(full_key, -limit, -1)
-            pipe.expire(full_key, self._replay_ttl)
-            pipe.publish(self.prefix + channel, data)
-            await pipe.execute()
+        # One script: one command to encode and one reply to parse, instead of a MULTI of four
+        # (six replies); its commands run in order, so the append precedes the publish.
+        args = (self.prefix + key, data, int(limit), int(self._replay_ttl), self.prefix + channel)
+        async with self._command(f"publish to {channel!r} with replay {key!r}") as client:
+            try:
+                await client.evalsha(_PUBLISH_REPLAYED_SHA, 1, *args)
+            except NoScriptError:  # a restarted (or flushed) Redis: load the script again
+                await client.script_load(_PUBLISH_REPLAYED)
+                await client.evalsha(_PUBLISH_REPLAYED_SHA, 1, *args)
 
     async def read_replay(self, key: str) -> list[bytes]:
         async with self._command(f"read of replay {key!r}") as client:

@@ -289,6 +289,18 @@ async def redis_bus() -> AsyncIterator[RedisBus]:
         await cleanup_prefix(bus.prefix)
 
 
+async def test_redis_publish_replayed_reloads_its_script(redis_bus: RedisBus) -> None:
+    """A Redis that lost its scripts (restarted, SCRIPT FLUSH) still gets every chunk."""
+    key = replay_key("flushed")
+    async with redis_bus.subscribe(thread_channel("flushed")) as subscription:
+        await redis_bus.publish_replayed(thread_channel("flushed"), key, b"a", limit=5)
+        async with admin_redis() as admin:
+            await admin.script_flush()
+        await redis_bus.publish_replayed(thread_channel("flushed"), key, b"b", limit=5)
+        assert await take(subscription, 2) == [b"a", b"b"]
+    assert await redis_bus.read_replay(key) == [b"a", b"b"]
+
+
 async def test_redis_subscribes_a_channel_once_per_process(redis_bus: RedisBus) -> None:
     channel = redis_bus.prefix + "thread:rc"
     async with admin_redis() as admin:
