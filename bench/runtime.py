@@ -126,12 +126,13 @@ async def prefill(store: Store, thread_id: str, messages: int) -> None:
 async def until_ended(frames: AsyncIterator[bytes], store: Store, run_id: str, after: int) -> None:
     """Like a client: wait for invalidations, and read the run once one is recent enough for an
     echo run to have ended (start, step commit and completion follow the admission)."""
-    while True:
-        frame = orjson.loads(await asyncio.wait_for(anext(frames), 30))
-        if frame["type"] != "invalidate" or frame["version"] < after + 3:
-            continue
-        if (await store.get_run(run_id)).status.is_terminal:
-            return
+    async with asyncio.timeout(30):  # one deadline per run, not one timer per frame
+        while True:
+            frame = orjson.loads(await anext(frames))
+            if frame["type"] != "invalidate" or frame["version"] < after + 3:
+                continue
+            if (await store.get_run(run_id)).status.is_terminal:
+                return
 
 
 async def drive(
