@@ -136,16 +136,18 @@ async def _start(conn: Conn, lease: Lease, thread: Row, run: Row) -> tuple[Run, 
     if target is None:
         # Ended (e.g. stopped while queued) after the lease was taken: nothing to run.
         return run_from_row(run), version
+    now = await conn.now()
     await conn.execute(
         "UPDATE runs SET episode = episode + 1, status = $2, updated_at = $3 WHERE id = $1",
         lease.resource_id,
         target.value,
-        await conn.now(),
+        now,
     )
     if target is not status:
         version = await bump(conn, lease.thread_id)
-    updated = await run_row(conn, lease.resource_id)
-    assert updated is not None
+    # The row as the UPDATE left it (the run row is read under the thread lock: nothing else
+    # changed it), without reading it back.
+    updated = {**run, "episode": int(run["episode"]) + 1, "status": target.value, "updated_at": now}
     return run_from_row(updated), version
 
 
