@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import re
 import sqlite3
@@ -17,6 +18,8 @@ from runtime.storage.dialect import Dialect
 from runtime.storage.sql import SqlStore
 from runtime.storage.sql_core import Conn
 from runtime.storage.sql_rows import Row
+
+log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 _TRANSIENT_MESSAGES = ("database is locked", "database table is locked", "database is busy")
@@ -103,13 +106,21 @@ class SqlitePool:
     """One connection, serialised by an asyncio lock. Another process holding the file's write
     lock is waited for here, asynchronously, for up to `busy_timeout_ms` (the connection's own
     busy timeout is 0, so no statement ever blocks the loop waiting); then the transaction
-    fails as transient and the store retries it."""
+    fails as transient and the store retries it.
+
+    WAL checkpoints (copying the log into the database file, with an fsync) would block the
+    loop for milliseconds if SQLite ran them at COMMIT, as it does by default: automatic
+    checkpoints are off on this connection, and every `CHECKPOINT_EVERY` write transactions a
+    PASSIVE checkpoint runs on a thread of its own, on a connection of its own (it never
+    blocks writers or readers)."""
 
     def __init__(self, path: str, busy_timeout_ms: int) -> None:
         self.path = path
         self.busy_timeout_ms = busy_timeout_ms
         self._db: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+        self._writes = 0
+        self._checkpoint: asyncio.Future[None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -127,6 +138,7 @@ class SqlitePool:
             # lose the last commits), and much faster than FULL.
             db.execute("PRAGMA synchronous = NORMAL")
             db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA wal_autocheckpoint = 0")
         except BaseException:
             db.close()
             raise
@@ -136,6 +148,8 @@ class SqlitePool:
         db, self._db = self._db, None
         if db is not None:
             async with self._lock:
+                if self._checkpoint is not None:
+                    await self._checkpoint
                 db.close()
 
     @asynccontextmanager
@@ -153,6 +167,14 @@ class SqlitePool:
             except BaseException:
                 _rollback(db)
                 raise
+        if write:
+            self._writes += 1
+            if self._writes % CHECKPOINT_EVERY == 0 and (
+                self._checkpoint is None or self._checkpoint.done()
+            ):
+                self._checkpoint = asyncio.ensure_future(
+                    asyncio.to_thread(_checkpoint, self.path)
+                )
 
     def statements(self) -> AbstractAsyncContextManager[Conn]:
         # Local: a read transaction costs no round trip, and keeps the lock discipline.
@@ -171,6 +193,24 @@ class SqlitePool:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.05)
+
+
+# Write transactions between two WAL checkpoints (a few pages each: about SQLite's own
+# threshold of 1 000 pages).
+CHECKPOINT_EVERY = 200
+
+
+def _checkpoint(path: str) -> None:
+    """A PASSIVE checkpoint on a short-lived connection (run on a worker thread). A failure
+    only lets the WAL grow until the next one: logged, never raised."""
+    try:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        finally:
+            db.close()
+    except Exception as exc:  # sqlite3.Error, OSError: the next checkpoint tries again
+        log.warning("SQLite WAL checkpoint of %s failed: %s", path, exc)
 
 
 def _rollback(db: sqlite3.Connection) -> None:

@@ -4,11 +4,15 @@ reading only the tail while nothing but the tail changed."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 from runtime.context import to_context
 from runtime.domain import Visibility
 from runtime.history import HistoryCache
-from runtime.storage import SqlStore
+from runtime.storage import SqliteStore, SqlStore
 from runtime.storage.base import SetVisibility, StepCommit, Truncate
+from runtime.storage.sqlite import CHECKPOINT_EVERY
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -129,3 +133,21 @@ async def test_begin_episode_is_start_episode_and_its_reads(store: SqlStore) -> 
     assert cache.apply(thread.id, start, began.history) == await store.list_messages(thread.id)
     # A read from a position that is not the cached tail cannot be used.
     assert cache.apply(thread.id, 1, await store.read_history(thread.id, 1)) is None
+
+
+async def test_sqlite_checkpoints_the_wal_off_the_event_loop(tmp_path: Path) -> None:
+    """Automatic checkpoints (an fsync at some COMMIT, on the loop) are off; the pool runs a
+    PASSIVE one on a thread every CHECKPOINT_EVERY writes, so the WAL does not grow forever."""
+    async with SqliteStore(tmp_path / "wal.db") as store:
+        for i in range(CHECKPOINT_EVERY):
+            await store.create_thread("acme", f"t{i}")
+        pending = store.pool._checkpoint  # type: ignore[attr-defined]
+        assert pending is not None
+        await pending
+        reader = sqlite3.connect(tmp_path / "wal.db")
+        try:
+            # (busy, frames in the WAL, frames checkpointed): all of them already were.
+            busy, frames, done = reader.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            assert busy == 0 and frames == done and frames > 0
+        finally:
+            reader.close()
