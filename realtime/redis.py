@@ -7,7 +7,7 @@ import hashlib
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, cast
 
@@ -50,6 +50,13 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return redis.call('PUBLISH', ARGV[4], ARGV[1])
 """
 _PUBLISH_REPLAYED_SHA = hashlib.sha1(_PUBLISH_REPLAYED.encode()).hexdigest()
+# `publish_all`: ARGV channel, data, channel, data, ...; then delete KEYS[1] when given.
+_PUBLISH_ALL = """
+for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+if #KEYS > 0 then redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_PUBLISH_ALL_SHA = hashlib.sha1(_PUBLISH_ALL.encode()).hexdigest()
 
 class RedisBus(AsyncResource):
     """Implements `realtime.bus.Bus` on Redis pub/sub (redis-py asyncio).
@@ -225,6 +232,27 @@ class RedisBus(AsyncResource):
             pipe.expire(full_key, self._replay_ttl)
             await pipe.execute()
 
+    async def publish_all(
+        self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
+    ) -> None:
+        args: list[Any] = []
+        for channel, data in messages:
+            if not isinstance(data, bytes):
+                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+            args += (self.prefix + channel, data)
+        keys = [] if clear_key is None else [self.prefix + clear_key]
+        async with self._command(f"publish of {len(messages)} messages") as client:
+            await self._script(client, _PUBLISH_ALL, _PUBLISH_ALL_SHA, keys, args)
+
+    async def _script(
+        self, client: Redis, script: str, sha: str, keys: list[str], args: list[Any]
+    ) -> None:
+        try:
+            await client.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:  # a restarted (or flushed) Redis: load the script again
+            await client.script_load(script)
+            await client.evalsha(sha, len(keys), *keys, *args)
+
     async def publish_replayed(self, channel: str, key: str, data: bytes, limit: int) -> None:
         if not isinstance(data, bytes):
             raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
@@ -232,13 +260,11 @@ class RedisBus(AsyncResource):
             raise ValueError("replay limit must be at least 1")
         # One script: one command to encode and one reply to parse, instead of a MULTI of four
         # (six replies); its commands run in order, so the append precedes the publish.
-        args = (self.prefix + key, data, int(limit), int(self._replay_ttl), self.prefix + channel)
+        args: list[Any] = [data, int(limit), int(self._replay_ttl), self.prefix + channel]
         async with self._command(f"publish to {channel!r} with replay {key!r}") as client:
-            try:
-                await client.evalsha(_PUBLISH_REPLAYED_SHA, 1, *args)
-            except NoScriptError:  # a restarted (or flushed) Redis: load the script again
-                await client.script_load(_PUBLISH_REPLAYED)
-                await client.evalsha(_PUBLISH_REPLAYED_SHA, 1, *args)
+            await self._script(
+                client, _PUBLISH_REPLAYED, _PUBLISH_REPLAYED_SHA, [self.prefix + key], args
+            )
 
     async def read_replay(self, key: str) -> list[bytes]:
         async with self._command(f"read of replay {key!r}") as client:

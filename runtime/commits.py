@@ -50,9 +50,9 @@ async def _commit(
         telemetry.safe_add(telemetry.RUNS, 1, {"event": change.run.status.value})
     elif then is not None:
         state.enter(then)
-    await deps.publisher.invalidate(deps.thread_id, version)
-    # The commit holds every chunk so far: late joiners get the snapshot, not a replay.
-    await deps.publisher.clear_replay(deps.thread_id)
+    # The invalidation, and the replay cleared: the commit holds every chunk so far, late
+    # joiners get the snapshot, not a replay (one bus operation).
+    await deps.publisher.committed(deps.thread_id, version)
     return version
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -59,10 +59,7 @@ class Publisher:
         operation = self._bus.publish_replayed(
             thread_channel(thread_id), replay_key(thread_id), data, self._replay_limit
         )
-        if not await self._attempt("chunk", operation):
-            return False
-        safe_add(PUBLISHED, 1, {"kind": "replay"})
-        return True
+        return await self._attempt("chunk", operation, also=("replay",))
 
     async def invalidate(self, thread_id: str, version: int) -> bool:
         published = await self._publish(
@@ -74,14 +71,35 @@ class Publisher:
             return published
         return await self._announce(thread_id, version) and published
 
-    async def _announce(self, thread_id: str, version: int) -> bool:
+    async def committed(self, thread_id: str, version: int) -> bool:
+        """After a runtime commit: `invalidate`, then `clear_replay` (the commit holds every
+        chunk so far: late joiners get the snapshot, not a replay), as one bus operation."""
+        invalidate = InvalidateEnvelope(thread_id=thread_id, version=version)
+        messages = [(thread_channel(thread_id), encode(invalidate))]
+        kinds = ["invalidate"]
+        scope, known = await self._scope(thread_id)
+        if scope is not None:
+            envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
+            messages.append((scope_channel(scope), encode(envelope)))
+            kinds.append("scope_invalidate")
+        kinds.append("clear_replay")
+        operation = self._bus.publish_all(messages, replay_key(thread_id))
+        return await self._attempt(kinds[0], operation, also=kinds[1:]) and known
+
+    async def _scope(self, thread_id: str) -> tuple[str | None, bool]:
+        """(the scope to announce an invalidation on, or None; False when it is unknown)."""
+        if self._scope_of is None:
+            return None, True
         try:
-            scope = await self._scope_of(thread_id) if self._scope_of is not None else None
+            return await self._scope_of(thread_id), True
         except Exception as exc:  # storage hiccup: the inbox resyncs, the run goes on
             log.warning("scope of thread %s unknown, not announced: %s", thread_id, exc)
-            return False
+            return None, False
+
+    async def _announce(self, thread_id: str, version: int) -> bool:
+        scope, known = await self._scope(thread_id)
         if scope is None:
-            return True
+            return known
         envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
         return await self._publish(scope_channel(scope), "scope_invalidate", envelope)
 
@@ -98,7 +116,10 @@ class Publisher:
     async def _publish(self, channel: str, kind: str, envelope: BaseModel) -> bool:
         return await self._attempt(kind, self._bus.publish(channel, encode(envelope)))
 
-    async def _attempt(self, kind: str, operation: Awaitable[None]) -> bool:
+    async def _attempt(
+        self, kind: str, operation: Awaitable[None], also: Sequence[str] = ()
+    ) -> bool:
+        """`also`: more kinds the operation published (counted once it succeeded)."""
         try:
             await operation
         except Exception as exc:
@@ -107,7 +128,8 @@ class Publisher:
                 log.warning("realtime %s failed (best effort, continuing): %s", kind, exc)
             self._failing = True
             return False
-        safe_add(PUBLISHED, 1, {"kind": kind})
+        for published in (kind, *also):
+            safe_add(PUBLISHED, 1, {"kind": published})
         if self._failing:
             log.info("realtime publishing works again")
             self._failing = False

@@ -6,12 +6,18 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
+import orjson
 import pytest
 
 from realtime import connect_bus, open_bus
 from realtime.bus import Bus, Subscription
-from realtime.channels import replay_key, thread_channel
-from realtime.envelopes import ChunkEnvelope, decode_thread_message, encode
+from realtime.channels import replay_key, scope_channel, thread_channel
+from realtime.envelopes import (
+    ChunkEnvelope,
+    InvalidateEnvelope,
+    decode_thread_message,
+    encode,
+)
 from realtime.errors import BusClosedError, BusUnavailableError
 from realtime.memory import MemoryBus
 from realtime.redis import RedisBus
@@ -188,6 +194,41 @@ async def test_publish_replayed_appends_then_publishes(bus: Bus) -> None:
         await bus.publish_replayed(thread_channel("pr"), key, "text", limit=3)  # type: ignore[arg-type]
 
 
+async def test_publish_all_publishes_in_order_then_clears(bus: Bus) -> None:
+    key = replay_key("pa")
+    await bus.append_replay(key, b"old", limit=5)
+    async with bus.subscribe("a") as first, bus.subscribe("b") as second:
+        await bus.publish_all([("a", b"1"), ("b", b"2"), ("a", b"3")], key)
+        assert await take(first, 2) == [b"1", b"3"]
+        assert await take(second, 1) == [b"2"]
+        assert await bus.read_replay(key) == []
+        await bus.append_replay(key, b"kept", limit=5)
+        await bus.publish_all([("a", b"4")])  # no key: nothing cleared
+        assert await take(first, 1) == [b"4"]
+    assert await bus.read_replay(key) == [b"kept"]
+    with pytest.raises(TypeError):
+        await bus.publish_all([("a", b"ok"), ("a", "text")])  # type: ignore[list-item]
+
+
+async def test_publisher_committed_invalidates_and_clears_the_replay(bus: Bus) -> None:
+    async def scope_of(thread_id: str) -> str:
+        return "acme"
+
+    publisher = Publisher(bus, scope_of=scope_of)
+    assert await publisher.chunk("t9", "r", 0, {"type": "text-delta", "delta": "x"})
+    async with bus.subscribe(thread_channel("t9")) as live, bus.subscribe(
+        scope_channel("acme")
+    ) as scope:
+        assert await publisher.committed("t9", 4)
+        assert decode_thread_message((await take(live, 1))[0]) == InvalidateEnvelope(
+            thread_id="t9", version=4
+        )
+        assert orjson.loads((await take(scope, 1))[0]) == {
+            "type": "scope.invalidate", "scope": "acme", "thread_id": "t9", "version": 4
+        }
+    assert await bus.read_replay(replay_key("t9")) == []
+
+
 async def test_replay_rejects_a_non_positive_limit(bus: Bus) -> None:
     with pytest.raises(ValueError):
         await bus.append_replay(replay_key("bad"), b"x", limit=0)
@@ -298,6 +339,10 @@ async def test_redis_publish_replayed_reloads_its_script(redis_bus: RedisBus) ->
             await admin.script_flush()
         await redis_bus.publish_replayed(thread_channel("flushed"), key, b"b", limit=5)
         assert await take(subscription, 2) == [b"a", b"b"]
+        async with admin_redis() as admin:
+            await admin.script_flush()
+        await redis_bus.publish_all([(thread_channel("flushed"), b"c")])
+        assert await take(subscription, 1) == [b"c"]
     assert await redis_bus.read_replay(key) == [b"a", b"b"]
 
 
