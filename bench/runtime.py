@@ -1,15 +1,21 @@
-"""Runtime benchmark: added latency per chunk (model delta -> published canonical chunk) and runs
-per second with the demo model at zero delay. Prints its figures; asserts nothing.
+"""Runtime benchmark: CPU per demo run, runs per second, added latency per chunk (model delta ->
+published canonical chunk) and thread-length scaling, with the demo model at zero delay.
+Prints its figures; asserts nothing.
 
-    python bench/runtime.py [--chunks 400] [--runs 200] [--threads 8] [--postgres ADMIN_DSN]
-                            [--redis URL] [--scale-out]
+    python bench/runtime.py [--quick] [--chunks 400] [--runs 240] [--threads 8]
+                            [--seq-runs 40] [--lengths 10,200,2000]
+                            [--postgres ADMIN_DSN] [--redis URL] [--scale-out]
+                            [--profile FILE]
 
 With --postgres the benchmark creates a database of its own through ADMIN_DSN and drops it after.
 --scale-out adds the Postgres + Redis column on a throwaway cluster and redis-server of the
 run's own (for whichever of --postgres / --redis is not given).
 
-Both figures are measured side by side in one run for the embedded default (SQLite + in-process
+Every figure is measured side by side in one run for the embedded default (SQLite + in-process
 bus) and, when given, for Postgres + Redis, so ratios are comparable on a noisy machine.
+CPU is this process's (worker, service and the driving client in one process; for Postgres +
+Redis the servers' own CPU is not included). --profile FILE writes a cProfile of the
+sequential runs on the 200-message thread (embedded; the first length without 200) to FILE.
 """
 
 from __future__ import annotations
@@ -17,14 +23,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -34,18 +41,21 @@ os.environ["THREADLINE_DEMO_DELAY_MS"] = "0"
 import common  # bench/common.py, next to this script
 
 from realtime import open_bus
+from realtime.bus import Bus
 from realtime.channels import thread_channel
 from runtime.agent import Agent
 from runtime.demo import demo_agent
-from runtime.domain import Principal, Role
+from runtime.domain import MessageRole, NewMessage, Principal, Role, RunStatus, TextPart
 from runtime.providers.base import FinishDelta, ModelDelta, ModelRequest, TextDelta
 from runtime.providers.scripted import FunctionModel
 from runtime.publisher import Publisher
 from runtime.service import ThreadService
 from runtime.storage import open_store
+from runtime.storage.base import RunChange, StepCommit, Store
 from runtime.worker import Worker
 
 PRINCIPAL = Principal(subject="bench", role=Role.USER, scopes=frozenset({"bench"}))
+SCOPE = "bench"
 
 
 async def chunk_latency(store_url: str, redis_url: str | None, chunks: int) -> list[float]:
@@ -63,7 +73,7 @@ async def chunk_latency(store_url: str, redis_url: str | None, chunks: int) -> l
     agent = Agent(model=FunctionModel(model))
     async with open_store(store_url) as store, open_bus(redis_url, prefix="bench:") as bus:
         service = ThreadService(store, Publisher(bus), agent)
-        async with Worker(store, bus, agent, poll_interval=0.05):
+        async with Worker(store, bus, agent):
             thread = await service.create_thread(PRINCIPAL, title="latency")
             thread_id = thread.thread.id
             done = asyncio.Event()
@@ -87,53 +97,148 @@ async def chunk_latency(store_url: str, redis_url: str | None, chunks: int) -> l
     return [r - y for y, r in zip(yielded, received, strict=False)]
 
 
+async def prefill(store: Store, thread_id: str, messages: int) -> None:
+    """Grow an idle thread to `messages` messages (alternating user and assistant text) through
+    the store's own fenced commits, quickly: one run appends them in batches."""
+    if messages <= 0:
+        return
+    admission = await store.submit_input(thread_id, [SCOPE], text="q0", submitted_by="bench")
+    assert admission.run_id is not None
+    lease = await store.acquire_run_lease(admission.run_id, "bench-prefill", 60.0)
+    assert lease is not None
+    await store.start_episode(lease)
+    made = 1
+    while made < messages:
+        batch = []
+        for n in range(made, min(messages, made + 100)):
+            role = MessageRole.USER if n % 2 == 0 else MessageRole.ASSISTANT
+            words = f"{'question' if n % 2 == 0 else 'answer'} number {n} " * 4
+            batch.append(NewMessage(role=role, parts=(TextPart(text=words),)))
+        made += len(batch)
+        last = made >= messages
+        change = RunChange(status=RunStatus.COMPLETED) if last else None
+        await store.commit(lease, StepCommit(append=tuple(batch), run=change))
+    if messages == 1:
+        await store.commit(lease, StepCommit(run=RunChange(status=RunStatus.COMPLETED)))
+    await store.release_lease(lease)
+
+
+async def until_ended(frames: AsyncIterator[bytes], store: Store, run_id: str, after: int) -> None:
+    """Like a client: wait for invalidations, and read the run once one is recent enough for an
+    echo run to have ended (start, step commit and completion follow the admission)."""
+    async with asyncio.timeout(30):  # one deadline per run, not one timer per frame
+        while True:
+            frame = orjson.loads(await anext(frames))
+            if frame["type"] != "invalidate" or frame["version"] < after + 3:
+                continue
+            if (await store.get_run(run_id)).status.is_terminal:
+                return
+
+
+async def drive(
+    service: ThreadService, bus: Bus, store: Store, thread_id: str, runs: int
+) -> int:
+    """`runs` demo runs one after another on one thread; returns how many ended."""
+    async with bus.subscribe(thread_channel(thread_id)) as subscription:
+        frames = aiter(subscription)
+        for n in range(runs):
+            admission = await service.send_message(PRINCIPAL, thread_id, f"hello number {n}")
+            assert admission.run_id is not None
+            await until_ended(frames, store, admission.run_id, admission.version)
+    return runs
+
+
+@dataclass
+class Sequential:
+    length: int
+    cpu_ms: float  # process CPU per run
+    wall_ms: float  # wall time per run
+
+
+async def sequential_runs(
+    store_url: str,
+    redis_url: str | None,
+    lengths: list[int],
+    runs: int,
+    profile: cProfile.Profile | None = None,
+) -> list[Sequential]:
+    """Per thread length: CPU and wall time per run, runs one at a time. The runs are spread
+    over threads of that length, ten per thread, so a thread grows by at most 20 messages."""
+    agent = demo_agent()
+    rows = []
+    async with open_store(store_url) as store, open_bus(redis_url, prefix="bench:") as bus:
+        service = ThreadService(store, Publisher(bus), agent)
+        for length in lengths:
+            threads = []
+            for i in range(max(1, runs // 10)):
+                thread = await service.create_thread(PRINCIPAL, title=f"len{length}-{i}")
+                await prefill(store, thread.thread.id, length)
+                threads.append(thread.thread.id)
+            async with Worker(store, bus, agent):
+                # One warm-up run per thread (first queries, caches), not measured.
+                for thread_id in threads:
+                    await drive(service, bus, store, thread_id, 1)
+                share = max(1, runs // len(threads))
+                profiled = 200 if 200 in lengths else lengths[0]
+                profiling = profile is not None and length == profiled
+                cpu, wall = time.process_time(), time.perf_counter()
+                if profiling:
+                    assert profile is not None
+                    profile.enable()
+                for thread_id in threads:
+                    await drive(service, bus, store, thread_id, share)
+                if profiling:
+                    assert profile is not None
+                    profile.disable()
+                done = share * len(threads)
+                cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            rows.append(Sequential(length, cpu / done * 1e3, wall / done * 1e3))
+    return rows
+
+
 async def runs_per_second(
     store_url: str, redis_url: str | None, runs: int, threads: int
-) -> tuple[float, int]:
+) -> tuple[float, int, float]:
+    """(runs/s, runs, process CPU ms per run) with `threads` threads running concurrently."""
     agent = demo_agent()
     async with open_store(store_url) as store, open_bus(redis_url, prefix="bench:") as bus:
         service = ThreadService(store, Publisher(bus), agent)
-        async with Worker(store, bus, agent, poll_interval=0.02, max_concurrent_runs=threads):
+        async with Worker(store, bus, agent, max_concurrent_runs=threads):
             ids = [
                 (await service.create_thread(PRINCIPAL, title=f"t{i}")).thread.id
                 for i in range(threads)
             ]
+            await asyncio.gather(*(drive(service, bus, store, t, 1) for t in ids))  # warm-up
             per_thread = max(1, runs // threads)
+            cpu, started = time.process_time(), time.perf_counter()
+            total = sum(
+                await asyncio.gather(*(drive(service, bus, store, t, per_thread) for t in ids))
+            )
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return total / elapsed, total, cpu / total * 1e3
 
-            async def drive(thread_id: str) -> int:
-                # Like a client: react to invalidations instead of polling storage.
-                completed = 0
-                async with bus.subscribe(thread_channel(thread_id)) as subscription:
-                    frames = aiter(subscription)
-                    for n in range(per_thread):
-                        await service.send_message(PRINCIPAL, thread_id, f"hello number {n}")
-                        while True:
-                            frame = orjson.loads(await asyncio.wait_for(anext(frames), 30))
-                            if frame["type"] != "invalidate":
-                                continue
-                            snap = await store.snapshot(thread_id, PRINCIPAL.scopes)
-                            if snap.run is not None and snap.run.status.is_terminal:
-                                break
-                        completed += 1
-                return completed
 
-            started = time.perf_counter()
-            total = sum(await asyncio.gather(*(drive(t) for t in ids)))
-            elapsed = time.perf_counter() - started
-    return total / elapsed, total
+def parse_lengths(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small counts, for the smoke test")
     parser.add_argument("--chunks", type=int, default=400)
-    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=240, help="runs for runs/s (concurrent)")
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--seq-runs", type=int, default=40, help="sequential runs per length")
+    parser.add_argument("--lengths", type=parse_lengths, default=[10, 200, 2000])
     parser.add_argument("--postgres", help="DSN of a database to use for the scale-out column")
     parser.add_argument("--redis", help="Redis URL for the scale-out column")
     parser.add_argument(
         "--scale-out", action="store_true", help="own Postgres/Redis for the scale-out column"
     )
+    parser.add_argument("--profile", help="write a cProfile of the embedded 200-message runs")
     args = parser.parse_args()
+    if args.quick:
+        args.chunks, args.runs, args.seq_runs = 60, 24, 10
     async with contextlib.AsyncExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         if args.scale_out:
@@ -146,15 +251,39 @@ async def main() -> None:
         if args.postgres:
             dsn = await stack.enter_async_context(common.own_database(args.postgres))
             setups.append(("postgres+redis", dsn, args.redis))
-        print(f"{'setup':16} {'chunk p50 µs':>13} {'chunk p99 µs':>13} {'runs/s':>9}")
+        profile = cProfile.Profile() if args.profile else None
+        throughput: list[str] = []
+        scaling: dict[str, list[Sequential]] = {}
         for name, store_url, redis_url in setups:
             latencies = await chunk_latency(store_url, redis_url, args.chunks)
-            rate, total = await runs_per_second(store_url, redis_url, args.runs, args.threads)
-            row: dict[str, Any] = {
-                "p50": statistics.median(latencies) * 1e6,
-                "p99": common.pct(latencies, 0.99) * 1e6,
-            }
-            print(f"{name:16} {row['p50']:13.0f} {row['p99']:13.0f} {rate:9.1f}  ({total} runs)")
+            rate, total, cpu = await runs_per_second(
+                store_url, redis_url, args.runs, args.threads
+            )
+            p50 = statistics.median(latencies) * 1e6
+            p99 = common.pct(latencies, 0.99) * 1e6
+            throughput.append(
+                f"{name:16} {p50:13.0f} {p99:13.0f} {rate:9.1f} {cpu:12.2f}  ({total} runs,"
+                f" {args.threads} threads)"
+            )
+            scaling[name] = await sequential_runs(
+                store_url, redis_url, args.lengths, args.seq_runs,
+                profile if name == "sqlite+memory" else None,
+            )
+        print(f"{'setup':16} {'chunk p50 µs':>13} {'chunk p99 µs':>13} {'runs/s':>9}"
+              f" {'CPU ms/run':>12}")
+        print("\n".join(throughput))
+        print()
+        print("sequential runs by thread length (messages before the run): CPU ms/run, wall ms/run")
+        names = list(scaling)
+        print(f"{'messages':>8} " + " ".join(f"{n + ' CPU':>20} {n + ' wall':>20}" for n in names))
+        for i, length in enumerate(args.lengths):
+            cells = " ".join(
+                f"{scaling[n][i].cpu_ms:20.2f} {scaling[n][i].wall_ms:20.2f}" for n in names
+            )
+            print(f"{length:8d} {cells}")
+        if profile is not None:
+            profile.dump_stats(args.profile)
+            print(f"\nprofile written to {args.profile}", file=sys.stderr)
 
 
 if __name__ == "__main__":

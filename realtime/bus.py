@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
@@ -37,6 +37,21 @@ class Bus(Protocol):
     ) -> None: ...
     async def read_replay(self, key: str) -> list[bytes]: ...
     async def clear_replay(self, key: str) -> None: ...
+
+    async def publish_all(
+        self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
+    ) -> None:
+        """Publish each `(channel, data)` in order, then `clear_replay(clear_key)` when given,
+        as one operation (one round trip on Redis)."""
+        ...
+
+    async def publish_replayed(
+        self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
+    ) -> None:
+        """`append_replay(key, data, limit, max_bytes)`, then `publish(channel, data)`, as one
+        operation (one round trip on Redis). Appended first: a late joiner that subscribes and
+        then reads the replay buffer misses nothing."""
+        ...
 
     @property
     def healthy(self) -> bool:

@@ -89,6 +89,29 @@ def encode(envelope: BaseModel) -> bytes:
     return orjson.dumps(envelope.model_dump())
 
 
+def encode_chunk(
+    thread_id: str, run_id: str, seq: int, episode: int, chunk: dict[str, Any]
+) -> bytes:
+    """`encode(ChunkEnvelope(...))`, byte for byte, without building the model: the runtime
+    calls it once per streamed chunk. The same checks as the model's, as `ValueError`."""
+    if not isinstance(thread_id, str) or not isinstance(run_id, str):
+        raise ValueError("thread_id and run_id must be strings")
+    if type(seq) is not int or type(episode) is not int or seq < 0 or episode < 0:
+        raise ValueError("seq and episode must be integers >= 0")
+    if not isinstance(chunk, dict):
+        raise ValueError("chunk must be a dict")
+    return orjson.dumps(
+        {
+            "type": "chunk",
+            "thread_id": thread_id,
+            "run_id": run_id,
+            "seq": seq,
+            "episode": episode,
+            "chunk": chunk,
+        }
+    )
+
+
 def decode_thread_message(data: bytes) -> ChunkEnvelope | InvalidateEnvelope:
     """Parse a thread-channel message; raises `pydantic.ValidationError` on anything else."""
     return THREAD_MESSAGE_ADAPTER.validate_json(data)

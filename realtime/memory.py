@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from realtime.base import (
@@ -101,6 +101,25 @@ class MemoryBus(AsyncResource):
     def subscriber_count(self, channel: str) -> int:
         """Local subscriptions of `channel` (the hub keeps this at one per thread)."""
         return self._subscriptions.count(channel)
+
+    async def publish_all(
+        self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
+    ) -> None:
+        for _, data in messages:
+            if not isinstance(data, bytes):
+                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        for channel, data in messages:
+            await self.publish(channel, data)
+        if clear_key is not None:
+            await self.clear_replay(clear_key)
+
+    async def publish_replayed(
+        self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
+    ) -> None:
+        if not isinstance(data, bytes):
+            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        await self.append_replay(key, data, limit, max_bytes)
+        await self.publish(channel, data)
 
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, cast
 
@@ -14,7 +15,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from realtime.base import (
     DEFAULT_MAX_QUEUE,
@@ -35,10 +36,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_REPLAY_TTL = 3600
 
-# KEYS: the replay list, its byte total. ARGV: entry, max entries, max bytes (0: none), TTL.
-# A list of one entry is new (or was cleared or expired): its total restarts from that entry,
-# so a stale total never outlives its list. The newest entry is never trimmed.
-_APPEND_REPLAY = """
+# KEYS: the replay list, its byte total. ARGV: entry, max entries, max bytes (0: none), TTL
+# (and, for `publish_replayed`, the channel). A list of one entry is new (or was cleared or
+# expired): its total restarts from that entry, so a stale total never outlives its list. The
+# newest entry is never trimmed.
+_APPEND = """
 local count = redis.call('RPUSH', KEYS[1], ARGV[1])
 local size
 if count == 1 then
@@ -55,14 +57,27 @@ while count > 1 and (count > limit or (max_bytes > 0 and size > max_bytes)) do
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
-return size
 """
+_APPEND_REPLAY = _APPEND + "return size\n"
+_APPEND_REPLAY_SHA = hashlib.sha1(_APPEND_REPLAY.encode()).hexdigest()
+# `publish_replayed`: the append above, then the publish, in one script (one round trip; its
+# commands run in order, so the append precedes the publish).
+_PUBLISH_REPLAYED = _APPEND + "return redis.call('PUBLISH', ARGV[5], ARGV[1])\n"
+_PUBLISH_REPLAYED_SHA = hashlib.sha1(_PUBLISH_REPLAYED.encode()).hexdigest()
 
 
 async def _close_quietly(pubsub: PubSub) -> None:
     with suppress(Exception):
         await pubsub.aclose()
 
+
+# `publish_all`: ARGV channel, data, channel, data, ...; then delete KEYS[1] when given.
+_PUBLISH_ALL = """
+for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+if #KEYS > 0 then redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_PUBLISH_ALL_SHA = hashlib.sha1(_PUBLISH_ALL.encode()).hexdigest()
 
 class RedisBus(AsyncResource):
     """Implements `realtime.bus.Bus` on Redis pub/sub (redis-py asyncio).
@@ -229,19 +244,55 @@ class RedisBus(AsyncResource):
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None
     ) -> None:
         check_replay_bounds(limit, max_bytes)
-        full_key = self.prefix + key
+        # One script: append, trim by count and bytes, expire, atomically. The byte total lives
+        # in a companion key (`<key>:bytes`) that expires with the list.
         async with self._command(f"append to replay {key!r}") as client:
-            # One script: append, trim by count and bytes, expire, atomically. The byte total
-            # lives in a companion key (`<key>:bytes`) that expires with the list.
-            await client.eval(
+            await self._script(
+                client,
                 _APPEND_REPLAY,
-                2,
-                full_key,
-                full_key + ":bytes",
-                data,
-                limit,
-                0 if max_bytes is None else max_bytes,
-                self._replay_ttl,
+                _APPEND_REPLAY_SHA,
+                self._replay_keys(key),
+                self._append_args(data, limit, max_bytes),
+            )
+
+    def _replay_keys(self, key: str) -> list[str]:
+        full_key = self.prefix + key
+        return [full_key, full_key + ":bytes"]
+
+    def _append_args(self, data: bytes, limit: int, max_bytes: int | None) -> list[Any]:
+        return [data, int(limit), 0 if max_bytes is None else int(max_bytes), self._replay_ttl]
+
+    async def publish_all(
+        self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
+    ) -> None:
+        args: list[Any] = []
+        for channel, data in messages:
+            if not isinstance(data, bytes):
+                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+            args += (self.prefix + channel, data)
+        keys = [] if clear_key is None else [self.prefix + clear_key]
+        async with self._command(f"publish of {len(messages)} messages") as client:
+            await self._script(client, _PUBLISH_ALL, _PUBLISH_ALL_SHA, keys, args)
+
+    async def _script(
+        self, client: Redis, script: str, sha: str, keys: list[str], args: list[Any]
+    ) -> None:
+        try:
+            await client.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:  # a restarted (or flushed) Redis: load the script again
+            await client.script_load(script)
+            await client.evalsha(sha, len(keys), *keys, *args)
+
+    async def publish_replayed(
+        self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
+    ) -> None:
+        if not isinstance(data, bytes):
+            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        check_replay_bounds(limit, max_bytes)
+        args = [*self._append_args(data, limit, max_bytes), self.prefix + channel]
+        async with self._command(f"publish to {channel!r} with replay {key!r}") as client:
+            await self._script(
+                client, _PUBLISH_REPLAYED, _PUBLISH_REPLAYED_SHA, self._replay_keys(key), args
             )
 
     async def read_replay(self, key: str) -> list[bytes]:

@@ -50,9 +50,9 @@ async def _commit(
         telemetry.safe_add(telemetry.RUNS, 1, {"event": change.run.status.value})
     elif then is not None:
         state.enter(then)
-    await deps.publisher.invalidate(deps.thread_id, version)
-    # The commit holds every chunk so far: late joiners get the snapshot, not a replay.
-    await deps.publisher.clear_replay(deps.thread_id)
+    # The invalidation, and the replay cleared: the commit holds every chunk so far, late
+    # joiners get the snapshot, not a replay (one bus operation).
+    await deps.publisher.committed(deps.thread_id, version)
     return version
 
 
@@ -103,7 +103,12 @@ async def _final_work(
     parts = list(tail.parts)
     if kind is Finalisation.UPDATE_RESUMED_TAIL and state.tools is not None:
         parts = overlay_parts(parts, state.tools.parts)
-    if not any(isinstance(p, ToolCallPart) and not p.state.is_final for p in parts):
+    # Nothing to write only when nothing is open and nothing differs from the committed tail:
+    # tools that finished after their `running` commit, but before the step's, must have
+    # their results committed, or the ended run would keep them `running`.
+    if parts == list(tail.parts) and not any(
+        isinstance(p, ToolCallPart) and not p.state.is_final for p in parts
+    ):
         return StepCommit()
     closed = await _close_parts(deps, state, parts, cancel_hooks)
     return StepCommit(update_tail=TailUpdate(message_id=tail.id, parts=tuple(closed)))

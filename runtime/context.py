@@ -4,31 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.domain import Message, MessageRole, Visibility
+from runtime.domain import Message, MessageRole
+from runtime.history import HistoryCache, context_of
 from runtime.providers.base import ContextMessage
 from runtime.storage.base import Store
 
 
 def to_context(messages: Sequence[Message]) -> list[ContextMessage]:
     """Visible messages as model context; hidden ones never reach a model."""
-    return [
-        ContextMessage(role=m.role, parts=m.parts)
-        for m in messages
-        if m.visibility is Visibility.VISIBLE and m.parts
-    ]
+    return [c for c in map(context_of, messages) if c is not None]
 
 
 class DurableContext:
-    """The leaf of resolve_model_context: reads storage lazily, capped at the anchor."""
+    """The leaf of resolve_model_context: reads storage lazily, capped at the anchor. Parsed
+    messages come from the worker's `HistoryCache`: only the thread's tail is read."""
 
-    def __init__(self, store: Store, thread_id: str, anchor: int) -> None:
+    def __init__(
+        self, store: Store, thread_id: str, anchor: int, history: HistoryCache | None = None
+    ) -> None:
         self._store = store
         self._thread_id = thread_id
         self.anchor = anchor
+        self._history = history if history is not None else HistoryCache()
 
     async def __call__(self) -> list[ContextMessage]:
-        messages = await self._store.list_messages(self._thread_id, up_to_position=self.anchor)
-        return to_context(messages)
+        return await self._history.context(self._store, self._thread_id, self.anchor)
 
 
 def last_user_text(messages: Sequence[Message]) -> str:

@@ -23,6 +23,7 @@ from runtime.domain import (
 )
 from runtime.episode_state import EpisodeDeps, EpisodeState, Phase
 from runtime.errors import LeaseLost, Unavailable
+from runtime.history import HistoryCache
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.phases import (
     RunFailed,
@@ -35,7 +36,7 @@ from runtime.phases import (
     runtime_context,
 )
 from runtime.publisher import Publisher
-from runtime.storage.base import RunChange, StepCommit, Store
+from runtime.storage.base import EpisodeStart, RunChange, StepCommit, Store
 from runtime.streaming import ChunkSink
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,11 @@ class Episode:
         agent: Agent,
         lifecycle: AgentLifecycle,
         lease: Lease,
+        history: HistoryCache | None = None,
     ) -> None:
-        self.deps = EpisodeDeps(store, publisher, agent, lifecycle, lease)
+        self.deps = EpisodeDeps(
+            store, publisher, agent, lifecycle, lease, history or HistoryCache()
+        )
         self.run_id = lease.resource_id
         self.thread_id = lease.thread_id
         self.stop_requested = asyncio.Event()
@@ -66,6 +70,8 @@ class Episode:
         self.state: EpisodeState | None = None
         # Why this episode failed its run, if it did (for the episode span's status).
         self.failure: BaseException | None = None
+        # The thread's messages as the episode started (None: to be read).
+        self._messages: list[Message] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -101,8 +107,8 @@ class Episode:
         # start_episode runs before the stop is watched: nothing cancels it, and a stop that
         # arrives meanwhile is seen right after.
         try:
-            before = await self.deps.store.get_run(self.run_id)
-            self.state = state = await self._start(before)
+            started = await self._begin()
+            self.state = state = await self._start(started)
         except (LeaseLost, Unavailable):
             self.lease_lost = True
             return None
@@ -113,7 +119,7 @@ class Episode:
             return None
         if state.ended:
             return None  # the run ended (stopped while queued) before this episode started it
-        body = asyncio.create_task(self._guarded(self._body(state, before), state))
+        body = asyncio.create_task(self._guarded(self._body(state, started), state))
         stop = asyncio.create_task(self.stop_requested.wait())
         try:
             await asyncio.wait({body, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -131,10 +137,18 @@ class Episode:
 
     # --- start -----------------------------------------------------------------------------
 
-    async def _start(self, before: Run) -> EpisodeState:
-        """start_episode: fenced, +1 episode, queued -> running (+1 version when it changed)."""
+    async def _begin(self) -> EpisodeStart:
+        """start_episode and the reads the episode starts from, in one transaction; the
+        thread's messages are read from its tail cached by the worker (`HistoryCache`)."""
         deps = self.deps
-        run, version = await deps.store.start_episode(deps.lease)
+        history_from = deps.history.read_from(self.thread_id)
+        started = await deps.store.begin_episode(deps.lease, history_from or 0)
+        self._messages = deps.history.apply(self.thread_id, history_from, started.history)
+        return started
+
+    async def _start(self, started: EpisodeStart) -> EpisodeState:
+        """start_episode: fenced, +1 episode, queued -> running (+1 version when it changed)."""
+        deps, before, run, version = self.deps, started.before, started.run, started.version
         sink = ChunkSink(deps.publisher, self.thread_id, self.run_id, run.next_seq, run.episode)
         state = EpisodeState(run=run, sink=sink, anchor=-1)
         if run.status.is_terminal:
@@ -173,11 +187,12 @@ class Episode:
             log.exception("run %s failed", self.run_id)
             await self._finish_failed(state, exc)
 
-    async def _body(self, state: EpisodeState, before: Run) -> None:
+    async def _body(self, state: EpisodeState, started: EpisodeStart) -> None:
         """The run-level phases (runtime_context, prepare_run), then a resume or the steps."""
-        deps, run = self.deps, state.run
-        thread = await deps.store.get_thread(self.thread_id, [run.scope])
-        messages = await deps.store.list_messages(self.thread_id)
+        deps, run, before, thread = self.deps, state.run, started.before, started.thread
+        messages = self._messages
+        if messages is None:  # a history rewrite since the worker cached the thread
+            messages = await deps.history.messages(deps.store, self.thread_id)
         tail = messages[-1] if messages else None
         state.anchor = tail.position if tail is not None else -1
         resumable = _resumable(tail, run.id)
@@ -187,7 +202,7 @@ class Episode:
             # drop them on this chunk, late joiners must not get them replayed.
             await deps.publisher.clear_replay(self.thread_id)
             await state.sink.emit(RunTakeoverChunk(episode=run.episode))
-        step = sum(1 for m in messages if m.run_id == run.id and m.role is MessageRole.ASSISTANT)
+        step = _steps_taken(messages, run)
         run_ctx = await runtime_context(deps, state, thread, step, resumed=resumable is not None)
         if run.stop_requested:
             # A stop that arrived while no worker held the run: only finalisation is left.
@@ -268,6 +283,18 @@ def start_kind(before: Run) -> str:
     if before.status is RunStatus.RUNNING and before.episode > before.resumed_episode:
         return "takeover"
     return "resumed"
+
+
+def _steps_taken(messages: list[Message], run: Run) -> int:
+    """The run's assistant messages so far. They all follow its input message (a run appends
+    only while it is active, after its input), so the count stops there when the run has one."""
+    steps = 0
+    for message in reversed(messages):
+        if message.id == run.input_message_id:
+            break
+        if message.run_id == run.id and message.role is MessageRole.ASSISTANT:
+            steps += 1
+    return steps
 
 
 def _resumable(tail: Message | None, run_id: str) -> Message | None:

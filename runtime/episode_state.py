@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from runtime.agent import Agent
 from runtime.domain import Lease, Run, RunStatus
+from runtime.history import HistoryCache
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.publisher import Publisher
 from runtime.storage.base import Store
@@ -101,6 +102,8 @@ class EpisodeDeps:
     agent: Agent
     lifecycle: AgentLifecycle
     lease: Lease
+    # Parsed messages of the thread, shared by the worker's episodes: reads are tail reads.
+    history: HistoryCache = field(default_factory=HistoryCache)
 
     @property
     def run_id(self) -> str:

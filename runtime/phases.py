@@ -163,7 +163,7 @@ async def resolve_context(
 ) -> list[ContextMessage]:
     """resolve_model_context over the committed messages up to the step-start anchor."""
     state.enter(Phase.CONTEXT)
-    leaf = DurableContext(deps.store, deps.thread_id, state.anchor)
+    leaf = DurableContext(deps.store, deps.thread_id, state.anchor, deps.history)
     return list(await deps.lifecycle.resolve_model_context(ctx.run, leaf))
 
 

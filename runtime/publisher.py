@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -12,10 +11,10 @@ from pydantic import BaseModel
 from realtime.bus import Bus
 from realtime.channels import replay_key, scope_channel, thread_channel
 from realtime.envelopes import (
-    ChunkEnvelope,
     InvalidateEnvelope,
     ScopeInvalidateEnvelope,
     encode,
+    encode_chunk,
 )
 from realtime.telemetry import PUBLISH_ERRORS, PUBLISHED, safe_add
 from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope
@@ -59,23 +58,18 @@ class Publisher:
     async def chunk(
         self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any], *, episode: int = 0
     ) -> bool:
-        """Publish a live chunk and keep it in the thread's replay buffer for late joiners."""
-        envelope = ChunkEnvelope(
-            thread_id=thread_id, run_id=run_id, seq=seq, episode=episode, chunk=chunk
+        """Keep a live chunk in the thread's replay buffer for late joiners and publish it, in
+        one bus operation (one round trip on Redis); ordering across calls holds because each
+        call finishes before the runtime publishes the next chunk."""
+        data = encode_chunk(thread_id, run_id, seq, episode, chunk)
+        operation = self._bus.publish_replayed(
+            thread_channel(thread_id),
+            replay_key(thread_id),
+            data,
+            self._replay_limit,
+            self._replay_max_bytes,
         )
-        data = encode(envelope)
-        # Concurrent: two independent round trips; ordering across calls holds because each
-        # call finishes both before the runtime publishes the next chunk.
-        published, appended = await asyncio.gather(
-            self._attempt("chunk", self._bus.publish(thread_channel(thread_id), data)),
-            self._attempt(
-                "replay",
-                self._bus.append_replay(
-                    replay_key(thread_id), data, self._replay_limit, self._replay_max_bytes
-                ),
-            ),
-        )
-        return published and appended
+        return await self._attempt("chunk", operation, also=("replay",))
 
     async def invalidate(self, thread_id: str, version: int) -> bool:
         published = await self._publish(
@@ -87,14 +81,35 @@ class Publisher:
             return published
         return await self._announce(thread_id, version) and published
 
-    async def _announce(self, thread_id: str, version: int) -> bool:
+    async def committed(self, thread_id: str, version: int) -> bool:
+        """After a runtime commit: `invalidate`, then `clear_replay` (the commit holds every
+        chunk so far: late joiners get the snapshot, not a replay), as one bus operation."""
+        invalidate = InvalidateEnvelope(thread_id=thread_id, version=version)
+        messages = [(thread_channel(thread_id), encode(invalidate))]
+        kinds = ["invalidate"]
+        scope, known = await self._scope(thread_id)
+        if scope is not None:
+            envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
+            messages.append((scope_channel(scope), encode(envelope)))
+            kinds.append("scope_invalidate")
+        kinds.append("clear_replay")
+        operation = self._bus.publish_all(messages, replay_key(thread_id))
+        return await self._attempt(kinds[0], operation, also=kinds[1:]) and known
+
+    async def _scope(self, thread_id: str) -> tuple[str | None, bool]:
+        """(the scope to announce an invalidation on, or None; False when it is unknown)."""
+        if self._scope_of is None:
+            return None, True
         try:
-            scope = await self._scope_of(thread_id) if self._scope_of is not None else None
+            return await self._scope_of(thread_id), True
         except Exception as exc:  # storage hiccup: the inbox resyncs, the run goes on
             log.warning("scope of thread %s unknown, not announced: %s", thread_id, exc)
-            return False
+            return None, False
+
+    async def _announce(self, thread_id: str, version: int) -> bool:
+        scope, known = await self._scope(thread_id)
         if scope is None:
-            return True
+            return known
         envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
         return await self._publish(scope_channel(scope), "scope_invalidate", envelope)
 
@@ -111,7 +126,10 @@ class Publisher:
     async def _publish(self, channel: str, kind: str, envelope: BaseModel) -> bool:
         return await self._attempt(kind, self._bus.publish(channel, encode(envelope)))
 
-    async def _attempt(self, kind: str, operation: Awaitable[None]) -> bool:
+    async def _attempt(
+        self, kind: str, operation: Awaitable[None], also: Sequence[str] = ()
+    ) -> bool:
+        """`also`: more kinds the operation published (counted once it succeeded)."""
         try:
             await operation
         except Exception as exc:
@@ -120,7 +138,8 @@ class Publisher:
                 log.warning("realtime %s failed (best effort, continuing): %s", kind, exc)
             self._failing = True
             return False
-        safe_add(PUBLISHED, 1, {"kind": kind})
+        for published in (kind, *also):
+            safe_add(PUBLISHED, 1, {"kind": published})
         if self._failing:
             log.info("realtime publishing works again")
             self._failing = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -74,8 +75,9 @@ class Tool:
     # "Tools and side effects"); any other tool then ends with an "interrupted" error.
     idempotent: bool = False
 
-    @property
+    @functools.cached_property
     def spec(self) -> ToolSpec:
+        # Built once per tool: generating a JSON schema is costly, and every step offers it.
         return ToolSpec(
             name=self.name,
             description=self.description,

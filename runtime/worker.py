@@ -15,6 +15,7 @@ from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decod
 from runtime.domain import RunStatus
 from runtime.episode import Episode
 from runtime.errors import LeaseLost
+from runtime.history import HistoryCache
 from runtime.publisher import DEFAULT_REPLAY_MAX_BYTES, Publisher
 from runtime.scopes import ScopeCache
 from runtime.storage.base import Store
@@ -50,6 +51,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.max_concurrent_runs = max_concurrent_runs
         self.episodes: dict[str, Episode] = {}
+        # Parsed messages of the threads this worker runs (validated by a tail read each time).
+        self.history = HistoryCache()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -139,7 +142,9 @@ class Worker:
             lease = await self.store.acquire_run_lease(run.id, self.owner, self.lease_ttl)
             if lease is None:
                 continue  # another worker won it
-            episode = Episode(self.store, self.publisher, self.agent, self.lifecycle, lease)
+            episode = Episode(
+                self.store, self.publisher, self.agent, self.lifecycle, lease, self.history
+            )
             self.episodes[run.id] = episode
             task = asyncio.create_task(
                 self._run_episode(episode, sent + self.lease_ttl), name=f"episode-{run.id}"

@@ -128,11 +128,31 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
+class _WordCounts:
+    """Word counts of context messages by identity: the runtime hands a step the same parsed
+    message objects as the step before (`runtime/history.py`), so each is counted once, not
+    once per step. Holding the message keeps its id from being reused while it is cached."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._counts: dict[int, tuple[ContextMessage, int]] = {}
+        self._limit = limit
+
+    def __call__(self, message: ContextMessage) -> int:
+        cached = self._counts.get(id(message))
+        if cached is not None and cached[0] is message:
+            return cached[1]
+        count = _words(message_text(message.parts))
+        if len(self._counts) >= self._limit:
+            self._counts.clear()
+        self._counts[id(message)] = (message, count)
+        return count
+
+
+_word_counts = _WordCounts()
+
+
 def _context_words(request: ModelRequest) -> int:
-    total = _words(request.instructions)
-    for message in request.messages:
-        total += _words(message_text(message.parts))
-    return total
+    return _words(request.instructions) + sum(map(_word_counts, request.messages))
 
 
 def split_chunks(text: str) -> list[str]:

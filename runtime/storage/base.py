@@ -124,6 +124,28 @@ class ResolveResult(BaseModel):
     run_resumed: bool
 
 
+class HistoryRead(BaseModel):
+    """Messages of a thread from a position on, with the thread's history epoch: +1 on every
+    history rewrite, so messages before the tail read earlier are still current while it stays
+    the same (appends add positions; only the tail is ever updated otherwise)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    epoch: int
+    messages: tuple[Message, ...]
+
+
+class EpisodeStart(BaseModel):
+    """What `begin_episode` read and did in one transaction: the run before and after
+    `start_episode`, the version after it, the thread, and its messages from a position on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    before: Run
+    run: Run
+    version: int
+    thread: Thread
+    history: HistoryRead
+
+
 class StopResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     thread_id: str
@@ -199,6 +221,10 @@ class Store(Protocol):
     async def list_messages(
         self, thread_id: str, up_to_position: int | None = None
     ) -> list[Message]: ...
+    async def read_history(self, thread_id: str, from_position: int = 0) -> HistoryRead:
+        """Messages at `from_position` and after, and the history epoch (`HistoryRead`);
+        `NotFound` for an unknown thread."""
+        ...
     async def request_stop(self, thread_id: str, scopes: Scopes, run_id: str) -> StopResult: ...
 
     # leases (database clock)
@@ -207,6 +233,11 @@ class Store(Protocol):
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease: ...
     async def release_lease(self, lease: Lease) -> None: ...
     async def start_episode(self, lease: Lease) -> tuple[Run, int]: ...
+    async def begin_episode(self, lease: Lease, history_from: int = 0) -> EpisodeStart:
+        """`start_episode` plus the reads an episode starts with (the run as it was, the
+        thread, `read_history(history_from)`), in the same transaction: one round trip set
+        instead of four."""
+        ...
 
     # fenced runtime writes
     async def commit(self, lease: Lease, commit: StepCommit) -> int: ...
@@ -260,6 +291,8 @@ class Store(Protocol):
 
 
 __all__ = [
+    "EpisodeStart",
+    "HistoryRead",
     "MessageRole",
     "ResolveResult",
     "RewriteResult",

@@ -46,6 +46,9 @@ class Dialect:
     render: Callable[[str], str] = _same
     # SQL for the size in bytes of a TEXT expression (queue bounds are in UTF-8 bytes).
     octets: Callable[[str], str] = _octet_length
+    # The clock `now_sql` reads, readable in-process without a round trip (None: ask the
+    # database). An SQLite file is local: its clock is this machine's wall clock.
+    local_clock: Callable[[], float] | None = None
 
 
 __all__ = ["Dialect"]

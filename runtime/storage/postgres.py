@@ -71,6 +71,16 @@ class _PgConn(Conn):
         await self._connection.execute(script)
 
 
+class _Connection(asyncpg.Connection):  # type: ignore[misc]
+    """A pooled connection. The store keeps no session state on it (no LISTEN, no session
+    settings, no session advisory locks: the migration lock is transaction-scoped), so the
+    reset asyncpg runs on every release would be a round trip per transaction for nothing;
+    an open transaction is still ended on release, as asyncpg always does."""
+
+    def get_reset_query(self) -> str:
+        return ""
+
+
 class PostgresPool:
     """Writes run READ COMMITTED (the dialect's `FOR UPDATE` on the thread row orders them);
     reads (snapshots) run in one REPEATABLE READ read-only transaction."""
@@ -89,7 +99,10 @@ class PostgresPool:
     async def open(self) -> None:
         if self._pool is None:
             self._pool = await asyncpg.create_pool(
-                self.dsn, min_size=self.min_size, max_size=self.max_size
+                self.dsn,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                connection_class=_Connection,
             )
 
     async def close(self) -> None:
@@ -112,6 +125,15 @@ class PostgresPool:
             )
             async with transaction:
                 yield _PgConn(connection)
+
+
+    @asynccontextmanager
+    async def statements(self) -> AsyncIterator[Conn]:
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("PostgresStore is not open")
+        async with pool.acquire() as connection:
+            yield _PgConn(connection)
 
 
 class PostgresStore(SqlStore):

@@ -35,6 +35,8 @@ from runtime.storage import (
 )
 from runtime.storage.base import (
     AdmissionLimits,
+    EpisodeStart,
+    HistoryRead,
     ResolveResult,
     RetryRun,
     RewriteOp,
@@ -191,6 +193,15 @@ class SqlStore(AsyncResource):
     async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         return await self._run(fn, write=False)
 
+    async def _read_statements(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """A read whose every statement is consistent on its own: outside a transaction."""
+
+        async def attempt() -> T:
+            async with self.pool.statements() as conn:
+                return await fn(conn)
+
+        return await self._retry(attempt)
+
     async def _write(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         return await self._run(fn, write=True)
 
@@ -254,6 +265,12 @@ class SqlStore(AsyncResource):
             lambda conn: sql_threads.list_messages(conn, thread_id, up_to_position)
         )
 
+    async def read_history(self, thread_id: str, from_position: int = 0) -> HistoryRead:
+        epoch, messages = await self._read_statements(
+            lambda conn: sql_threads.read_history(conn, thread_id, from_position)
+        )
+        return HistoryRead(epoch=epoch, messages=tuple(messages))
+
     # --- input and queue admission ------------------------------------------------------
 
     async def submit_input(
@@ -298,7 +315,7 @@ class SqlStore(AsyncResource):
     # --- runs ---------------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> Run:
-        return await self._read(lambda conn: sql_runs.get_run(conn, run_id))
+        return await self._read_statements(lambda conn: sql_runs.get_run(conn, run_id))
 
     async def active_run(self, thread_id: str) -> Run | None:
         return await self._read(lambda conn: sql_runs.active_run(conn, thread_id))
@@ -306,7 +323,9 @@ class SqlStore(AsyncResource):
     async def find_runnable_runs(self, limit: int = 10) -> list[Run]:
         if limit <= 0:
             return []
-        return await self._read(lambda conn: sql_runs.find_runnable_runs(conn, limit))
+        # Outside a transaction: the clock read and the query need not be one snapshot (a run
+        # found runnable is leased, checked again, before anything runs it).
+        return await self._read_statements(lambda conn: sql_runs.find_runnable_runs(conn, limit))
 
     async def request_stop(
         self, thread_id: str, scopes: Collection[str], run_id: str
@@ -317,6 +336,9 @@ class SqlStore(AsyncResource):
 
     async def start_episode(self, lease: Lease) -> tuple[Run, int]:
         return await self._write(lambda conn: sql_runs.start_episode(conn, lease))
+
+    async def begin_episode(self, lease: Lease, history_from: int = 0) -> EpisodeStart:
+        return await self._write(lambda conn: sql_runs.begin_episode(conn, lease, history_from))
 
     async def commit(self, lease: Lease, commit: StepCommit) -> int:
         # Validate (and serialise) everything before taking any lock.

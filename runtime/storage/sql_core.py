@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
+import random
+import time
 from collections.abc import Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from importlib import resources
@@ -28,6 +31,10 @@ from runtime.storage.sql_rows import Row
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+
+# The column `Conn.now_column` adds to a SELECT.
+NOW_COLUMN = "now_"
 
 
 class Conn(abc.ABC):
@@ -65,8 +72,25 @@ class Conn(abc.ABC):
 
     async def now(self) -> float:
         if self._now is None:
-            self._now = float(await self.fetchval(f"SELECT {self.dialect.now_sql} AS now"))
+            clock = self.dialect.local_clock
+            if clock is not None:
+                self._now = clock()
+            else:
+                self._now = float(await self.fetchval(f"SELECT {self.dialect.now_sql} AS now"))
         return self._now
+
+    def now_column(self) -> str:
+        """`, <now_sql> AS now_` for a SELECT list: the statement also reads the clock (one
+        round trip fewer) while the transaction has not read it yet and the dialect needs a
+        query for it; pass the row to `take_now`. Empty otherwise."""
+        if self._now is not None or self.dialect.local_clock is not None:
+            return ""
+        return f", {self.dialect.now_sql} AS {NOW_COLUMN}"
+
+    def take_now(self, row: Row | None) -> None:
+        """Keep the clock a `now_column` statement read, as `now()` from then on."""
+        if self._now is None and row is not None and NOW_COLUMN in row:
+            self._now = float(row[NOW_COLUMN])
 
     def on_commit(self, callback: Callable[[], None]) -> None:
         self.after_commit.append(callback)
@@ -82,6 +106,10 @@ class Pool(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
     def transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]: ...
+    def statements(self) -> AbstractAsyncContextManager[Conn]:
+        """A connection outside any transaction, for reads whose statements are each
+        consistent on their own (no BEGIN and COMMIT round trips)."""
+        ...
 
 
 TxFn = Callable[[Conn], Awaitable[T]]
@@ -101,15 +129,33 @@ async def retry_call(
     budget: float,
 ) -> T:
     """Run `fn` with backoff on transient errors; `Unavailable` once `attempts` are used up or
-    `budget` seconds have passed since the first attempt, whichever comes first."""
+    `budget` seconds have passed since the first attempt, whichever comes first.
+
+    The first attempt runs directly: the retry machinery (a per-call object graph) is built only
+    once an attempt failed transiently, so a call that succeeds costs nothing more than `fn`."""
+    started = time.monotonic()
+    try:
+        return await fn()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        first = exc
+    telemetry.safe_add(telemetry.STORAGE_RETRIES, 1, {"backend": backend})
+    if attempts <= 1 or time.monotonic() - started >= budget:
+        raise _unavailable(backend, 1, first) from first
+    # The backoff schedule continues where the first attempt left it: initial_wait after it,
+    # then doubling (`wait_exponential` of the later attempts starts at twice the first wait).
+    await asyncio.sleep(min(initial_wait, max_wait) + random.uniform(0, initial_wait))
 
     def count(state: RetryCallState) -> None:
         telemetry.safe_add(telemetry.STORAGE_RETRIES, 1, {"backend": backend})
 
     retrying = AsyncRetrying(
-        stop=stop_after_attempt(attempts) | stop_after_delay(budget),
+        stop=stop_after_attempt(attempts - 1)
+        | stop_after_delay(max(budget - (time.monotonic() - started), 0.0)),
         # Exponential backoff plus jitter, so processes that collided do not collide again.
-        wait=wait_exponential(multiplier=initial_wait, max=max_wait) + wait_random(0, initial_wait),
+        wait=wait_exponential(multiplier=initial_wait * 2, max=max_wait)
+        + wait_random(0, initial_wait),
         retry=retry_if_exception(is_transient),
         before_sleep=count,
         reraise=False,
@@ -120,13 +166,18 @@ async def retry_call(
                 result = await fn()
     except RetryError as exc:
         cause = exc.last_attempt.exception()
-        log.warning("%s storage unavailable: %r", backend, cause)
-        # The driver's text can name hosts and ports: it goes to the log, not to clients.
-        raise Unavailable(
-            f"{backend} storage unavailable after {exc.last_attempt.attempt_number} attempts",
-            backend=backend,
-        ) from cause
+        raise _unavailable(backend, exc.last_attempt.attempt_number + 1, cause) from cause
     return result
+
+
+def _unavailable(backend: str, attempts: int, cause: BaseException | None) -> Unavailable:
+    log.warning("%s storage unavailable: %r", backend, cause)
+    # The driver's text can name hosts and ports: it goes to the log, not to clients.
+    error = Unavailable(
+        f"{backend} storage unavailable after {attempts} attempts", backend=backend
+    )
+    error.__cause__ = cause
+    return error
 
 
 # --- migrations ---------------------------------------------------------------------------

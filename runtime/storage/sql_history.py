@@ -52,6 +52,10 @@ async def rewrite_history(
         )
         if updated is None:
             raise NotFound(f"message {op.message_id} not found")
+    # Messages before the tail changed (or went): readers caching them must re-read.
+    await conn.execute(
+        "UPDATE threads SET history_epoch = history_epoch + 1 WHERE id = $1", thread_id
+    )
     await _merge_metadata(conn, thread, "metadata", public)
     await _merge_metadata(conn, thread, "private_metadata", private)
     return RewriteResult(

@@ -27,8 +27,11 @@ async def acquire_run_lease(conn: Conn, run_id: str, owner: str, ttl: float) -> 
         raise NotFound(f"run {run_id} not found")
     # The thread lock orders this against admin leases, stops and resolutions.
     thread = await lock_thread(conn, thread_id)
-    run = await conn.fetchrow("SELECT status, stop_requested FROM runs WHERE id = $1", run_id)
+    run = await conn.fetchrow(
+        f"SELECT status, stop_requested{conn.now_column()} FROM runs WHERE id = $1", run_id
+    )
     assert run is not None
+    conn.take_now(run)
     if not run_leasable(RunStatus(run["status"]), bool(run["stop_requested"])):
         return None
     if await live_lease(conn, LeaseKind.ADMIN, thread_id) is not None:
@@ -140,11 +143,14 @@ async def fence(conn: Conn, lease: Lease, kind: LeaseKind) -> tuple[Row, Row | N
         thread: Row | None = await lock_thread(conn, lease.thread_id)
     except NotFound:
         thread = None
+    # Reads the clock too (after the thread lock, as `now()` would).
     stored = await conn.fetchrow(
-        "SELECT thread_id, token, expires_at FROM leases WHERE kind = $1 AND resource_id = $2",
+        f"SELECT thread_id, token, expires_at{conn.now_column()} FROM leases"
+        " WHERE kind = $1 AND resource_id = $2",
         lease.kind.value,
         lease.resource_id,
     )
+    conn.take_now(stored)
     held = thread is not None and lease_holds(
         lease,
         None

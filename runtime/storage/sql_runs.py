@@ -14,7 +14,7 @@ from runtime.domain import (
     check_run_transition,
 )
 from runtime.errors import Conflict, NotFound
-from runtime.storage.base import RunChange, StepCommit, StopResult
+from runtime.storage.base import EpisodeStart, HistoryRead, RunChange, StepCommit, StopResult
 from runtime.storage.decisions import (
     StopOutcome,
     check_commit,
@@ -29,10 +29,17 @@ from runtime.storage.sql_actions import index_actions
 from runtime.storage.sql_core import Conn, bump, lock_thread
 from runtime.storage.sql_leases import fence, live_lease
 from runtime.storage.sql_queue import admit_next, append_message
-from runtime.storage.sql_rows import decode_parts, encode_parts, run_from_row
+from runtime.storage.sql_rows import (
+    Row,
+    decode_parts,
+    encode_parts,
+    run_from_row,
+    thread_from_row,
+)
 from runtime.storage.sql_threads import (
     ACTIVE_STATUSES,
     active_run_row,
+    read_history,
     run_row,
     tail_row,
 )
@@ -116,22 +123,43 @@ async def request_stop(
 async def start_episode(conn: Conn, lease: Lease) -> tuple[Run, int]:
     thread, run = await fence(conn, lease, LeaseKind.RUN)
     assert run is not None
+    return await _start(conn, lease, thread, run)
+
+
+async def begin_episode(conn: Conn, lease: Lease, history_from: int) -> EpisodeStart:
+    thread, before = await fence(conn, lease, LeaseKind.RUN)
+    assert before is not None
+    run, version = await _start(conn, lease, thread, before)
+    epoch, messages = await read_history(conn, lease.thread_id, history_from)
+    return EpisodeStart(
+        before=run_from_row(before),
+        run=run,
+        version=version,
+        # Read before start_episode's bump: only its version (and updated_at) moved since.
+        thread=thread_from_row(thread).model_copy(update={"version": version}),
+        history=HistoryRead(epoch=epoch, messages=tuple(messages)),
+    )
+
+
+async def _start(conn: Conn, lease: Lease, thread: Row, run: Row) -> tuple[Run, int]:
     status = RunStatus(run["status"])
     version = int(thread["version"])
     target = episode_status(status)
     if target is None:
         # Ended (e.g. stopped while queued) after the lease was taken: nothing to run.
         return run_from_row(run), version
+    now = await conn.now()
     await conn.execute(
         "UPDATE runs SET episode = episode + 1, status = $2, updated_at = $3 WHERE id = $1",
         lease.resource_id,
         target.value,
-        await conn.now(),
+        now,
     )
     if target is not status:
         version = await bump(conn, lease.thread_id)
-    updated = await run_row(conn, lease.resource_id)
-    assert updated is not None
+    # The row as the UPDATE left it (the run row is read under the thread lock: nothing else
+    # changed it), without reading it back.
+    updated = {**run, "episode": int(run["episode"]) + 1, "status": target.value, "updated_at": now}
     return run_from_row(updated), version
 
 

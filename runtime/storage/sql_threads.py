@@ -20,7 +20,7 @@ from runtime.domain import (
     Visibility,
     pending_actions_of,
 )
-from runtime.errors import Conflict
+from runtime.errors import Conflict, NotFound
 from runtime.storage.sql_core import Conn, placeholders, scope_clause, thread_row
 from runtime.storage.sql_rows import (
     Row,
@@ -161,6 +161,24 @@ async def messages(conn: Conn, thread_id: str, up_to_position: int | None = None
             int(up_to_position),
         )
     return [message_from_row(row) for row in rows]
+
+
+async def read_history(
+    conn: Conn, thread_id: str, from_position: int
+) -> tuple[int, list[Message]]:
+    """(history epoch, messages from `from_position` on), in one statement: one snapshot, so
+    it needs no transaction (the thread row comes even when no message is at the position)."""
+    rows = await conn.fetch(
+        "SELECT t.history_epoch AS history_epoch_, m.* FROM threads t"
+        " LEFT JOIN messages m ON m.thread_id = t.id AND m.position >= $2"
+        " WHERE t.id = $1 ORDER BY m.position",
+        thread_id,
+        int(from_position),
+    )
+    if not rows:
+        raise NotFound(f"thread {thread_id} not found")
+    messages = [message_from_row(row) for row in rows if row["id"] is not None]
+    return int(rows[0]["history_epoch_"]), messages
 
 
 async def tail_row(conn: Conn, thread_id: str) -> Row | None:

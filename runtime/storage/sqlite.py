@@ -5,19 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import re
 import sqlite3
+import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
-
-import aiosqlite
 
 from runtime.storage.dialect import Dialect
 from runtime.storage.sql import SqlStore
 from runtime.storage.sql_core import Conn
 from runtime.storage.sql_rows import Row
+
+log = logging.getLogger(__name__)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 _TRANSIENT_MESSAGES = ("database is locked", "database table is locked", "database is busy")
@@ -45,11 +47,18 @@ SQLITE = Dialect(
     render=to_sqlite,
     # SQLite has no octet_length before 3.43: a TEXT cast to BLOB measures its UTF-8 bytes.
     octets=lambda expression: f"length(CAST({expression} AS BLOB))",
+    # julianday('now') is the machine's wall clock, which time.time() reads without a query.
+    local_clock=time.time,
 )
 
 
-def _dict_row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> Row:
-    return {column[0]: value for column, value in zip(cursor.description, values, strict=True)}
+def _rows(cursor: sqlite3.Cursor) -> list[Row]:
+    """Every row of an executed statement as a dict by column name (what `Row` means)."""
+    values = cursor.fetchall()
+    if not values:
+        return []
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in values]
 
 
 def split_script(script: str) -> list[str]:
@@ -72,33 +81,46 @@ def _ensure_parent(path: str) -> None:
 
 
 class _SqliteConn(Conn):
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    """Statements run on the event loop's thread: a local file answers in microseconds, less
+    than a hop to a driver thread costs (each hop wakes a thread and contends for the GIL).
+    Waiting for another process's lock is the one slow thing, and it is never done here:
+    `SqlitePool` takes the lock before the transaction starts, without blocking the loop."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
         super().__init__(SQLITE)
         self._db = db
 
     async def execute(self, sql: str, *args: Any) -> None:
-        await self._db.execute_fetchall(self.dialect.render(sql), args)
+        # Fetching every row also completes RETURNING statements before the next one runs.
+        self._db.execute(self.dialect.render(sql), args).fetchall()
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
-        # Fetching every row also completes RETURNING statements before the next one runs.
-        rows = await self._db.execute_fetchall(self.dialect.render(sql), args)
-        # aiosqlite's Row is a mapping by column name (row_factory), which is what Row means.
-        return list(rows)  # type: ignore[arg-type]
+        return _rows(self._db.execute(self.dialect.render(sql), args))
 
     async def run_script(self, script: str) -> None:
         for statement in split_script(script):
-            await self._db.execute_fetchall(statement)
+            self._db.execute(statement).fetchall()
 
 
 class SqlitePool:
-    """One connection, serialised by an asyncio lock; other processes on the same file wait on
-    SQLite's own lock (busy_timeout) and then get retried."""
+    """One connection, serialised by an asyncio lock. Another process holding the file's write
+    lock is waited for here, asynchronously, for up to `busy_timeout_ms` (the connection's own
+    busy timeout is 0, so no statement ever blocks the loop waiting); then the transaction
+    fails as transient and the store retries it.
+
+    WAL checkpoints (copying the log into the database file, with an fsync) would block the
+    loop for milliseconds if SQLite ran them at COMMIT, as it does by default: automatic
+    checkpoints are off on this connection, and every `CHECKPOINT_EVERY` write transactions a
+    PASSIVE checkpoint runs on a thread of its own, on a connection of its own (it never
+    blocks writers or readers)."""
 
     def __init__(self, path: str, busy_timeout_ms: int) -> None:
         self.path = path
         self.busy_timeout_ms = busy_timeout_ms
-        self._db: aiosqlite.Connection | None = None
+        self._db: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+        self._writes = 0
+        self._checkpoint: asyncio.Future[None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -108,17 +130,17 @@ class SqlitePool:
         if self._db is not None:
             return
         await asyncio.to_thread(_ensure_parent, self.path)
-        db = await aiosqlite.connect(self.path, isolation_level=None)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
-            db.row_factory = _dict_row  # type: ignore[assignment]
-            await db.execute_fetchall(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            await db.execute_fetchall("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA busy_timeout = 0")
+            db.execute("PRAGMA journal_mode = WAL").fetchall()
             # NORMAL is durable across application crashes in WAL mode (only an OS crash can
             # lose the last commits), and much faster than FULL.
-            await db.execute_fetchall("PRAGMA synchronous = NORMAL")
-            await db.execute_fetchall("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA wal_autocheckpoint = 0")
         except BaseException:
-            await db.close()
+            db.close()
             raise
         self._db = db
 
@@ -126,7 +148,9 @@ class SqlitePool:
         db, self._db = self._db, None
         if db is not None:
             async with self._lock:
-                await db.close()
+                if self._checkpoint is not None:
+                    await self._checkpoint
+                db.close()
 
     @asynccontextmanager
     async def transaction(self, *, write: bool) -> AsyncIterator[Conn]:
@@ -134,36 +158,67 @@ class SqlitePool:
         if db is None:
             raise RuntimeError("SqliteStore is not open")
         async with self._lock:
+            # IMMEDIATE takes the write lock up front: a deferred transaction that later
+            # writes could fail with SQLITE_BUSY_SNAPSHOT after having read stale data.
+            await self._begin(db, "BEGIN IMMEDIATE" if write else "BEGIN")
             try:
-                # IMMEDIATE takes the write lock up front: a deferred transaction that later
-                # writes could fail with SQLITE_BUSY_SNAPSHOT after having read stale data.
-                await db.execute_fetchall("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield _SqliteConn(db)
-                await db.execute_fetchall("COMMIT")
+                db.execute("COMMIT")
             except BaseException:
-                await _rollback(db)
+                _rollback(db)
                 raise
+        if write:
+            self._writes += 1
+            if self._writes % CHECKPOINT_EVERY == 0 and (
+                self._checkpoint is None or self._checkpoint.done()
+            ):
+                self._checkpoint = asyncio.ensure_future(
+                    asyncio.to_thread(_checkpoint, self.path)
+                )
+
+    def statements(self) -> AbstractAsyncContextManager[Conn]:
+        # Local: a read transaction costs no round trip, and keeps the lock discipline.
+        return self.transaction(write=False)
+
+    async def _begin(self, db: sqlite3.Connection, begin: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.busy_timeout_ms / 1000
+        pause = 0.001
+        while True:
+            try:
+                db.execute(begin)
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_transient(exc) or loop.time() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
 
-async def _rollback(db: aiosqlite.Connection) -> None:
-    """Leave the shared connection outside any transaction, even for a cancelled caller.
+# Write transactions between two WAL checkpoints (a few pages each: about SQLite's own
+# threshold of 1 000 pages).
+CHECKPOINT_EVERY = 200
 
-    aiosqlite runs statements in order on its own thread, so a ROLLBACK queued now also undoes
-    a BEGIN whose caller was cancelled while it was still executing.
-    """
 
-    async def rollback() -> None:
-        # OperationalError: no transaction was open (BEGIN failed or COMMIT went through).
-        with contextlib.suppress(sqlite3.OperationalError):
-            await db.execute_fetchall("ROLLBACK")
-
-    task = asyncio.ensure_future(rollback())
+def _checkpoint(path: str) -> None:
+    """A PASSIVE checkpoint on a short-lived connection (run on a worker thread). A failure
+    only lets the WAL grow until the next one: logged, never raised."""
     try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        # Hold the store lock until the rollback ran, then let the cancellation through.
-        await task
-        raise
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        finally:
+            db.close()
+    except Exception as exc:  # sqlite3.Error, OSError: the next checkpoint tries again
+        log.warning("SQLite WAL checkpoint of %s failed: %s", path, exc)
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Leave the shared connection outside any transaction (synchronous: nothing can cancel
+    it half-way, and the store lock is still held)."""
+    # OperationalError: no transaction was open (COMMIT went through, or failed and ended it).
+    with contextlib.suppress(sqlite3.OperationalError):
+        db.execute("ROLLBACK")
 
 
 class SqliteStore(SqlStore):

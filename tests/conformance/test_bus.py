@@ -6,12 +6,18 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
+import orjson
 import pytest
 
 from realtime import connect_bus, open_bus
 from realtime.bus import Bus, Subscription
-from realtime.channels import replay_key, thread_channel
-from realtime.envelopes import ChunkEnvelope, decode_thread_message, encode
+from realtime.channels import replay_key, scope_channel, thread_channel
+from realtime.envelopes import (
+    ChunkEnvelope,
+    InvalidateEnvelope,
+    decode_thread_message,
+    encode,
+)
 from realtime.errors import BusClosedError, BusUnavailableError
 from realtime.memory import MemoryBus
 from realtime.redis import RedisBus
@@ -214,6 +220,56 @@ async def test_replay_clear_and_isolation(bus: Bus) -> None:
     await bus.clear_replay(replay_key("never-written"))
 
 
+async def test_publish_replayed_appends_then_publishes(bus: Bus) -> None:
+    key = replay_key("pr")
+    async with bus.subscribe(thread_channel("pr")) as subscription:
+        for i in range(4):
+            await bus.publish_replayed(thread_channel("pr"), key, b"c%d" % i, limit=3)
+            # By the time a subscriber has the message, the replay buffer holds it.
+            assert await take(subscription, 1) == [b"c%d" % i]
+            assert (await bus.read_replay(key))[-1] == b"c%d" % i
+    assert await bus.read_replay(key) == [b"c1", b"c2", b"c3"]
+    with pytest.raises(ValueError):
+        await bus.publish_replayed(thread_channel("pr"), key, b"x", limit=0)
+    with pytest.raises(TypeError):
+        await bus.publish_replayed(thread_channel("pr"), key, "text", limit=3)  # type: ignore[arg-type]
+
+
+async def test_publish_all_publishes_in_order_then_clears(bus: Bus) -> None:
+    key = replay_key("pa")
+    await bus.append_replay(key, b"old", limit=5)
+    async with bus.subscribe("a") as first, bus.subscribe("b") as second:
+        await bus.publish_all([("a", b"1"), ("b", b"2"), ("a", b"3")], key)
+        assert await take(first, 2) == [b"1", b"3"]
+        assert await take(second, 1) == [b"2"]
+        assert await bus.read_replay(key) == []
+        await bus.append_replay(key, b"kept", limit=5)
+        await bus.publish_all([("a", b"4")])  # no key: nothing cleared
+        assert await take(first, 1) == [b"4"]
+    assert await bus.read_replay(key) == [b"kept"]
+    with pytest.raises(TypeError):
+        await bus.publish_all([("a", b"ok"), ("a", "text")])  # type: ignore[list-item]
+
+
+async def test_publisher_committed_invalidates_and_clears_the_replay(bus: Bus) -> None:
+    async def scope_of(thread_id: str) -> str:
+        return "acme"
+
+    publisher = Publisher(bus, scope_of=scope_of)
+    assert await publisher.chunk("t9", "r", 0, {"type": "text-delta", "delta": "x"})
+    async with bus.subscribe(thread_channel("t9")) as live, bus.subscribe(
+        scope_channel("acme")
+    ) as scope:
+        assert await publisher.committed("t9", 4)
+        assert decode_thread_message((await take(live, 1))[0]) == InvalidateEnvelope(
+            thread_id="t9", version=4
+        )
+        assert orjson.loads((await take(scope, 1))[0]) == {
+            "type": "scope.invalidate", "scope": "acme", "thread_id": "t9", "version": 4
+        }
+    assert await bus.read_replay(replay_key("t9")) == []
+
+
 async def test_replay_rejects_a_non_positive_limit(bus: Bus) -> None:
     with pytest.raises(ValueError):
         await bus.append_replay(replay_key("bad"), b"x", limit=0)
@@ -325,6 +381,22 @@ async def redis_bus() -> AsyncIterator[RedisBus]:
             yield bus
     finally:
         await cleanup_prefix(bus.prefix)
+
+
+async def test_redis_publish_replayed_reloads_its_script(redis_bus: RedisBus) -> None:
+    """A Redis that lost its scripts (restarted, SCRIPT FLUSH) still gets every chunk."""
+    key = replay_key("flushed")
+    async with redis_bus.subscribe(thread_channel("flushed")) as subscription:
+        await redis_bus.publish_replayed(thread_channel("flushed"), key, b"a", limit=5)
+        async with admin_redis() as admin:
+            await admin.script_flush()
+        await redis_bus.publish_replayed(thread_channel("flushed"), key, b"b", limit=5)
+        assert await take(subscription, 2) == [b"a", b"b"]
+        async with admin_redis() as admin:
+            await admin.script_flush()
+        await redis_bus.publish_all([(thread_channel("flushed"), b"c")])
+        assert await take(subscription, 1) == [b"c"]
+    assert await redis_bus.read_replay(key) == [b"a", b"b"]
 
 
 async def test_redis_subscribes_a_channel_once_per_process(redis_bus: RedisBus) -> None:

@@ -24,6 +24,7 @@ from runtime.providers.scripted import (
 )
 from runtime.tools import tool
 from tests import otel
+from tests.conformance.conftest_bus import eventually
 from tests.conformance.runtime_harness import ALICE, settled
 
 
@@ -65,6 +66,8 @@ async def test_runs_models_and_tools_are_traced_and_counted(runtime_for) -> None
     admission = await rt.service.send_message(ALICE, thread_id, "go")
     await rt.wait_status(thread_id, RunStatus.COMPLETED)
     run_id = admission.run_id
+    # The episode's span ends just after its last commit, which a client may see first.
+    await eventually(lambda: bool(telemetry.spans_where("threadline.episode", run_id=run_id)))
     [episode] = telemetry.spans_where("threadline.episode", run_id=run_id)
     assert episode.attributes["threadline.run.outcome"] == "completed"
     assert episode.status.status_code is StatusCode.UNSET

@@ -37,9 +37,11 @@ class SeesResults(AgentLifecycle):
 async def test_takeover_of_a_started_tool(runtime_for: Any, idempotent: bool) -> None:
     keys: list[str] = []
     first_run_may_end = asyncio.Event()
+    effect_started = asyncio.Event()
 
     async def effect(args: Args, ctx: ToolContext) -> dict[str, Any]:
         keys.append(ctx.idempotency_key)
+        effect_started.set()
         if len(keys) == 1:
             await first_run_may_end.wait()  # the worker "dies" here, the effect happened
         return {"sent": args.to}
@@ -63,8 +65,10 @@ async def test_takeover_of_a_started_tool(runtime_for: Any, idempotent: bool) ->
             for p in m.parts
         )
 
-    # Committed `running` before the tool executes.
+    # Committed `running` before the tool executes (the snapshot may show it a moment before
+    # the worker's task gets to run the tool: wait for the effect, do not assume it).
     await rt.wait_for(thread_id, started)
+    await asyncio.wait_for(effect_started.wait(), 10)
     assert len(keys) == 1
     await rt.workers[0].stop()  # abandons the episode without writing, like a crash
     await rt.start_worker()

@@ -40,6 +40,7 @@ MIGRATIONS = [
     "0003_token_expiry_revocation",
     "0004_action_index_scope_turns",
     "0005_resumed_episode",
+    "0006_history_epoch",
 ]
 
 

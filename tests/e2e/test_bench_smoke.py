@@ -65,3 +65,29 @@ def test_presence_bench_quick() -> None:
     assert bench.returncode == 0, f"{stdout}\n{stderr[-4000:]}"
     rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.strip()}
     assert float(rows["chunks"][2]) > 0 and float(rows["presence"][2]) > 0, stdout
+
+
+def test_runtime_bench_quick() -> None:
+    servers = ["--postgres", require_postgres(), "--redis", require_redis()]
+    bench = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "runtime.py"), "--quick", *servers],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = bench.communicate(timeout=150)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.communicate(timeout=10)
+    assert bench.returncode == 0, f"{stdout}\n{stderr[-4000:]}"
+    rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.strip()}
+    for setup in ("sqlite+memory", "postgres+redis"):
+        # chunk p50 µs, chunk p99 µs, runs/s, CPU ms per run
+        assert all(float(value) > 0 for value in rows[setup][1:5]), stdout
+    # Thread-length scaling: CPU and wall ms per run for both setups, per length.
+    for length in ("10", "200", "2000"):
+        assert len(rows[length]) == 5 and all(float(v) > 0 for v in rows[length][1:]), stdout

@@ -16,6 +16,7 @@ from realtime.envelopes import (
     chunk_position,
     decode_thread_message,
     encode,
+    encode_chunk,
 )
 from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decode_control
 
@@ -106,3 +107,32 @@ def test_channel_names() -> None:
     assert thread_channel("a") != thread_channel("b")
     with pytest.raises(ValueError):
         thread_channel("")
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"type": "text-delta", "delta": "héllo \u2028 \"quoted\""},
+        {"type": "tool-call", "tool_call_id": "c1", "name": "n", "input": {"a": [1, 2.5, None]}},
+        {},
+    ],
+)
+def test_encode_chunk_is_the_envelope_encoding(chunk: dict[str, object]) -> None:
+    envelope = ChunkEnvelope(thread_id="t1", run_id="r1", seq=7, episode=3, chunk=chunk)
+    assert encode_chunk("t1", "r1", 7, 3, dict(chunk)) == encode(envelope)
+    assert decode_thread_message(encode_chunk("t1", "r1", 7, 3, dict(chunk))) == envelope
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("t", "r", -1, 0, {}),
+        ("t", "r", 0, -1, {}),
+        ("t", "r", True, 0, {}),
+        ("t", None, 0, 0, {}),
+        ("t", "r", 0, 0, ["not", "a", "dict"]),
+    ],
+)
+def test_encode_chunk_refuses_what_the_envelope_refuses(args: tuple[object, ...]) -> None:
+    with pytest.raises(ValueError):
+        encode_chunk(*args)  # type: ignore[arg-type]

@@ -1,0 +1,153 @@
+"""The runtime's parsed-message cache (`runtime/history.py`) against both stores: after appends,
+tail updates and every kind of history rewrite it returns exactly what `list_messages` does,
+reading only the tail while nothing but the tail changed."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from runtime.context import to_context
+from runtime.domain import Visibility
+from runtime.history import HistoryCache
+from runtime.storage import SqliteStore, SqlStore
+from runtime.storage.base import SetVisibility, StepCommit, Truncate
+from runtime.storage.sqlite import CHECKPOINT_EVERY
+from tests.conformance.store_helpers import (
+    SCOPES,
+    assistant,
+    finish,
+    new_thread,
+    resolution,
+    start_run,
+    suspend,
+    text,
+)
+
+
+async def _same(cache: HistoryCache, store: SqlStore, thread_id: str) -> None:
+    listed = await store.list_messages(thread_id)
+    assert await cache.messages(store, thread_id) == listed
+    for anchor in (-1, 0, len(listed) // 2, len(listed) + 5):
+        upto = await store.list_messages(thread_id, up_to_position=anchor)
+        assert await cache.messages(store, thread_id, anchor) == upto
+        assert await cache.context(store, thread_id, anchor) == to_context(upto)
+
+
+async def test_appends_and_tail_updates_are_tail_reads(store: SqlStore) -> None:
+    cache = HistoryCache()
+    thread = await new_thread(store)
+    assert await cache.messages(store, thread.id) == []
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("one")), assistant(text("two")))))
+    await _same(cache, store, thread.id)
+    # An empty thread has no tail to read from; from the first message on, reads are tail reads.
+    reloads = cache.reloads
+    # The tail gets a pending action, then its resolution rewrites the tail's parts.
+    await suspend(store, lease, "act-1")
+    await _same(cache, store, thread.id)
+    await store.resolve_action(thread.id, SCOPES, "act-1", resolution())
+    tail = (await cache.messages(store, thread.id))[-1]
+    assert tail == (await store.list_messages(thread.id))[-1]
+    assert tail.parts[-1].waiting is not None  # type: ignore[union-attr]
+    assert tail.parts[-1].waiting.resolution is not None  # type: ignore[union-attr]
+    assert cache.reloads == reloads
+    # Later runs append after the cached tail.
+    await store.start_episode(lease)
+    await finish(store, lease)
+    await _same(cache, store, thread.id)
+    _, lease = await start_run(store, thread.id, text="again")
+    await store.commit(lease, StepCommit(append=(assistant(text("three")),)))
+    await _same(cache, store, thread.id)
+    assert cache.reloads == reloads
+
+
+async def test_rewrites_reload_the_thread(store: SqlStore) -> None:
+    cache = HistoryCache()
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("a")), assistant(text("b")))))
+    await finish(store, lease)
+    await _same(cache, store, thread.id)
+    messages = await store.list_messages(thread.id)
+    # Hiding a message before the tail: the cached copy must not keep it visible.
+    admin = await store.acquire_admin_lease(thread.id, "admin", 10.0)
+    assert admin is not None
+    await store.rewrite_history(
+        admin, SetVisibility(message_id=messages[1].id, visibility=Visibility.HIDDEN)
+    )
+    assert [m.visibility for m in await cache.messages(store, thread.id)] == [
+        Visibility.VISIBLE,
+        Visibility.HIDDEN,
+        Visibility.VISIBLE,
+    ]
+    assert len(await cache.context(store, thread.id, 10)) == 2
+    assert cache.reloads == 2
+    # Regenerate deletes from a message on and appends nothing yet: the same count of reads
+    # from the cached tail position would find nothing, and the epoch says so too.
+    await store.rewrite_history(
+        admin, Truncate(from_message_id=messages[1].id, started_by="alice")
+    )
+    await store.release_lease(admin)
+    await _same(cache, store, thread.id)
+    assert [m.id for m in await cache.messages(store, thread.id)] == [messages[0].id]
+    assert cache.reloads == 3
+
+
+async def test_read_history_reads_from_a_position(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("a")), assistant(text("b")))))
+    read = await store.read_history(thread.id, 1)
+    assert [m.position for m in read.messages] == [1, 2]
+    assert read.epoch == 0
+    assert (await store.read_history(thread.id, 3)).messages == ()
+
+
+async def test_begin_episode_is_start_episode_and_its_reads(store: SqlStore) -> None:
+    cache = HistoryCache()
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("a")),)))
+    await finish(store, lease)
+    assert len(await cache.messages(store, thread.id)) == 2
+    admission = await store.submit_input(thread.id, SCOPES, text="next", submitted_by="alice")
+    assert admission.run_id is not None
+    before = await store.get_run(admission.run_id)
+    lease = await store.acquire_run_lease(admission.run_id, "w1", 30.0)
+    assert lease is not None
+    start = cache.read_from(thread.id)
+    assert start == 1  # the cached tail
+    began = await store.begin_episode(lease, start)
+    assert began.before == before
+    assert began.run == await store.get_run(admission.run_id)
+    assert (began.run.status.value, began.run.episode) == ("running", before.episode + 1)
+    current = await store.get_thread(thread.id, SCOPES)
+    assert began.version == current.version
+    assert (began.thread.id, began.thread.scope, began.thread.version) == (
+        current.id,
+        current.scope,
+        current.version,
+    )
+    assert [m.position for m in began.history.messages] == [1, 2]
+    assert cache.apply(thread.id, start, began.history) == await store.list_messages(thread.id)
+    # A read from a position that is not the cached tail cannot be used.
+    assert cache.apply(thread.id, 1, await store.read_history(thread.id, 1)) is None
+
+
+async def test_sqlite_checkpoints_the_wal_off_the_event_loop(tmp_path: Path) -> None:
+    """Automatic checkpoints (an fsync at some COMMIT, on the loop) are off; the pool runs a
+    PASSIVE one on a thread every CHECKPOINT_EVERY writes, so the WAL does not grow forever."""
+    async with SqliteStore(tmp_path / "wal.db") as store:
+        for i in range(CHECKPOINT_EVERY):
+            await store.create_thread("acme", f"t{i}")
+        pending = store.pool._checkpoint  # type: ignore[attr-defined]
+        assert pending is not None
+        await pending
+        reader = sqlite3.connect(tmp_path / "wal.db")
+        try:
+            # (busy, frames in the WAL, frames checkpointed): all of them already were.
+            busy, frames, done = reader.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            assert busy == 0 and frames == done and frames > 0
+        finally:
+            reader.close()
