@@ -161,11 +161,12 @@ class RedisCounters:
     """
 
     def __init__(self, url: str, prefix: str, *, timeout: float = 0.5) -> None:
-        from redis.asyncio import Redis  # only scale-out deployments load redis-py
+        from realtime.redis_urls import command_client, is_cluster_url  # scale-out only
 
         self.prefix = prefix
         self.fallback = MemoryCounters()
-        self._client: Any = Redis.from_url(
+        # On a cluster every call must name keys of one slot: the limiter tags them (join).
+        self._client: Any = command_client(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
@@ -175,13 +176,22 @@ class RedisCounters:
         self._join = self._client.register_script(_JOIN)
         self._refresh = self._client.register_script(_REFRESH)
         self._degraded = False
+        self._cluster = is_cluster_url(url)
 
     @property
     def shared(self) -> bool:
         return not self._degraded
 
     def _keys(self, keys: Sequence[str]) -> list[str]:
-        return [self.prefix + key for key in keys]
+        full = [self.prefix + key for key in keys]
+        if self._cluster and len(full) > 1:
+            from redis.crc import key_slot
+
+            # Raised, not counted as an outage: a cross-slot call would fail on every attempt
+            # and silently leave the limits per gateway.
+            if len({key_slot(key.encode()) for key in full}) > 1:
+                raise ValueError(f"keys {keys!r} must share a hash tag on a Redis Cluster")
+        return full
 
     def _failed(self, exc: Exception) -> None:
         if not self._degraded:
@@ -204,10 +214,11 @@ class RedisCounters:
 
     async def join(self, keys: Sequence[str], caps: Sequence[int], member: str, ttl: float) -> int:
         # Joined locally too, so a Redis outage later still counts this connection.
+        full_keys = self._keys(keys)
         local = await self.fallback.join(keys, caps, member, ttl)
         try:
             args: list[str | int] = [member, math.ceil(ttl * 1000), *caps]
-            full = int(await self._join(keys=self._keys(keys), args=args))
+            full = int(await self._join(keys=full_keys, args=args))
         except Exception as exc:
             self._failed(exc)
             return local
@@ -217,9 +228,10 @@ class RedisCounters:
         return full
 
     async def refresh(self, keys: Sequence[str], member: str, ttl: float) -> None:
+        full_keys = self._keys(keys)
         await self.fallback.refresh(keys, member, ttl)
         try:
-            await self._refresh(keys=self._keys(keys), args=[member, math.ceil(ttl * 1000)])
+            await self._refresh(keys=full_keys, args=[member, math.ceil(ttl * 1000)])
         except Exception as exc:
             self._failed(exc)
             return

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from realtime.base import redact_url
 from realtime.channels import presence_key
 from realtime.errors import BusError
+from realtime.redis_urls import describe
 
 
 class PresenceStore(Protocol):
@@ -80,9 +80,9 @@ class RedisPresence:
         self._client: Any = None
 
     async def open(self) -> None:
-        from redis.asyncio import Redis
+        from realtime.redis_urls import command_client
 
-        self._client = Redis.from_url(
+        self._client = command_client(
             self.url, socket_timeout=5, socket_connect_timeout=5, client_name="threadline-presence"
         )
 
@@ -108,7 +108,7 @@ class RedisPresence:
                     pipe.expire(key, self.key_ttl)
                 await pipe.execute()
         except Exception as exc:
-            raise BusError(f"presence write to {redact_url(self.url)} failed: {exc}") from exc
+            raise BusError(f"presence write to {describe(self.url)} failed: {exc}") from exc
 
     async def remove(self, thread_id: str, member_id: str) -> None:
         try:
