@@ -220,7 +220,7 @@ class RedisClusterBus(AsyncResource):
 
     async def read_replay(self, key: str) -> list[bytes]:
         async with self._command(f"read of replay {key!r}") as client:
-            items = await client.lrange(self.prefix + key, 0, -1)  # type: ignore[misc]
+            items = await client.lrange(self.prefix + key, 0, -1)
         return cast(list[bytes], items)
 
     async def clear_replay(self, key: str) -> None:

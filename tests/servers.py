@@ -358,7 +358,8 @@ class RedisClusterServer:
                 capture_output=True, timeout=START_TIMEOUT, check=False,
             )
             if create.returncode != 0:
-                raise ServiceFailed(f"redis-cli --cluster create failed:\n{create.stdout[-3000:]!r}")
+                output = create.stdout[-3000:].decode(errors="replace")
+                raise ServiceFailed(f"redis-cli --cluster create failed:\n{output}")
             self.wait_ready()
             return self
         except BaseException:
@@ -410,9 +411,12 @@ class RedisClusterServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ports = self.live_ports()
-            if all("cluster_state:ok" in self.command(p, "CLUSTER", "INFO") for p in ports):
-                if len(self.master_ports()) == self.masters and self._replicas_linked():
-                    return
+            if (
+                all("cluster_state:ok" in self.command(p, "CLUSTER", "INFO") for p in ports)
+                and len(self.master_ports()) == self.masters
+                and self._replicas_linked()
+            ):
+                return
             time.sleep(0.05)
         raise ServiceFailed(f"Redis Cluster not ok after {timeout:.0f} s")
 
