@@ -438,6 +438,18 @@ class RedisClusterServer:
                     masters.append(port)
         return masters
 
+    def master_of(self, slot: int) -> int:
+        """The port of the live master serving `slot` (from CLUSTER NODES)."""
+        for port in self.master_ports():
+            for line in self.command(port, "CLUSTER", "NODES").splitlines():
+                fields = line.split()
+                if len(fields) > 8 and "myself" in fields[2]:
+                    for span in fields[8:]:
+                        start, _, end = span.partition("-")
+                        if start.isdigit() and int(start) <= slot <= int(end or start):
+                            return port
+        raise ServiceFailed(f"no live master serves slot {slot}")
+
     def kill(self, port: int) -> None:
         """Kill one node outright (SIGKILL): a crashed master, for its replica to replace."""
         _stop_process(self._processes[port], signal.SIGKILL)
