@@ -20,6 +20,8 @@ thread. Nothing is asserted; the figures are printed.
 - worker CPU ms/run: CPU of both workers during the phase divided by the runs;
 - gateway CPU us/delivery: CPU of both gateways divided by the frames all watchers received;
 - Redis CPU ms/run: CPU of the redis-server process(es) (all six nodes for the cluster);
+- Postgres xacts/run: transactions of the run's database (all processes, incl. the client's
+  HTTP sends and the workers' polls) during the phase, per run: database round trips, roughly;
 - missing: (run, watcher) pairs that never saw the run finish within the deadline.
 
 The client holding every websocket is one Python process on the same machine: on a small host
@@ -115,6 +117,21 @@ class Watcher:
                     self.done.setdefault(run_id, now)
 
 
+async def transactions(database_url: str) -> int:
+    """Transactions committed or rolled back in the database so far (every process's)."""
+    import asyncpg
+
+    connection = await asyncpg.connect(database_url)
+    try:
+        value = await connection.fetchval(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+            " WHERE datname = current_database()"
+        )
+    finally:
+        await connection.close()
+    return int(value)
+
+
 def cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -173,7 +190,7 @@ async def measure(
                     watcher.task = asyncio.create_task(watcher.read())
                 try:
                     return await load(args, clients, threads, watchers, gateways, workers,
-                                      redis_pids)
+                                      redis_pids, database_url)
                 finally:
                     await fanout.close_all([w.ws for _, w in watchers])
                     for _, watcher in watchers:
@@ -194,6 +211,7 @@ async def load(
     gateways: list[harness.ServerHandle],
     workers: list[harness.ServerHandle],
     redis_pids: list[int],
+    database_url: str,
 ) -> dict[str, float]:
     gateway_pids = [g.process.pid for g in gateways]
     worker_pids = [w.process.pid for w in workers]
@@ -217,6 +235,7 @@ async def load(
         sent[reply.json()["run_id"]] = (at, thread_id)
 
     frames_before = sum(w.frames for _, w in watchers)
+    xacts_before = await transactions(database_url)
     before = [cpu(gateway_pids), cpu(worker_pids), cpu(redis_pids)]
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -234,6 +253,8 @@ async def load(
         await asyncio.sleep(0.05)
     elapsed = loop.time() - start
     after = [cpu(gateway_pids), cpu(worker_pids), cpu(redis_pids)]
+    await asyncio.sleep(1.0)  # Postgres publishes its statistics within about a second
+    xacts = await transactions(database_url) - xacts_before
     frames = sum(w.frames for _, w in watchers) - frames_before
     first: list[float] = []
     done: list[float] = []
@@ -266,6 +287,7 @@ async def load(
         "gateway CPU us/delivery": (after[0] - before[0]) * 1e6 / max(1, frames),
         "deliveries (frames)": float(frames),
         "Redis CPU ms/run": (after[2] - before[2]) * 1000 / runs,
+        "Postgres xacts/run": xacts / runs,
         "missing (run, watcher)": float(missing),
     }
 
