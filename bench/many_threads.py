@@ -20,6 +20,7 @@ thread. Nothing is asserted; the figures are printed.
 - worker CPU ms/run: CPU of both workers during the phase divided by the runs;
 - gateway CPU us/delivery: CPU of both gateways divided by the frames all watchers received;
 - Redis CPU ms/run: CPU of the redis-server process(es) (all six nodes for the cluster);
+- Postgres CPU ms/run: CPU of the postmaster and its backends, per run;
 - Postgres xacts/run: transactions of the run's database (all processes, incl. the client's
   HTTP sends and the workers' polls) during the phase, per run: database round trips, roughly;
 - missing: (run, watcher) pairs that never saw the run finish within the deadline.
@@ -132,6 +133,17 @@ async def transactions(database_url: str) -> int:
     return int(value)
 
 
+POSTGRES_PORT: list[int] = []  # the throwaway cluster's port, set by main()
+
+
+def postgres_pids() -> list[int]:
+    """The postmaster and its backends (pooled connections live through the whole phase)."""
+    for process in psutil.process_iter():
+        if _listens(process, POSTGRES_PORT[0], "postgres"):
+            return [process.pid, *(c.pid for c in process.children(recursive=True))]
+    return []
+
+
 def cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -236,7 +248,7 @@ async def load(
 
     frames_before = sum(w.frames for _, w in watchers)
     xacts_before = await transactions(database_url)
-    before = [cpu(gateway_pids), cpu(worker_pids), cpu(redis_pids)]
+    before = [cpu(gateway_pids), cpu(worker_pids), cpu(redis_pids), cpu(postgres_pids())]
     loop = asyncio.get_running_loop()
     start = loop.time()
     senders = []
@@ -252,7 +264,7 @@ async def load(
     while not finished() and loop.time() < deadline:  # noqa: ASYNC110 (no event to wait on)
         await asyncio.sleep(0.05)
     elapsed = loop.time() - start
-    after = [cpu(gateway_pids), cpu(worker_pids), cpu(redis_pids)]
+    after = [cpu(gateway_pids), cpu(worker_pids), cpu(redis_pids), cpu(postgres_pids())]
     await asyncio.sleep(1.0)  # Postgres publishes its statistics within about a second
     xacts = await transactions(database_url) - xacts_before
     frames = sum(w.frames for _, w in watchers) - frames_before
@@ -288,6 +300,7 @@ async def load(
         "deliveries (frames)": float(frames),
         "Redis CPU ms/run": (after[2] - before[2]) * 1000 / runs,
         "Postgres xacts/run": xacts / runs,
+        "Postgres CPU ms/run": (after[3] - before[3]) * 1000 / runs,
         "missing (run, watcher)": float(missing),
     }
 
@@ -300,9 +313,9 @@ def single_redis() -> Iterator[tuple[str, list[int]]]:
         yield url, pids
 
 
-def _listens(process: psutil.Process, port: int) -> bool:
+def _listens(process: psutil.Process, port: int, name: str = "redis-server") -> bool:
     with contextlib.suppress(psutil.Error):
-        return process.name().startswith("redis-server") and any(
+        return process.name().startswith(name) and any(
             c.laddr and c.laddr.port == port for c in process.net_connections("tcp")
         )
     return False
@@ -335,6 +348,7 @@ async def main() -> None:
         buses = {args.only: buses[args.only]}
     columns: dict[str, dict[str, float]] = {}
     with own_postgres_server() as admin_dsn:
+        POSTGRES_PORT.append(int(admin_dsn.rsplit(":", 1)[1].split("/")[0]))
         for name, start in buses.items():
             print(f"measuring on {name} ...", file=sys.stderr, flush=True)
             with start() as (url, pids):
