@@ -177,6 +177,15 @@ class RedisCounters:
         self._refresh = self._client.register_script(_REFRESH)
         self._degraded = False
         self._cluster = is_cluster_url(url)
+        self._initialized = not self._cluster
+
+    async def _ready(self) -> None:
+        """Load a cluster's slot map once, before the first script (see redis_urls.initialize)."""
+        if not self._initialized:
+            from realtime.redis_urls import initialize
+
+            await initialize(self._client)
+            self._initialized = True
 
     @property
     def shared(self) -> bool:
@@ -205,6 +214,7 @@ class RedisCounters:
 
     async def take(self, key: str, rate: float, burst: float, cost: float = 1.0) -> float:
         try:
+            await self._ready()
             wait = float(await self._take(keys=self._keys([key]), args=[rate, burst, cost]))
         except Exception as exc:  # any Redis failure: count locally instead
             self._failed(exc)
@@ -217,6 +227,7 @@ class RedisCounters:
         full_keys = self._keys(keys)
         local = await self.fallback.join(keys, caps, member, ttl)
         try:
+            await self._ready()
             args: list[str | int] = [member, math.ceil(ttl * 1000), *caps]
             full = int(await self._join(keys=full_keys, args=args))
         except Exception as exc:
@@ -231,6 +242,7 @@ class RedisCounters:
         full_keys = self._keys(keys)
         await self.fallback.refresh(keys, member, ttl)
         try:
+            await self._ready()
             await self._refresh(keys=full_keys, args=[member, math.ceil(ttl * 1000)])
         except Exception as exc:
             self._failed(exc)
@@ -240,6 +252,7 @@ class RedisCounters:
     async def leave(self, keys: Sequence[str], member: str) -> None:
         await self.fallback.leave(keys, member)
         try:
+            await self._ready()
             for key in self._keys(keys):
                 await self._client.zrem(key, member)
         except Exception as exc:

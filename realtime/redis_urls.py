@@ -96,6 +96,19 @@ def command_client(url: str, **options: Any) -> Redis | RedisCluster:
     return Redis.from_url(url, **options)
 
 
+async def initialize(client: Redis | RedisCluster) -> None:
+    """Load a cluster client's slot map before its first use (no-op for one server).
+
+    redis-py loads it lazily on the first command, and commands that raced that load can find
+    their connection closed under them ('NoneType' object has no attribute 'writelines') when
+    the seed nodes are swapped for the discovered ones.
+    """
+    from redis.asyncio.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+
+
 def describe(url: str) -> str:
     """`url` without its password, for messages and logs."""
     if "@" not in url:

@@ -392,7 +392,9 @@ class RedisClusterServer:
                     return port
                 time.sleep(0.05)
             _stop_process(process, signal.SIGKILL)
-        raise ServiceFailed("a Redis Cluster node did not start")
+        raise ServiceFailed(
+            f"a Redis Cluster node did not start:\n{_log_tail(node_dir / 'server.log')}"
+        )
 
     def command(self, port: int, *args: str) -> str:
         """One command through redis-cli to the node on `port`; its output ('' on failure)."""

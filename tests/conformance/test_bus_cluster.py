@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import suppress
@@ -16,7 +15,6 @@ from realtime.channels import presence_key, replay_key, thread_channel
 from realtime.errors import BusError
 from realtime.hub import Hub
 from realtime.limits import RedisCounters
-from realtime.presence import RedisPresence
 from realtime.redis_cluster import RedisClusterBus
 from tests.conformance.conftest_bus import (
     admin_cluster,
@@ -122,21 +120,6 @@ async def test_counters_refuse_keys_of_several_slots() -> None:
         assert await counters.join(("token:{s}:a", "subject:{s}"), (1, 1), "m", ttl=5) == -1
     finally:
         await counters.close()
-
-
-async def test_presence_of_many_threads_on_the_cluster() -> None:
-    presence = RedisPresence(require_redis_cluster(), prefix=f"test-{uuid.uuid4().hex[:8]}:")
-    await presence.open()
-    try:
-        entry = {"expires_at": time.time() + 30, "name": "ada"}
-        threads = [f"th-presence-{i}" for i in range(12)]  # pipelined across slots
-        await presence.put_many([(t, "member-1", entry) for t in threads])
-        for thread_id in threads:
-            assert await presence.read(thread_id) == {"member-1": entry}
-        await presence.remove(threads[0], "member-1")
-        assert await presence.read(threads[0]) == {}
-    finally:
-        await presence.close()
 
 
 class Versions:
