@@ -18,7 +18,10 @@ thread. Nothing is asserted; the figures are printed.
 - runs/s: runs whose step-finish every watcher received, over the wall time from the first send
   to the last receipt (the offered rate, unless the deployment falls behind);
 - worker CPU ms/run: CPU of both workers during the phase divided by the runs;
-- gateway CPU us/delivery: CPU of both gateways divided by the frames all watchers received;
+- gateway CPU us/delivery: CPU of both gateways divided by the frames all watchers received
+  (it includes the HTTP sends that start the runs); "... minus idle upkeep" first subtracts
+  what the gateways spent per second just holding the connections, measured for `--idle`
+  seconds before the arrivals (also printed per connection: gateway idle us/s/conn);
 - Redis CPU ms/run: CPU of the redis-server process(es) (all six nodes for the cluster);
 - Postgres CPU ms/run: CPU of the postmaster and its backends, per run;
 - Postgres xacts/run: transactions of the run's database (all processes, incl. the client's
@@ -40,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +103,7 @@ class Watcher:
 
     ws: ClientConnection
     frames: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
     first: dict[str, int] = field(default_factory=dict)
     done: dict[str, int] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
@@ -109,6 +114,7 @@ class Watcher:
                 now = time.monotonic_ns()
                 self.frames += 1
                 frame = orjson.loads(message)
+                self.kinds[str(frame.get("type"))] += 1
                 if frame.get("type") != "chunk":
                     continue
                 run_id = frame["run_id"]
@@ -116,6 +122,21 @@ class Watcher:
                     self.first.setdefault(run_id, now)
                 if frame["chunk"]["type"] == "step-finish":
                     self.done.setdefault(run_id, now)
+
+
+async def settle(watchers: list[tuple[str, Watcher]], quiet: float = 1.0) -> None:
+    """Until no frame arrived for `quiet` seconds (at most 60 s): the presence updates of
+    thousands of joins must not be counted as deliveries of the runs."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    seen, since = -1, loop.time()
+    while loop.time() < deadline:
+        frames = sum(w.frames for _, w in watchers)
+        if frames != seen:
+            seen, since = frames, loop.time()
+        elif loop.time() - since >= quiet:
+            return
+        await asyncio.sleep(0.1)
 
 
 async def transactions(database_url: str) -> int:
@@ -246,7 +267,13 @@ async def load(
             return
         sent[reply.json()["run_id"]] = (at, thread_id)
 
+    await settle(watchers)
+    # The gateways' cost of merely holding the connections (pings, presence refreshes).
+    idle_start, idle_cpu = time.monotonic(), cpu(gateway_pids)
+    await asyncio.sleep(args.idle)
+    idle_rate = (cpu(gateway_pids) - idle_cpu) / (time.monotonic() - idle_start)
     frames_before = sum(w.frames for _, w in watchers)
+    kinds_before = sum((w.kinds for _, w in watchers), Counter[str]())
     xacts_before = await transactions(database_url)
     before = [cpu(gateway_pids), cpu(worker_pids), cpu(redis_pids), cpu(postgres_pids())]
     loop = asyncio.get_running_loop()
@@ -268,6 +295,7 @@ async def load(
     await asyncio.sleep(1.0)  # Postgres publishes its statistics within about a second
     xacts = await transactions(database_url) - xacts_before
     frames = sum(w.frames for _, w in watchers) - frames_before
+    kinds = sum((w.kinds for _, w in watchers), Counter[str]()) - kinds_before
     first: list[float] = []
     done: list[float] = []
     missing = 0
@@ -287,6 +315,7 @@ async def load(
         complete_runs += complete
     runs = max(1, len(sent))
     wall = (last_receipt / 1e9 - start) if last_receipt else elapsed
+    per_watcher_run = max(1, len(sent) * len(watchers) // len(by_thread))
     return {
         "runs sent": float(len(sent)),
         "refused sends": float(failures),
@@ -297,7 +326,19 @@ async def load(
         "runs/s completed": complete_runs / wall if wall > 0 else float("nan"),
         "worker CPU ms/run": (after[1] - before[1]) * 1000 / runs,
         "gateway CPU us/delivery": (after[0] - before[0]) * 1e6 / max(1, frames),
+        "... minus idle upkeep": (after[0] - before[0] - idle_rate * elapsed) * 1e6
+        / max(1, frames),
+        "gateway idle us/s/conn": idle_rate * 1e6 / len(watchers),
         "deliveries (frames)": float(frames),
+        **{
+            f"{kind} frames/run/watcher": kinds[kind] / per_watcher_run
+            for kind in ("chunk", "invalidate", "presence", "resync")
+        },
+        **{
+            f"{kind} frames (total)": float(count)
+            for kind, count in sorted(kinds.items())
+            if kind not in ("chunk", "invalidate", "presence", "resync")
+        },
         "Redis CPU ms/run": (after[2] - before[2]) * 1000 / runs,
         "Postgres xacts/run": xacts / runs,
         "Postgres CPU ms/run": (after[3] - before[3]) * 1000 / runs,
@@ -338,6 +379,7 @@ async def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="runs started per second")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of the arrivals")
     parser.add_argument("--only", choices=["redis", "redis-cluster"])
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle measurement")
     parser.add_argument("--quick", action="store_true", help="100 threads, 10 runs/s for 5 s")
     args = parser.parse_args()
     if args.quick:
