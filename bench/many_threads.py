@@ -82,6 +82,10 @@ def deployment(database_url: str, redis_url: str) -> Iterator[list[harness.Serve
             "THREADLINE_SCOPE_BURST": "100000",
             "THREADLINE_SCOPE_MAX_ACTIVE_RUNS": "100000",
             "THREADLINE_MAX_CONCURRENT_RUNS": "32",
+            # One client process holds every websocket; on a busy machine its loop can stall
+            # past the default 20 s pong deadline while thousands of connections open.
+            "THREADLINE_WS_PING_INTERVAL": "60",
+            "THREADLINE_WS_PING_TIMEOUT": "120",
         },
     )
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
