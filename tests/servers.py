@@ -376,9 +376,24 @@ class RedisClusterServer:
                 # A replica may take over however far behind it is: nothing here persists.
                 "--cluster-replica-validity-factor", "0"]
 
+    @staticmethod
+    def _free_node_port() -> int:
+        """A free port whose cluster bus port (port + 10000, at most 65535) is free too."""
+        for _attempt in range(200):
+            port = free_port()
+            if port > 55535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+        raise ServiceFailed("no free port pair (port, port + 10000) for a cluster node")
+
     def _launch_node(self) -> int:
         for _attempt in range(PORT_ATTEMPTS):
-            port = free_port()
+            port = self._free_node_port()
             node_dir = self.directory / str(port)
             node_dir.mkdir()
             args = self._node_args(port)
