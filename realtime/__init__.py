@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit
 
 from tenacity import (
     AsyncRetrying,
@@ -18,6 +17,7 @@ from realtime.errors import BusClosedError, BusError, BusUnavailableError
 from realtime.hub import Hub
 from realtime.memory import MemoryBus
 from realtime.outbox import CLOSE_SLOW_CONSUMER, Outbox, SlowConsumerError
+from realtime.redis_urls import check_redis_url, is_cluster_url
 
 __all__ = [
     "CLOSE_SLOW_CONSUMER",
@@ -34,7 +34,6 @@ __all__ = [
     "open_bus",
 ]
 
-_REDIS_SCHEMES = frozenset({"redis", "rediss", "unix"})
 log = logging.getLogger(__name__)
 
 
@@ -63,14 +62,18 @@ async def connect_bus(bus: Bus, *, timeout: float) -> None:
 def open_bus(redis_url: str | None, *, prefix: str = "threadline:") -> Bus:
     """The configured bus, not yet opened (`await bus.open()` or `async with bus`).
 
-    None (THREADLINE_REDIS_URL unset) gives the in-process `MemoryBus`.
+    None (THREADLINE_REDIS_URL unset) gives the in-process `MemoryBus`; `redis://` and
+    `rediss://` a `RedisBus`; `redis+cluster://host:port[,host:port...]` a `RedisClusterBus`
+    (sharded pub/sub on a Redis 7 cluster).
     """
     if not redis_url:
         return MemoryBus()
-    scheme = urlsplit(redis_url).scheme
-    if scheme not in _REDIS_SCHEMES:
-        raise ValueError(f"unsupported bus URL scheme {scheme!r}; expected redis:// or rediss://")
+    check_redis_url(redis_url)
     # Imported here so the embedded default never loads redis-py.
+    if is_cluster_url(redis_url):
+        from realtime.redis_cluster import RedisClusterBus
+
+        return RedisClusterBus(redis_url, prefix=prefix)
     from realtime.redis import RedisBus
 
     return RedisBus(redis_url, prefix=prefix)

@@ -1,12 +1,28 @@
-"""Names of bus channels and replay keys (the bus backend adds its own prefix)."""
+"""Names of bus channels and replay keys (the bus backend adds its own prefix).
+
+Every name of a thread carries the thread's hash tag (`{<thread id>}`), so on a Redis Cluster
+its channel, replay buffer and presence hash all live on one shard; a plain Redis ignores the
+braces. A scope's channel carries the scope's tag.
+"""
 
 from __future__ import annotations
+
+import hashlib
+
+
+def hash_tag(value: str) -> str:
+    """`{value}`: what Redis Cluster hashes instead of the whole name. A value Redis could not
+    use as a tag (empty, or holding a `}` that would end it early) is replaced by its digest,
+    so distinct values keep distinct tags."""
+    if not value or "}" in value:
+        value = hashlib.sha1(value.encode()).hexdigest()[:16]
+    return "{" + value + "}"
 
 
 def _check(thread_id: str) -> str:
     if not thread_id:
         raise ValueError("thread_id must be a non-empty string")
-    return thread_id
+    return hash_tag(thread_id)
 
 
 def thread_channel(thread_id: str) -> str:
@@ -24,7 +40,7 @@ def scope_channel(scope: str) -> str:
     inbox refetches that thread's pending actions from it)."""
     if not scope:
         raise ValueError("scope must be a non-empty string")
-    return f"scope:{scope}"
+    return f"scope:{hash_tag(scope)}"
 
 
 def presence_channel(thread_id: str) -> str:

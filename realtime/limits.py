@@ -161,11 +161,12 @@ class RedisCounters:
     """
 
     def __init__(self, url: str, prefix: str, *, timeout: float = 0.5) -> None:
-        from redis.asyncio import Redis  # only scale-out deployments load redis-py
+        from realtime.redis_urls import command_client, is_cluster_url  # scale-out only
 
         self.prefix = prefix
         self.fallback = MemoryCounters()
-        self._client: Any = Redis.from_url(
+        # On a cluster every call must name keys of one slot: the limiter tags them (join).
+        self._client: Any = command_client(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
@@ -175,13 +176,31 @@ class RedisCounters:
         self._join = self._client.register_script(_JOIN)
         self._refresh = self._client.register_script(_REFRESH)
         self._degraded = False
+        self._cluster = is_cluster_url(url)
+        self._initialized = not self._cluster
+
+    async def _ready(self) -> None:
+        """Load a cluster's slot map once, before the first script (see redis_urls.initialize)."""
+        if not self._initialized:
+            from realtime.redis_urls import initialize
+
+            await initialize(self._client)
+            self._initialized = True
 
     @property
     def shared(self) -> bool:
         return not self._degraded
 
     def _keys(self, keys: Sequence[str]) -> list[str]:
-        return [self.prefix + key for key in keys]
+        full = [self.prefix + key for key in keys]
+        if self._cluster and len(full) > 1:
+            from redis.crc import key_slot
+
+            # Raised, not counted as an outage: a cross-slot call would fail on every attempt
+            # and silently leave the limits per gateway.
+            if len({key_slot(key.encode()) for key in full}) > 1:
+                raise ValueError(f"keys {keys!r} must share a hash tag on a Redis Cluster")
+        return full
 
     def _failed(self, exc: Exception) -> None:
         if not self._degraded:
@@ -195,6 +214,7 @@ class RedisCounters:
 
     async def take(self, key: str, rate: float, burst: float, cost: float = 1.0) -> float:
         try:
+            await self._ready()
             wait = float(await self._take(keys=self._keys([key]), args=[rate, burst, cost]))
         except Exception as exc:  # any Redis failure: count locally instead
             self._failed(exc)
@@ -204,10 +224,12 @@ class RedisCounters:
 
     async def join(self, keys: Sequence[str], caps: Sequence[int], member: str, ttl: float) -> int:
         # Joined locally too, so a Redis outage later still counts this connection.
+        full_keys = self._keys(keys)
         local = await self.fallback.join(keys, caps, member, ttl)
         try:
+            await self._ready()
             args: list[str | int] = [member, math.ceil(ttl * 1000), *caps]
-            full = int(await self._join(keys=self._keys(keys), args=args))
+            full = int(await self._join(keys=full_keys, args=args))
         except Exception as exc:
             self._failed(exc)
             return local
@@ -217,9 +239,11 @@ class RedisCounters:
         return full
 
     async def refresh(self, keys: Sequence[str], member: str, ttl: float) -> None:
+        full_keys = self._keys(keys)
         await self.fallback.refresh(keys, member, ttl)
         try:
-            await self._refresh(keys=self._keys(keys), args=[member, math.ceil(ttl * 1000)])
+            await self._ready()
+            await self._refresh(keys=full_keys, args=[member, math.ceil(ttl * 1000)])
         except Exception as exc:
             self._failed(exc)
             return
@@ -228,6 +252,7 @@ class RedisCounters:
     async def leave(self, keys: Sequence[str], member: str) -> None:
         await self.fallback.leave(keys, member)
         try:
+            await self._ready()
             for key in self._keys(keys):
                 await self._client.zrem(key, member)
         except Exception as exc:

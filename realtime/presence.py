@@ -7,16 +7,20 @@ entries of a gateway that died expire on their own and readers skip (and delete)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import math
 import time
 from typing import Any, Protocol
 
 import orjson
 
-from realtime.base import redact_url
 from realtime.channels import presence_key
 from realtime.errors import BusError
+from realtime.redis_urls import describe
+
+log = logging.getLogger(__name__)
 
 
 class PresenceStore(Protocol):
@@ -69,6 +73,13 @@ class MemoryPresence:
         return live
 
 
+# Presence commands in flight per process. redis-py refuses a command outright ("Too many
+# connections") once its pool (100 connections by default, per node on a cluster) is busy; a
+# burst of joins (thousands of websockets subscribing at once, each change reread by every
+# gateway) queues here instead of failing.
+MAX_IN_FLIGHT = 50
+
+
 class RedisPresence:
     """One Redis hash per thread. The key itself expires a while after its last write, so a
     thread nobody looks at any more leaves nothing behind."""
@@ -78,13 +89,18 @@ class RedisPresence:
         self.prefix = prefix
         self.key_ttl = max(1, math.ceil(key_ttl))
         self._client: Any = None
+        self._gate = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     async def open(self) -> None:
-        from redis.asyncio import Redis
+        from realtime.redis_urls import command_client, initialize
 
-        self._client = Redis.from_url(
+        self._client = command_client(
             self.url, socket_timeout=5, socket_connect_timeout=5, client_name="threadline-presence"
         )
+        try:
+            await initialize(self._client)
+        except Exception as exc:  # presence is best effort: a later call retries the load
+            log.warning("presence: cannot load the cluster's slot map yet: %s", exc)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -101,24 +117,26 @@ class RedisPresence:
         if not entries:
             return
         try:
-            async with self._client.pipeline(transaction=False) as pipe:
+            async with self._gate, self._client.pipeline(transaction=False) as pipe:
                 for thread_id, member_id, entry in entries:
                     key = self._key(thread_id)
                     pipe.hset(key, member_id, orjson.dumps(entry))
                     pipe.expire(key, self.key_ttl)
                 await pipe.execute()
         except Exception as exc:
-            raise BusError(f"presence write to {redact_url(self.url)} failed: {exc}") from exc
+            raise BusError(f"presence write to {describe(self.url)} failed: {exc}") from exc
 
     async def remove(self, thread_id: str, member_id: str) -> None:
         try:
-            await self._client.hdel(self._key(thread_id), member_id)
+            async with self._gate:
+                await self._client.hdel(self._key(thread_id), member_id)
         except Exception as exc:
             raise BusError(f"presence delete failed: {exc}") from exc
 
     async def read(self, thread_id: str) -> dict[str, dict[str, Any]]:
         try:
-            raw = await self._client.hgetall(self._key(thread_id))
+            async with self._gate:
+                raw = await self._client.hgetall(self._key(thread_id))
         except Exception as exc:
             raise BusError(f"presence read failed: {exc}") from exc
         entries: dict[str, dict[str, Any]] = {}
@@ -132,5 +150,6 @@ class RedisPresence:
         if expired:
             # Best effort: another reader or the key's own expiry cleans up otherwise.
             with contextlib.suppress(Exception):
-                await self._client.hdel(self._key(thread_id), *expired)
+                async with self._gate:
+                    await self._client.hdel(self._key(thread_id), *expired)
         return live

@@ -58,12 +58,25 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 """
-_APPEND_REPLAY = _APPEND + "return size\n"
+APPEND_REPLAY = _APPEND + "return size\n"
+_APPEND_REPLAY = APPEND_REPLAY
 _APPEND_REPLAY_SHA = hashlib.sha1(_APPEND_REPLAY.encode()).hexdigest()
 # `publish_replayed`: the append above, then the publish, in one script (one round trip; its
 # commands run in order, so the append precedes the publish).
 _PUBLISH_REPLAYED = _APPEND + "return redis.call('PUBLISH', ARGV[5], ARGV[1])\n"
+# The same on a cluster: a sharded publish, to the channel on the replay's slot (hash tag).
+SPUBLISH_REPLAYED = _APPEND + "return redis.call('SPUBLISH', ARGV[5], ARGV[1])\n"
 _PUBLISH_REPLAYED_SHA = hashlib.sha1(_PUBLISH_REPLAYED.encode()).hexdigest()
+
+
+def replay_script_keys(full_key: str) -> list[str]:
+    """KEYS of the replay scripts: the list and its byte total (one hash tag, one slot)."""
+    return [full_key, full_key + ":bytes"]
+
+
+def replay_script_args(data: bytes, limit: int, max_bytes: int | None, ttl: int) -> list[Any]:
+    """The first ARGV of the replay scripts: entry, max entries, max bytes (0: none), TTL."""
+    return [data, int(limit), 0 if max_bytes is None else int(max_bytes), ttl]
 
 
 async def _close_quietly(pubsub: PubSub) -> None:
@@ -256,11 +269,10 @@ class RedisBus(AsyncResource):
             )
 
     def _replay_keys(self, key: str) -> list[str]:
-        full_key = self.prefix + key
-        return [full_key, full_key + ":bytes"]
+        return replay_script_keys(self.prefix + key)
 
     def _append_args(self, data: bytes, limit: int, max_bytes: int | None) -> list[Any]:
-        return [data, int(limit), 0 if max_bytes is None else int(max_bytes), self._replay_ttl]
+        return replay_script_args(data, limit, max_bytes, self._replay_ttl)
 
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from realtime.channels import hash_tag
 from realtime.limits import Counters
 from runtime.domain import Principal
 from runtime.errors import QuotaExceeded, ScopeRateLimited, TokenRateLimited, TooManyConnections
@@ -75,7 +76,11 @@ class Limiter:
         """Take a connection slot for the token and the subject; TooManyConnections when either is
         full (the gateway closes the websocket with 4429)."""
         s = self.settings
-        keys = (f"ws:token:{token_id}", f"ws:subject:{principal.subject}")
+        # One hash tag for both sets: the join checks and adds to them in one script, which a
+        # Redis Cluster only runs on keys of one slot. A token has one subject, so its set is
+        # still one key.
+        tag = hash_tag(principal.subject)
+        keys = (f"ws:token:{tag}:{token_id}", f"ws:subject:{tag}")
         caps = (s.ws_max_connections_per_token, s.ws_max_connections_per_subject)
         slot = ConnectionSlot(keys, uuid.uuid4().hex)
         full = await self.counters.join(keys, caps, slot.member, CONNECTION_TTL)

@@ -319,3 +319,169 @@ def own_redis_server() -> Iterator[str]:
         yield server.address
     finally:
         server.stop()
+
+
+# --- Redis Cluster -----------------------------------------------------------------------
+
+
+class RedisClusterServer:
+    """A throwaway Redis Cluster: `masters` masters with one replica each, every node a
+    redis-server on a free loopback port, slots split evenly by `redis-cli --cluster create`.
+    A short node timeout lets a replica take over within about a second of its master dying
+    (the failover tests). `stop()` ends every node and removes the directory."""
+
+    NODE_TIMEOUT_MS = 1000
+
+    def __init__(self, masters: int = 3) -> None:
+        self.program = redis_server_program()
+        self.cli = shutil.which("redis-cli")
+        if self.cli is None:
+            raise ServiceUnavailable("redis-cli is not installed (apt-get install redis-tools)")
+        self.masters = masters
+        self.directory = _make_dir("threadline-redis-", None)
+        self.ports: list[int] = []
+        self._processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def address(self) -> str:
+        """The cluster URL the bus understands: every node as a seed."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def start(self) -> RedisClusterServer:
+        try:
+            for _ in range(self.masters * 2):
+                self.ports.append(self._launch_node())
+            nodes = [f"127.0.0.1:{port}" for port in self.ports]
+            create = subprocess.run(
+                [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1",
+                 "--cluster-yes"],
+                capture_output=True, timeout=START_TIMEOUT, check=False,
+            )
+            if create.returncode != 0:
+                output = create.stdout[-3000:].decode(errors="replace")
+                raise ServiceFailed(f"redis-cli --cluster create failed:\n{output}")
+            self.wait_ready()
+            return self
+        except BaseException:
+            self.stop()
+            raise
+
+    def _node_args(self, port: int) -> list[str]:
+        return [*_die_with_us("SIGTERM"), self.program, "--bind", "127.0.0.1",
+                "--port", str(port), "--save", "", "--appendonly", "no",
+                "--dir", str(self.directory / str(port)), "--daemonize", "no",
+                "--maxclients", "2000", "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS),
+                # A replica may take over however far behind it is: nothing here persists.
+                "--cluster-replica-validity-factor", "0"]
+
+    @staticmethod
+    def _free_node_port() -> int:
+        """A free port whose cluster bus port (port + 10000, at most 65535) is free too."""
+        for _attempt in range(200):
+            port = free_port()
+            if port > 55535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+        raise ServiceFailed("no free port pair (port, port + 10000) for a cluster node")
+
+    def _launch_node(self) -> int:
+        for _attempt in range(PORT_ATTEMPTS):
+            port = self._free_node_port()
+            node_dir = self.directory / str(port)
+            node_dir.mkdir()
+            args = self._node_args(port)
+            with open(node_dir / "server.log", "ab") as log:
+                process = subprocess.Popen(args, cwd=node_dir, stdout=log,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + START_TIMEOUT
+            while time.monotonic() < deadline and process.poll() is None:
+                if self.command(port, "PING").startswith("PONG"):
+                    self._processes[port] = process
+                    return port
+                time.sleep(0.05)
+            _stop_process(process, signal.SIGKILL)
+        raise ServiceFailed(
+            f"a Redis Cluster node did not start:\n{_log_tail(node_dir / 'server.log')}"
+        )
+
+    def command(self, port: int, *args: str) -> str:
+        """One command through redis-cli to the node on `port`; its output ('' on failure)."""
+        assert self.cli is not None
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            done = subprocess.run([self.cli, "-p", str(port), *args], capture_output=True,
+                                  timeout=5, check=False)
+            return done.stdout.decode(errors="replace")
+        return ""
+
+    def live_ports(self) -> list[int]:
+        return [port for port, process in self._processes.items() if process.poll() is None]
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Until every live node says the cluster is ok and there are `masters` live masters."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ports = self.live_ports()
+            if (
+                all("cluster_state:ok" in self.command(p, "CLUSTER", "INFO") for p in ports)
+                and len(self.master_ports()) == self.masters
+                and self._replicas_linked()
+            ):
+                return
+            time.sleep(0.05)
+        raise ServiceFailed(f"Redis Cluster not ok after {timeout:.0f} s")
+
+    def _replicas_linked(self) -> bool:
+        """Every live replica is in sync with its master (a failover needs one)."""
+        for port in self.live_ports():
+            info = self.command(port, "INFO", "replication")
+            if "role:slave" in info and "master_link_status:up" not in info:
+                return False
+        return True
+
+    def master_ports(self) -> list[int]:
+        """Live nodes that see themselves as master of some slots."""
+        masters = []
+        for port in self.live_ports():
+            for line in self.command(port, "CLUSTER", "NODES").splitlines():
+                fields = line.split()
+                if len(fields) > 8 and "myself" in fields[2] and "master" in fields[2]:
+                    masters.append(port)
+        return masters
+
+    def master_of(self, slot: int) -> int:
+        """The port of the live master serving `slot` (from CLUSTER NODES)."""
+        for port in self.master_ports():
+            for line in self.command(port, "CLUSTER", "NODES").splitlines():
+                fields = line.split()
+                if len(fields) > 8 and "myself" in fields[2]:
+                    for span in fields[8:]:
+                        start, _, end = span.partition("-")
+                        if start.isdigit() and int(start) <= slot <= int(end or start):
+                            return port
+        raise ServiceFailed(f"no live master serves slot {slot}")
+
+    def kill(self, port: int) -> None:
+        """Kill one node outright (SIGKILL): a crashed master, for its replica to replace."""
+        _stop_process(self._processes[port], signal.SIGKILL)
+
+    def restart(self, port: int) -> None:
+        """Start a killed node again on its port; it rejoins (as a replica of its successor)."""
+        node_dir = self.directory / str(port)
+        args = self._node_args(port)
+        with open(node_dir / "server.log", "ab") as log:
+            self._processes[port] = subprocess.Popen(
+                args, cwd=node_dir, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        for process in self._processes.values():
+            _stop_process(process, signal.SIGTERM)
+        self._processes.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.servers import PostgresServer, RedisServer, ServiceUnavailable
+from tests.servers import PostgresServer, RedisClusterServer, RedisServer, ServiceUnavailable
 
 # Point the suite at existing servers instead of starting its own: an admin DSN (a database
 # where CREATE DATABASE works) and a Redis URL.
@@ -37,6 +37,15 @@ def _missing(message: str) -> None:
     pytest.skip(message)
 
 
+def _first_host(address: str, default_port: int) -> tuple[str, int]:
+    if "+cluster://" in address:
+        from realtime.redis_urls import parse_cluster_url
+
+        return parse_cluster_url(address).seeds[0]
+    parts = urlsplit(address)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
 class _OwnService:
     """One server per test run, started on first use, stopped by `stop_own_services()`.
     A start that failed is remembered: later tests fail (or skip) at once, not after another
@@ -55,8 +64,7 @@ class _OwnService:
         """The DSN/URL to use; skips or fails the calling test when there is none."""
         given = os.environ.get(self.override)
         if given:
-            parts = urlsplit(given)
-            host, port = parts.hostname or "127.0.0.1", parts.port or self._default_port
+            host, port = _first_host(given, self._default_port)
             if not _reachable(host, port):
                 _missing(f"{self.name} is not reachable at {host}:{port} (from {self.override})")
             return given
@@ -75,6 +83,10 @@ class _OwnService:
             pytest.fail(message)
         return str(self._server.address)
 
+    @property
+    def server(self) -> Any:
+        return self._server
+
     def stop(self) -> None:
         with self._lock:
             if self._server is not None:
@@ -84,6 +96,11 @@ class _OwnService:
 
 _POSTGRES = _OwnService("PostgreSQL", POSTGRES_OVERRIDE, lambda: PostgresServer().start(), 5432)
 _REDIS = _OwnService("Redis", REDIS_OVERRIDE, lambda: RedisServer().start(), 6379)
+# A cluster named by this variable is used as is; the failover tests need one of our own.
+REDIS_CLUSTER_OVERRIDE = "THREADLINE_TEST_REDIS_CLUSTER_URL"
+_REDIS_CLUSTER = _OwnService(
+    "Redis Cluster", REDIS_CLUSTER_OVERRIDE, lambda: RedisClusterServer().start(), 6379
+)
 
 
 def require_postgres() -> str:
@@ -96,10 +113,25 @@ def require_redis() -> str:
     return _REDIS.address()
 
 
+def require_redis_cluster() -> str:
+    """The `redis+cluster://` URL of the run's Redis Cluster (3 masters, 3 replicas)."""
+    return _REDIS_CLUSTER.address()
+
+
+def own_redis_cluster() -> RedisClusterServer:
+    """The run's own cluster, to kill and restart nodes of (fails the test under an override)."""
+    require_redis_cluster()
+    server = _REDIS_CLUSTER.server
+    if not isinstance(server, RedisClusterServer):
+        pytest.skip(f"{REDIS_CLUSTER_OVERRIDE} names a cluster this run does not own")
+    return server
+
+
 def stop_own_services() -> None:
     """Stop the servers this run started (pytest_unconfigure); overrides are left alone."""
     _POSTGRES.stop()
     _REDIS.stop()
+    _REDIS_CLUSTER.stop()
 
 
 async def _admin_execute(admin_dsn: str, sql: str) -> None:

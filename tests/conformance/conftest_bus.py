@@ -9,13 +9,16 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from realtime.bus import Bus
 from realtime.memory import MemoryBus
 from realtime.redis import RedisBus
-from tests.services import require_redis, unique_prefix
+from realtime.redis_cluster import RedisClusterBus
+from realtime.redis_urls import cluster_client, parse_cluster_url
+from tests.services import require_redis, require_redis_cluster, unique_prefix
 
-BACKENDS = ["memory", "redis"]
+BACKENDS = ["memory", "redis", "redis-cluster"]
 TIMEOUT = 5.0
 
 T = TypeVar("T")
@@ -39,13 +42,29 @@ async def eventually(
     await within(poll(), timeout)
 
 
-async def cleanup_prefix(prefix: str) -> None:
+async def cleanup_prefix(prefix: str, *, cluster: bool = False) -> None:
     """Delete every key under a test prefix (bounded: SCAN stops when the cursor wraps)."""
+    if cluster:
+        async with admin_cluster() as admin:
+            # A cluster SCAN visits every master; keys are deleted one by one (one slot each).
+            for key in [key async for key in admin.scan_iter(match=prefix + "*", count=500)]:
+                await admin.delete(key)
+        return
     client = Redis.from_url(require_redis())
     try:
         keys = [key async for key in client.scan_iter(match=prefix + "*", count=500)]
         if keys:
             await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+@asynccontextmanager
+async def admin_cluster() -> AsyncIterator[RedisCluster]:
+    client = cluster_client(parse_cluster_url(require_redis_cluster()))
+    try:
+        await client.initialize()
+        yield client
     finally:
         await client.aclose()
 
@@ -77,6 +96,14 @@ def make_redis_bus(url: str | None = None, **options: Any) -> RedisBus:
     return RedisBus(url, prefix=options.pop("prefix", unique_prefix()), **options)
 
 
+def make_cluster_bus(url: str | None = None, **options: Any) -> RedisClusterBus:
+    url = url or require_redis_cluster()
+    options.setdefault("min_backoff", 0.02)
+    options.setdefault("max_backoff", 0.2)
+    options.setdefault("connect_timeout", 1.0)
+    return RedisClusterBus(url, prefix=options.pop("prefix", unique_prefix()), **options)
+
+
 @asynccontextmanager
 async def open_test_bus(kind: str, **options: Any) -> AsyncIterator[Bus]:
     """An opened bus of the given backend, closed and cleaned up afterwards."""
@@ -84,6 +111,14 @@ async def open_test_bus(kind: str, **options: Any) -> AsyncIterator[Bus]:
         memory = MemoryBus(**options)
         async with memory:
             yield memory
+        return
+    if kind == "redis-cluster":
+        cluster_bus = make_cluster_bus(**options)
+        try:
+            async with cluster_bus:
+                yield cluster_bus
+        finally:
+            await cleanup_prefix(cluster_bus.prefix, cluster=True)
         return
     require_redis()
     redis_bus = make_redis_bus(**options)
@@ -96,7 +131,7 @@ async def open_test_bus(kind: str, **options: Any) -> AsyncIterator[Bus]:
 
 def subscription_count(bus: Bus, channel: str) -> int:
     """Bus-level subscriptions of a channel in this process (one per thread with a hub)."""
-    assert isinstance(bus, MemoryBus | RedisBus)
+    assert isinstance(bus, MemoryBus | RedisBus | RedisClusterBus)
     return bus.subscriber_count(channel)
 
 

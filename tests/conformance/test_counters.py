@@ -9,15 +9,22 @@ from collections.abc import AsyncIterator
 import pytest
 
 from realtime.limits import Counters, MemoryCounters, RedisCounters
-from tests.services import require_redis
+from tests.services import require_redis, require_redis_cluster
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ]
+)
 async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
     if request.param == "memory":
         yield MemoryCounters()
         return
-    opened = RedisCounters(require_redis(), f"test-limits-{uuid.uuid4().hex[:8]}:")
+    url = require_redis() if request.param == "redis" else require_redis_cluster()
+    opened = RedisCounters(url, f"test-limits-{uuid.uuid4().hex[:8]}:")
     try:
         yield opened
     finally:
@@ -38,13 +45,13 @@ async def test_bucket_allows_the_burst_then_says_how_long_to_wait(counters: Coun
 async def test_connection_sets_cap_every_key_and_add_nothing_when_one_is_full(
     counters: Counters,
 ) -> None:
-    keys, caps = ("token:a", "subject:s"), (2, 3)
+    keys, caps = ("token:{s}:a", "subject:{s}"), (2, 3)
     assert await counters.join(keys, caps, "c1", ttl=30) == -1
     assert await counters.join(keys, caps, "c2", ttl=30) == -1
     assert await counters.join(keys, caps, "c3", ttl=30) == 0  # the token's set is full
     # The subject's set did not get c3: another token of the subject still fits once.
-    assert await counters.join(("token:b", "subject:s"), caps, "c4", ttl=30) == -1
-    assert await counters.join(("token:b", "subject:s"), caps, "c5", ttl=30) == 1
+    assert await counters.join(("token:{s}:b", "subject:{s}"), caps, "c4", ttl=30) == -1
+    assert await counters.join(("token:{s}:b", "subject:{s}"), caps, "c5", ttl=30) == 1
     await counters.leave(keys, "c1")
     assert await counters.join(keys, caps, "c6", ttl=30) == -1
 

@@ -7,7 +7,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from realtime.channels import replay_key, thread_channel
+from realtime.channels import hash_tag, presence_key, replay_key, scope_channel, thread_channel
 from realtime.envelopes import (
     ChunkEnvelope,
     ChunkPosition,
@@ -101,8 +101,10 @@ def test_envelopes_are_frozen() -> None:
 
 
 def test_channel_names() -> None:
-    assert thread_channel("th_1") == "thread:th_1"
-    assert replay_key("th_1") == "replay:th_1"
+    assert thread_channel("th_1") == "thread:{th_1}"
+    assert replay_key("th_1") == "replay:{th_1}"
+    assert presence_key("th_1") == "presence:{th_1}"
+    assert scope_channel("s") == "scope:{s}"
     assert CONTROL_CHANNEL == "control"
     assert thread_channel("a") != thread_channel("b")
     with pytest.raises(ValueError):
@@ -136,3 +138,15 @@ def test_encode_chunk_is_the_envelope_encoding(chunk: dict[str, object]) -> None
 def test_encode_chunk_refuses_what_the_envelope_refuses(args: tuple[object, ...]) -> None:
     with pytest.raises(ValueError):
         encode_chunk(*args)  # type: ignore[arg-type]
+
+
+def test_hash_tags_keep_a_thread_on_one_slot() -> None:
+    from redis.crc import key_slot
+
+    for thread_id in ("th_1", "a}b", "{x}", "ünï"):
+        names = [thread_channel(thread_id), replay_key(thread_id), presence_key(thread_id)]
+        slots = {key_slot(("threadline:" + name).encode()) for name in names}
+        assert len(slots) == 1, (thread_id, names)
+    # Values Redis could not use as a tag get a digest, still one per value.
+    assert hash_tag("") != hash_tag("}") and hash_tag("a}b") != hash_tag("a}c")
+    assert hash_tag("a}b").count("}") == 1 and hash_tag("ok") == "{ok}"

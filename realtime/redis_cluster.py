@@ -1,0 +1,490 @@
+"""Redis Cluster bus: sharded pub/sub (SSUBSCRIBE/SPUBLISH), one pub/sub connection per master."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
+from redis.exceptions import RedisError
+
+from realtime.base import (
+    DEFAULT_MAX_QUEUE,
+    AsyncResource,
+    BusState,
+    LocalSubscriptions,
+    QueueSubscription,
+    ReconnectListener,
+    ReconnectListeners,
+    cancel_and_wait,
+    check_replay_bounds,
+)
+from realtime.errors import BusClosedError, BusUnavailableError
+from realtime.redis import (
+    APPEND_REPLAY,
+    SPUBLISH_REPLAYED,
+    replay_script_args,
+    replay_script_keys,
+)
+from realtime.redis_urls import cluster_client, describe, parse_cluster_url
+from realtime.telemetry import RECONNECTS, safe_add
+
+log = logging.getLogger(__name__)
+
+Node = tuple[str, int]
+SLOTS = 16384
+
+
+class TopologyChanged(RedisError):
+    """A shard dropped one of our channels unasked: its slot moved (resharding, failover)."""
+
+
+class _Shard:
+    """The pub/sub connection to one master and the channels SSUBSCRIBEd on it."""
+
+    def __init__(self, node: Node, client: Redis) -> None:
+        self.node = node
+        self.client = client
+        self.pubsub: PubSub = client.pubsub()
+        self.remote: set[bytes] = set()  # SSUBSCRIBE sent
+        self.confirmed: set[bytes] = set()  # ... and confirmed by the shard
+        self.leaving: Counter[bytes] = Counter()  # SUNSUBSCRIBE sent, reply pending
+
+    async def close(self) -> None:
+        with suppress(Exception):
+            await self.pubsub.aclose()
+        with suppress(Exception):
+            await self.client.aclose()
+
+
+class RedisClusterBus(AsyncResource):
+    """Implements `realtime.bus.Bus` on a Redis Cluster with sharded pub/sub (Redis 7).
+
+    A channel lives on the shard owning its hash slot (`channels` puts a thread's hash tag in
+    its channel, replay and presence names, so all of a thread sits on one shard), and a
+    message only travels within that shard. Each process keeps one pub/sub connection per
+    master, SSUBSCRIBEs a channel once however many local subscriptions it has, and reads all
+    of them. Any failure of any of those connections, or a shard dropping a channel because
+    its slot moved, is handled as one lost connection, exactly like `RedisBus`: unhealthy,
+    reload the slot map, reconnect every master, resubscribe, wait for confirmations,
+    healthy, run the reconnect listeners (gateways tell clients to resync). Channels without
+    a hash tag (the control and revocation channels) are sharded channels too, on the fixed
+    slot their name hashes to.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "threadline:",
+        *,
+        name: str | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        replay_ttl: int = 3600,
+        min_backoff: float = 0.05,
+        max_backoff: float = 2.0,
+        ping_interval: float = 5.0,
+        subscribe_timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        command_timeout: float = 5.0,
+    ) -> None:
+        self._address = parse_cluster_url(url)
+        self._url = url
+        self.prefix = prefix
+        self._prefix_bytes = prefix.encode()
+        self.name = name or f"threadline-{uuid.uuid4().hex[:8]}"
+        self._replay_ttl = replay_ttl
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._ping_interval = ping_interval
+        self._subscribe_timeout = subscribe_timeout
+        self._connect_timeout = connect_timeout
+        self._command_timeout = command_timeout
+        self._state = BusState.NEW
+        self._healthy = False
+        self._client: RedisCluster | None = None
+        self._slots: list[Node] = []
+        self._shards: dict[Node, _Shard] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # serialises (re)connects and SSUBSCRIBE/SUNSUBSCRIBE
+        self._subscriptions: LocalSubscriptions[bytes] = LocalSubscriptions(max_queue)
+        self._waiters: dict[bytes, list[asyncio.Future[None]]] = {}
+        self._listeners = ReconnectListeners()
+        self._append: Any = None
+        self._publish_replayed: Any = None
+
+    @property
+    def pubsub_client_name(self) -> str:
+        return f"{self.name}-pubsub"
+
+    @property
+    def command_client_name(self) -> str:
+        return f"{self.name}-cmd"
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    def add_reconnect_listener(self, callback: ReconnectListener) -> None:
+        self._listeners.add(callback)
+
+    def remove_reconnect_listener(self, callback: ReconnectListener) -> None:
+        self._listeners.remove(callback)
+
+    def subscriber_count(self, channel: str) -> int:
+        return self._subscriptions.count(self._prefix_bytes + channel.encode())
+
+    def shard_of(self, channel: str) -> Node:
+        """The master whose pub/sub carries `channel` (per the last slot map loaded)."""
+        return self._slots[key_slot((self.prefix + channel).encode())]
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._state is not BusState.NEW:
+            raise BusClosedError(f"RedisClusterBus is {self._state.value}; it can be opened once")
+        self._client = cluster_client(
+            self._address,
+            client_name=self.command_client_name,
+            socket_connect_timeout=self._connect_timeout,
+            socket_timeout=None,  # deadlines are ours (see RedisBus)
+            retry=Retry(NoBackoff(), 1),
+        )
+        # Both scripts touch one slot: the replay list, its byte total and (for the publish)
+        # the thread channel share the thread's hash tag.
+        self._append = self._client.register_script(APPEND_REPLAY)
+        self._publish_replayed = self._client.register_script(SPUBLISH_REPLAYED)
+        try:
+            async with asyncio.timeout(self._connect_timeout + self._command_timeout):
+                await self._client.initialize()
+                await self._connect()
+                await self._await_confirmations()
+        except (RedisError, OSError) as exc:
+            await self._drop_shards()
+            await self._close_client()
+            raise BusUnavailableError(
+                f"cannot reach the Redis Cluster at {describe(self._url)}: {exc}"
+            ) from exc
+        self._state = BusState.OPEN
+        self._healthy = True
+        self._reader = asyncio.create_task(self._read_forever(), name=f"{self.name}-reader")
+
+    async def close(self) -> None:
+        if self._state is BusState.CLOSED:
+            return
+        self._state = BusState.CLOSED
+        self._healthy = False
+        if self._reader is not None:
+            await cancel_and_wait(self._reader)
+            self._reader = None
+        await self._drop_shards()
+        self._subscriptions.close_all()
+        self._release_waiters()
+        await self._close_client()
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            with suppress(RedisError, OSError):
+                await self._client.aclose()
+            self._client = None
+
+    # -- publishing and replay -------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _command(self, what: str) -> AsyncIterator[RedisCluster]:
+        if self._state is not BusState.OPEN or self._client is None:
+            raise BusClosedError(f"RedisClusterBus is {self._state.value}, not open")
+        try:
+            async with asyncio.timeout(self._command_timeout):
+                yield self._client
+        except (RedisError, OSError) as exc:
+            raise BusUnavailableError(f"{what} failed ({type(exc).__name__}: {exc})") from exc
+
+    async def publish(self, channel: str, data: bytes) -> None:
+        if not isinstance(data, bytes):
+            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        async with self._command(f"publish to {channel!r}") as client:
+            await client.spublish(self.prefix + channel, data)
+
+    async def append_replay(
+        self, key: str, data: bytes, limit: int, max_bytes: int | None = None
+    ) -> None:
+        check_replay_bounds(limit, max_bytes)
+        async with self._command(f"append to replay {key!r}"):
+            await self._append(
+                keys=self._replay_keys(key), args=self._append_args(data, limit, max_bytes)
+            )
+
+    async def publish_replayed(
+        self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
+    ) -> None:
+        if not isinstance(data, bytes):
+            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        check_replay_bounds(limit, max_bytes)
+        args = [*self._append_args(data, limit, max_bytes), self.prefix + channel]
+        async with self._command(f"publish to {channel!r} with replay {key!r}"):
+            await self._publish_replayed(keys=self._replay_keys(key), args=args)
+
+    async def publish_all(
+        self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
+    ) -> None:
+        """In order, one sharded publish each (their channels may live on different shards),
+        then the replay cleared."""
+        for _, data in messages:
+            if not isinstance(data, bytes):
+                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        for channel, data in messages:
+            await self.publish(channel, data)
+        if clear_key is not None:
+            await self.clear_replay(clear_key)
+
+    def _replay_keys(self, key: str) -> list[str]:
+        return replay_script_keys(self.prefix + key)
+
+    def _append_args(self, data: bytes, limit: int, max_bytes: int | None) -> list[Any]:
+        return replay_script_args(data, limit, max_bytes, self._replay_ttl)
+
+    async def read_replay(self, key: str) -> list[bytes]:
+        async with self._command(f"read of replay {key!r}") as client:
+            items = await client.lrange(self.prefix + key, 0, -1)
+        return cast(list[bytes], items)
+
+    async def clear_replay(self, key: str) -> None:
+        async with self._command(f"clear of replay {key!r}") as client:
+            await client.delete(self.prefix + key)
+
+    # -- subscriptions ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[QueueSubscription]:
+        """Works while a shard is down too: the channel is subscribed when it is back."""
+        if self._state is not BusState.OPEN:
+            raise BusClosedError(f"RedisClusterBus is {self._state.value}, not open")
+        key = self._prefix_bytes + channel.encode()
+        subscription = self._subscriptions.add(key, channel)
+        try:
+            await self._sync_channels()
+            await self._wait_confirmed(key)
+            yield subscription
+        finally:
+            self._subscriptions.remove(key, subscription)
+            if self._state is BusState.OPEN:
+                await self._sync_channels()
+
+    async def _sync_channels(self) -> None:
+        """Make each shard's channels match the local subscriptions."""
+        broken: _Shard | None = None
+        async with self._lock:
+            if self._shards is None:
+                return  # the reconnect subscribes everything
+            wanted = self._by_shard(self._subscriptions.keys())
+            for node, shard in self._shards.items():
+                channels = wanted.pop(node, set())
+                try:
+                    await self._change(shard, channels - shard.remote, shard.remote - channels)
+                except (RedisError, OSError) as exc:
+                    log.warning("sharded pub/sub command failed, forcing a reconnect: %s", exc)
+                    broken = shard
+                    break
+            if broken is None and wanted:
+                # The slot map names a master we have no connection to: it changed.
+                broken = next(iter(self._shards.values()))
+        if broken is not None:
+            # Closing makes its reader fail: the usual reconnect path resubscribes everything.
+            await broken.close()
+
+    async def _change(self, shard: _Shard, added: set[bytes], removed: set[bytes]) -> None:
+        for channels in _by_slot(added):
+            shard.remote |= channels
+            await shard.pubsub.ssubscribe(*channels)
+        for channels in _by_slot(removed):
+            shard.remote -= channels
+            shard.confirmed -= channels
+            shard.leaving.update(channels)
+            await shard.pubsub.sunsubscribe(*channels)
+
+    def _by_shard(self, channels: set[bytes]) -> dict[Node, set[bytes]]:
+        grouped: dict[Node, set[bytes]] = {}
+        for channel in channels:
+            grouped.setdefault(self._slots[key_slot(channel)], set()).add(channel)
+        return grouped
+
+    async def _wait_confirmed(self, key: bytes) -> None:
+        shards = self._shards
+        if shards is None or any(key in shard.confirmed for shard in shards.values()):
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(key, [])
+        waiters.append(future)
+        try:
+            async with asyncio.timeout(self._subscribe_timeout):
+                await future
+        except TimeoutError:
+            log.warning("no SSUBSCRIBE confirmation for %r yet; continuing", key)
+        finally:
+            if future in waiters:
+                waiters.remove(future)
+            if not waiters:
+                self._waiters.pop(key, None)
+
+    def _release_waiters(self) -> None:
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+        self._waiters.clear()
+
+    # -- the pub/sub connections -----------------------------------------------------------
+
+    async def _load_slots(self) -> None:
+        """The slot map, from whichever node answers first (they agree once a failover ends)."""
+        assert self._client is not None
+        ranges = await self._client.execute_command("CLUSTER SLOTS")
+        slots: list[Node | None] = [None] * SLOTS
+        for (start, end), owners in cast(dict[tuple[int, int], dict[str, Any]], ranges).items():
+            host, port = owners["primary"][:2]
+            node = (host.decode() if isinstance(host, bytes) else str(host), int(port))
+            slots[int(start) : int(end) + 1] = [node] * (int(end) - int(start) + 1)
+        if any(node is None for node in slots):
+            raise RedisError("the cluster does not cover every slot (a failover in progress?)")
+        self._slots = cast(list[Node], slots)
+
+    async def _connect(self) -> None:
+        """Reload the slot map, connect to every master, SSUBSCRIBE every local channel."""
+        await self._load_slots()
+        async with self._lock:
+            shards: dict[Node, _Shard] = {}
+            try:
+                for node in sorted(set(self._slots)):
+                    client = Redis(
+                        host=node[0], port=node[1], username=self._address.username,
+                        password=self._address.password, ssl=self._address.tls,
+                        client_name=self.pubsub_client_name,
+                        socket_connect_timeout=self._connect_timeout, socket_timeout=None,
+                        socket_keepalive=True, retry=Retry(NoBackoff(), 0, supported_errors=()),
+                    )
+                    shard = shards[node] = _Shard(node, client)
+                    await shard.pubsub.connect()
+                for node, channels in self._by_shard(self._subscriptions.keys()).items():
+                    await self._change(shards[node], channels, set())
+            except BaseException:
+                for shard in shards.values():
+                    await shard.close()
+                raise
+            self._shards = shards
+
+    async def _drop_shards(self) -> None:
+        async with self._lock:
+            shards, self._shards = self._shards, None
+        for shard in (shards or {}).values():
+            await shard.close()
+
+    async def _await_confirmations(self) -> None:
+        for shard in list((self._shards or {}).values()):
+            while not shard.remote <= shard.confirmed:
+                message = await shard.pubsub.get_message(timeout=self._subscribe_timeout)
+                if message is not None:
+                    self._handle(shard, message)
+
+    async def _read_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = self._min_backoff
+        connected_at = loop.time()
+        while True:
+            shards = self._shards
+            if shards is None:
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, self._max_backoff)
+                try:
+                    async with asyncio.timeout(self._connect_timeout + self._subscribe_timeout):
+                        await self._connect()
+                        await self._await_confirmations()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.debug("Redis Cluster reconnect failed: %s", exc)
+                    await self._drop_shards()
+                    continue
+                shards = self._shards or {}
+                connected_at = loop.time()
+                self._healthy = True
+                safe_add(RECONNECTS, 1)
+                log.info("Redis Cluster pub/sub reconnected to %d masters", len(shards))
+                await self._listeners.notify()
+            try:
+                await self._read_all(list(shards.values()))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("Redis Cluster pub/sub lost (%s: %s)", type(exc).__name__, exc)
+                self._healthy = False
+                self._release_waiters()
+                await self._drop_shards()
+                if loop.time() - connected_at >= self._max_backoff:
+                    delay = self._min_backoff
+
+    async def _read_all(self, shards: list[_Shard]) -> None:
+        """Read every shard until one fails; that failure is raised."""
+        tasks = [asyncio.create_task(self._read(shard)) for shard in shards]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # raises the shard's failure
+            raise RedisError("a shard reader stopped")
+        finally:
+            for task in tasks:
+                await cancel_and_wait(task)
+
+    async def _read(self, shard: _Shard) -> None:
+        loop = asyncio.get_running_loop()
+        last_seen = loop.time()
+        ping_sent: float | None = None
+        while True:
+            message = await shard.pubsub.get_message(timeout=self._ping_interval)
+            now = loop.time()
+            if message is not None:
+                last_seen, ping_sent = now, None
+                self._handle(shard, message)
+            elif ping_sent is not None:
+                if now - ping_sent >= self._ping_interval:
+                    raise TimeoutError(f"shard {shard.node} did not answer PING")
+            elif now - last_seen >= self._ping_interval:
+                await shard.pubsub.ping()
+                ping_sent = now
+
+    def _handle(self, shard: _Shard, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        channel = message["channel"]
+        if kind == "smessage":
+            self._subscriptions.push(channel, message["data"])
+        elif kind == "ssubscribe":
+            shard.confirmed.add(channel)
+            for future in self._waiters.pop(channel, ()):
+                if not future.done():
+                    future.set_result(None)
+        elif kind == "sunsubscribe":
+            shard.confirmed.discard(channel)
+            if shard.leaving[channel] > 0:
+                shard.leaving[channel] -= 1
+                if not shard.leaving[channel]:
+                    del shard.leaving[channel]
+            elif channel in shard.remote:
+                raise TopologyChanged(f"shard {shard.node} dropped {channel!r}: its slot moved")
+
+
+def _by_slot(channels: set[bytes]) -> list[set[bytes]]:
+    """SSUBSCRIBE takes channels of one slot per call."""
+    grouped: dict[int, set[bytes]] = {}
+    for channel in channels:
+        grouped.setdefault(key_slot(channel), set()).add(channel)
+    return list(grouped.values())

@@ -1,0 +1,54 @@
+"""The Redis presence store on one Redis and on a Redis Cluster: entries, expiry, bursts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from realtime.presence import MAX_IN_FLIGHT, RedisPresence
+from tests.conformance.conftest_bus import cleanup_prefix, within
+from tests.services import require_redis, require_redis_cluster
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+async def presence(request: pytest.FixtureRequest) -> AsyncIterator[RedisPresence]:
+    cluster = request.param == "redis-cluster"
+    url = require_redis_cluster() if cluster else require_redis()
+    store = RedisPresence(url, prefix=f"threadline-test-{uuid.uuid4().hex[:10]}:")
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+        await cleanup_prefix(store.prefix, cluster=cluster)
+
+
+async def test_entries_of_many_threads_are_written_read_and_removed(
+    presence: RedisPresence,
+) -> None:
+    live = {"expires_at": time.time() + 30, "name": "ada"}
+    gone = {"expires_at": time.time() - 1, "name": "bob"}
+    threads = [f"th-presence-{i}" for i in range(12)]  # one pipeline across slots
+    await presence.put_many([(t, "m1", live) for t in threads] + [(threads[0], "m2", gone)])
+    for thread_id in threads:
+        assert await presence.read(thread_id) == {"m1": live}  # the expired entry is skipped
+    await presence.remove(threads[0], "m1")
+    assert await presence.read(threads[0]) == {}
+
+
+async def test_a_burst_beyond_the_connection_pool_waits_instead_of_failing(
+    presence: RedisPresence,
+) -> None:
+    # redis-py refuses a command once its pool's 100 connections are busy: thousands of
+    # websockets joining at once reread presence this many times concurrently.
+    burst = 20 * MAX_IN_FLIGHT
+    replies = await within(
+        asyncio.gather(*(presence.read(f"th-burst-{i}") for i in range(burst))), timeout=30
+    )
+    assert replies == [{}] * burst
