@@ -21,6 +21,8 @@ from ag_ui.core import (
     RunFinishedInterruptOutcome,
     RunFinishedSuccessOutcome,
     RunStartedEvent,
+    StateDeltaEvent,
+    StateSnapshotEvent,
     StepFinishedEvent,
     StepStartedEvent,
     TextMessageContentEvent,
@@ -131,6 +133,39 @@ def interrupt_of(action: PendingAction) -> Interrupt:
     )
 
 
+def shared_state(snapshot: Snapshot) -> dict[str, Any]:
+    """What AG-UI's shared state reports of a thread: its last run and its pending actions.
+
+    Read-only: the server derives it from committed state (a client's `state` input is ignored).
+    Tool inputs are left out (they are the tool call's, in the messages).
+    """
+    run = snapshot.run
+    return {
+        "run": None if run is None else {"id": run.id, "status": run.status.value},
+        "pendingActions": [
+            {
+                "id": action.id,
+                "kind": action.kind.value,
+                "toolName": action.tool_name,
+                "toolCallId": action.tool_call_id,
+                "runId": action.run_id,
+                "allowedRoles": [role.value for role in action.allowed_roles],
+            }
+            for action in snapshot.pending_actions
+        ],
+    }
+
+
+def state_delta(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON Patch (RFC 6902) from `before` to `after`: one `replace` per changed key (both
+    have the same keys, so a replace always applies)."""
+    return [
+        {"op": "replace", "path": f"/{key}", "value": value}
+        for key, value in after.items()
+        if before.get(key) != value
+    ]
+
+
 @dataclass
 class RunStream:
     """Turns one run's canonical chunks into AG-UI events (the state of the open message)."""
@@ -141,6 +176,16 @@ class RunStream:
     step: str | None = None  # the open step: AG-UI requires it finished before the run
     messages: int = 0
     tool_names: dict[str, str] = field(default_factory=dict)
+    state: dict[str, Any] | None = None  # the shared state last sent
+
+    def state_events(self, snapshot: Snapshot) -> list[BaseEvent]:
+        """STATE_SNAPSHOT the first time, then STATE_DELTA when committed state changed it."""
+        state = shared_state(snapshot)
+        before, self.state = self.state, state
+        if before is None:
+            return [StateSnapshotEvent(snapshot=state)]
+        delta = state_delta(before, state)
+        return [StateDeltaEvent(delta=delta)] if delta else []
 
     def chunk(self, chunk: Chunk) -> list[BaseEvent]:
         data = chunk.chunk
@@ -212,6 +257,7 @@ class RunStream:
         events: list[BaseEvent] = [
             *self.close_step(),
             MessagesSnapshotEvent(messages=agui_messages(snapshot)),
+            *self.state_events(snapshot),
         ]
         run = snapshot.run
         status = run.status if run is not None and run.id == self.run_id else RunStatus.COMPLETED
@@ -357,6 +403,8 @@ async def events(
     yield RunStartedEvent(thread_id=data.thread_id, run_id=stream.run_id)
     # Join: committed state first; the in-flight step's replay and live chunks follow.
     yield MessagesSnapshotEvent(messages=agui_messages(first.snapshot))
+    for event in stream.state_events(first.snapshot):
+        yield event
     item: Chunk | Committed = first
     if target is None:
         for event in stream.finish(first.snapshot):
@@ -373,6 +421,9 @@ async def events(
                 return
             if item.reset and item is not first:
                 for event in from_reset(stream, item.snapshot):
+                    yield event
+            if item is not first:
+                for event in stream.state_events(item.snapshot):
                     yield event
         elif not queued and item.run_id == stream.run_id:
             for event in stream.chunk(item):

@@ -113,6 +113,20 @@ def expected_messages(snap: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def expected_state(snap: dict[str, Any]) -> dict[str, Any]:
+    """AG-UI shared state per docs/protocol.md: the thread's last run and pending actions."""
+    run = snap["run"]
+    return {
+        "run": run and {"id": run["id"], "status": run["status"]},
+        "pendingActions": [
+            {"id": a["id"], "kind": a["kind"], "toolName": a["tool_name"],
+             "toolCallId": a["tool_call_id"], "runId": a["run_id"],
+             "allowedRoles": a["allowed_roles"]}
+            for a in snap["pending_actions"]
+        ],
+    }
+
+
 def reconstructed(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The client's messages, with JSON strings parsed so both sides compare as data."""
     out = []
@@ -172,6 +186,9 @@ def test_weather_run_streams_tool_call_and_text(agui: Agui) -> None:
     assert streamed_text(report) == last_assistant_text(snap)
     assert "Paris" in streamed_text(report)
     assert_converged(report, snap)
+    assert types[2] == "STATE_SNAPSHOT"  # after RUN_STARTED and MESSAGES_SNAPSHOT
+    assert report["state"] == expected_state(snap)
+    assert report["state"]["run"]["status"] == "completed"
 
 
 def test_email_approval_resumed_by_a_second_client_exactly_once(
@@ -186,6 +203,11 @@ def test_email_approval_resumed_by_a_second_client_exactly_once(
     [action] = snap["pending_actions"]
     assert interrupt["id"] == action["id"] and interrupt["toolCallId"] == action["tool_call_id"]
     assert_converged(first, snap)
+    # Shared state (STATE_SNAPSHOT, then STATE_DELTA patches applied by the client library):
+    # the run waits on the one pending action.
+    assert first["state"] == expected_state(snap)
+    assert first["state"]["run"] == {"id": first["runId"], "status": "waiting"}
+    assert "STATE_DELTA" in event_types(first)
 
     resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}]
     second = agui.run(tokens["bob"], resume=resume)
@@ -194,6 +216,8 @@ def test_email_approval_resumed_by_a_second_client_exactly_once(
     assert snap["run"]["status"] == "completed" and not snap["pending_actions"]
     assert "[redacted email]" in last_assistant_text(snap)
     assert_converged(second, snap)
+    assert second["state"] == expected_state(snap)
+    assert second["state"]["pendingActions"] == []
 
     # The first client answers the same interrupt too late: RUN_ERROR naming the winner.
     late = agui.run(messages=first["messages"], resume=resume)
