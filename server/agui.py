@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ from ag_ui.core.events import BaseEvent
 from ag_ui.encoder import EventEncoder
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from runtime.domain import (
@@ -57,12 +56,17 @@ from runtime.domain import (
 )
 from runtime.errors import InvalidInput
 from runtime.service import ThreadService, validation_field_errors
-from server.auth import authenticate, bearer_token
 from server.errors import wire_error
-from server.routes import read_body, service_of
-from server.streams import Chunk, Committed, ThreadFeed, ensure_thread, is_settled
-
-log = logging.getLogger(__name__)
+from server.routes import read_body
+from server.streams import (
+    Chunk,
+    Committed,
+    ThreadFeed,
+    caller_of,
+    is_settled,
+    open_feed,
+    sse_response,
+)
 
 # Tool states that close a tool call with a result message.
 FINAL_STATES = frozenset(
@@ -439,29 +443,18 @@ def from_reset(stream: RunStream, snapshot: Snapshot) -> list[BaseEvent]:
 async def agui_endpoint(request: Request) -> Response:
     """`POST /v1/ag-ui`: refusals before the stream are JSON errors; after, RUN_ERROR events."""
     try:
-        app = request.app.state
-        principal = await authenticate(app.store, bearer_token(request.headers))
+        service, principal = await caller_of(request)
         data = parse_input(await read_body(request))
-        service = service_of(request)
-        await ensure_thread(service, principal, data.thread_id)
+        feed = await open_feed(request, service, principal, data.thread_id, create=True)
     except Exception as exc:
         return wire_error(exc).response()
-    feed = ThreadFeed(service, app.hub, principal, data.thread_id)
     encoder = EventEncoder(accept=request.headers.get("accept", ""))
-
-    async def body() -> AsyncIterator[str]:
-        async with feed:
-            try:
-                async for event in events(service, feed, principal, data):
-                    yield encoder.encode(event)
-            except Exception as exc:
-                log.exception("ag-ui stream of thread %s failed", data.thread_id)
-                yield encoder.encode(error_event(exc))
-
-    return StreamingResponse(
-        body(),
+    frames = (encoder.encode(event) async for event in events(service, feed, principal, data))
+    return sse_response(
+        feed,
+        frames,
+        on_error=lambda exc: encoder.encode(error_event(exc)),
         media_type=encoder.get_content_type(),
-        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
 
 

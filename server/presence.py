@@ -113,7 +113,7 @@ class Member:
         return {
             "subject": self.principal.subject,
             "role": str(self.principal.role),
-            "name": self.principal.subject,
+            "name": self.principal.name,
             "typing": self.typing,
             "reviewing": self.reviewing,
             "updated_at": self.updated_at,

@@ -80,9 +80,10 @@ class Cluster:
         self.processes += started
         return started
 
-    def tokens(self, specs: dict[str, tuple[str | list[str], str, str]]) -> dict[str, str]:
+    def tokens(self, specs: dict[str, TokenSpec]) -> dict[str, str]:
         """Mint several tokens in this process, as `threadline token create` does (one Python
-        start-up per token would cost seconds); works inside a running event loop too."""
+        start-up per token would cost seconds); works inside a running event loop too.
+        A spec is (scope(s), role, subject) or (scope(s), role, subject, display name)."""
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = pool.submit(asyncio.run, _mint(self.env["THREADLINE_DATABASE_URL"], specs))
             return future.result(timeout=60)
@@ -96,9 +97,10 @@ class Cluster:
                 handle.stop()
 
 
-async def _mint(
-    database_url: str, specs: dict[str, tuple[str | list[str], str, str]]
-) -> dict[str, str]:
+TokenSpec = tuple[str | list[str], str, str] | tuple[str | list[str], str, str, str]
+
+
+async def _mint(database_url: str, specs: dict[str, TokenSpec]) -> dict[str, str]:
     from runtime.domain import Role
     from server.app import open_storage
     from server.auth import create_token
@@ -106,10 +108,14 @@ async def _mint(
     async with contextlib.AsyncExitStack() as stack:
         store = await open_storage(database_url, stack)
         minted = {}
-        for name, (scope, role, subject) in specs.items():
+        for name, (scope, role, subject, *display) in specs.items():
             scopes = [scope] if isinstance(scope, str) else scope
             minted[name] = await create_token(
-                store, subject=subject, role=Role(role), scopes=scopes
+                store,
+                subject=subject,
+                role=Role(role),
+                scopes=scopes,
+                display_name=display[0] if display else None,
             )
         return minted
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,43 +13,15 @@ import pytest
 from ag_ui.core import Event
 from pydantic import TypeAdapter
 
-from tests.e2e import harness
-from tests.e2e.jsclients import (
-    drive,
-    finish_driver,
-    long_text,
-    require_node_clients,
-    snapshot,
-    start_driver,
-    wait_for,
-)
+from tests.e2e import harness, jsclients
+from tests.e2e.jsclients import drive, finish_driver, long_text, snapshot, start_driver, wait_for
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
 FINAL = {"output-available", "output-error", "rejected", "cancelled", "skipped"}
 ADDRESS = "dave.doe@example.com"
 
-
-@pytest.fixture(scope="module")
-def node() -> str:
-    return require_node_clients()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.ServerHandle]:
-    directory = tmp_path_factory.mktemp("agui")
-    env = harness.server_env(harness.sqlite_url(directory), {"THREADLINE_DEMO_DELAY_MS": "50"})
-    with harness.start("all", env, log_dir=directory) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def tokens(server: harness.ServerHandle) -> dict[str, str]:
-    return {
-        "alice": server.token("alpha", "user", "alice"),
-        "bob": server.token("alpha", "user", "bob"),
-        "carol": server.token("beta", "user", "carol"),
-        "svc": server.token("alpha", "backend", "svc"),
-    }
+# The shared fixtures of tests/e2e/jsclients.py (this module gets its own server).
+node, server, tokens = jsclients.node, jsclients.server, jsclients.tokens
 
 
 class Agui:
