@@ -88,8 +88,11 @@ def raise_fd_limit(need: int) -> int:
 
 
 @contextlib.contextmanager
-def processes(database_url: str, redis_url: str) -> Iterator[list[harness.ServerHandle]]:
-    """Gateway 1, gateway 2, worker; all stopped on the way out, whatever happened."""
+def processes(
+    database_url: str, redis_url: str, extra: dict[str, str] | None = None
+) -> Iterator[list[harness.ServerHandle]]:
+    """Gateway 1, gateway 2, worker (`extra`: more environment); all stopped on the way out,
+    whatever happened."""
     env = harness.server_env(
         database_url,
         {
@@ -98,6 +101,7 @@ def processes(database_url: str, redis_url: str) -> Iterator[list[harness.Server
             # One token opens every subscriber: this measures fan-out, not the connection caps.
             "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
             "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
+            **(extra or {}),
         },
     )
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-bench-"))

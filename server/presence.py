@@ -128,6 +128,7 @@ class _Room:
     sent: dict[str, dict[str, Any]] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    primed: bool = False  # `sent` was read from the store at least once
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -167,17 +168,26 @@ class PresenceHub:
     # --- connections -----------------------------------------------------------------------
 
     async def join(self, thread_id: str, principal: Principal, deliver: Deliver) -> Member:
-        """Make a connection present; it gets the whole set (a `presence` frame) at once."""
+        """Make a connection present; it gets the set at once (a `presence` frame).
+
+        The set it gets is the room's last read one (read now only for a room new to this
+        gateway); its own entry and whatever changed since arrive as `presence.join`/`update`
+        frames with the room's next (coalesced) reread, like every other member's. So a burst
+        of N joins costs a few store reads, not one read of N entries per join (quadratic).
+        """
         member = Member(f"{self._gateway}-{next(self._ids)}", thread_id, principal, deliver)
         room = await self._room(thread_id)
         member.last_write = time.monotonic()
         await self._store.put(thread_id, member.id, member.entry(self.ttl))
         async with room.lock:
-            await self._reread(room)
+            if not room.primed:
+                await self._reread(room)
+                room.primed = True
             room.members[member.id] = member
             frame = {"type": "presence", "thread_id": thread_id,
                      "members": list(room.sent.values())}
             self._send(member, orjson.dumps(frame))
+        room.dirty.set()
         await self._announce(thread_id)
         return member
 
