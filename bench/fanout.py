@@ -165,11 +165,13 @@ class Subscriber:
                     self.tracker.finish(run_id)
 
 
-async def open_subscribed(url: str, thread_id: str) -> ClientConnection:
+async def open_subscribed(
+    url: str, thread_id: str, timeout: float = TIMEOUT
+) -> ClientConnection:
     ws = await connect(url, open_timeout=TIMEOUT, close_timeout=2, ping_interval=None,
                        max_size=2**22, compression=None)
     await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 1}).decode())
-    async with asyncio.timeout(TIMEOUT):
+    async with asyncio.timeout(timeout):
         while orjson.loads(await ws.recv()).get("type") != "subscribed":
             pass
     return ws

@@ -43,6 +43,7 @@ import common  # bench/common.py
 import fanout  # bench/fanout.py: processes, connection helpers
 
 TIMEOUT = 120.0
+JOIN_TIMEOUT = 600.0
 # Slower than the server's coalescing bound (200 ms), so every toggle is a change others see.
 TOGGLE_EVERY = 0.25
 
@@ -80,7 +81,8 @@ async def open_readers(urls: list[str], thread_id: str) -> list[Reader]:
 
     async def one(index: int, url: str) -> Reader:
         async with gate:
-            ws = await fanout.open_subscribed(url, thread_id)
+            # Generous: the one client process is slow while N^2 join frames arrive.
+            ws = await fanout.open_subscribed(url, thread_id, timeout=JOIN_TIMEOUT)
         reader = Reader(ws, index % 2, want=len(urls))
         reader.task = asyncio.create_task(reader.read())
         return reader
@@ -194,7 +196,7 @@ async def measure(args: argparse.Namespace, admin_dsn: str, redis_url: str) -> N
                 connections = [r.ws for r in readers]
                 opened = time.monotonic() - started
                 try:
-                    converged = opened + await all_see_everyone(readers, TIMEOUT)
+                    converged = opened + await all_see_everyone(readers, JOIN_TIMEOUT)
                     cpu = [a - b for a, b in zip(fanout.cpu_seconds(pids), cpu_before,
                                                  strict=True)]
                     joins = totals(readers, "presence")[0]

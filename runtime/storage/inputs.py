@@ -88,12 +88,12 @@ def check_display_name(name: Any) -> str | None:
         return None
     if not isinstance(name, str) or not name.strip():
         raise InvalidInput("the display name must be a non-empty string")
-    name = name.strip()
-    if len(name) > MAX_DISPLAY_NAME_CHARS:
+    text: str = name.strip()
+    if len(text) > MAX_DISPLAY_NAME_CHARS:
         raise InvalidInput(f"the display name is longer than {MAX_DISPLAY_NAME_CHARS} characters")
-    if not name.isprintable():
+    if not text.isprintable():
         raise InvalidInput("the display name must not contain control characters")
-    return name
+    return text
 
 
 def check_patch(patch: Any, what: str) -> dict[str, Any]:
