@@ -168,7 +168,7 @@ class Subscriber:
 async def open_subscribed(
     url: str, thread_id: str, timeout: float = TIMEOUT
 ) -> ClientConnection:
-    ws = await connect(url, open_timeout=TIMEOUT, close_timeout=2, ping_interval=None,
+    ws = await connect(url, open_timeout=timeout, close_timeout=2, ping_interval=None,
                        max_size=2**22, compression=None)
     await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 1}).decode())
     async with asyncio.timeout(timeout):

@@ -232,11 +232,15 @@ def test_stop_mid_stream_finishes_cancelled(agui: Agui) -> None:
 
 def test_second_client_joins_the_run_live(agui: Agui, node: str, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
+    # 400 chunks (20 s at 50 ms): the second node client must start and join while the run
+    # streams; with 200 a loaded box once joined after the end (no live text to compare).
     streaming = start_driver(
-        node, "agui_driver.mjs", agui.options(text=long_text(), readyFile=str(ready))
+        node, "agui_driver.mjs", agui.options(text=long_text(400), readyFile=str(ready))
     )
     wait_for(ready)
     joined = agui.run()  # a second client, no messages of its own: it joins
+    assert joined["events"][2]["type"] == "STATE_SNAPSHOT"
+    assert joined["events"][2]["snapshot"]["run"]["status"] == "running"  # it joined mid-run
     first = finish_driver(streaming)
     validate(first)
     snap = agui.snapshot()
