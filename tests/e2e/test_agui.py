@@ -254,11 +254,13 @@ def test_second_client_joins_the_run_live(agui: Agui, node: str, tmp_path: Path)
 
 
 def test_reconnect_mid_stream_resumes_from_the_replay(agui: Agui) -> None:
-    cut = agui.run(text=long_text(), abortAfterDeltas=3)
+    # 400 chunks (20 s): the reconnecting node client must join while the run still streams.
+    cut = agui.run(text=long_text(400), abortAfterDeltas=3)
     assert cut["outcome"] is None  # aborted: the run itself goes on
     assert agui.snapshot()["run"]["status"] == "running"
     again = agui.run(messages=cut["messages"])
     assert again["outcome"] == "success" and again["runId"] == cut["runId"]
+    assert again["events"][2]["snapshot"]["run"]["status"] == "running"  # rejoined mid-run
     snap = agui.snapshot()
     assert streamed_text(again) == last_assistant_text(snap)
     assert_converged(again, snap)
