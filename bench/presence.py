@@ -72,6 +72,7 @@ class Reader:
                     self.members.discard(frame["subject"])
                 if len(self.members) >= self.want:
                     self.everyone.set()
+        self.everyone.set()  # closed: it will see nobody more (counted in the summary)
 
 
 async def open_readers(urls: list[str], thread_id: str) -> list[Reader]:
@@ -200,13 +201,17 @@ async def measure(args: argparse.Namespace, admin_dsn: str, redis_url: str) -> N
                     cpu = [a - b for a, b in zip(fanout.cpu_seconds(pids), cpu_before,
                                                  strict=True)]
                     joins = totals(readers, "presence")[0]
+                    complete = sum(1 for r in readers if len(r.members) >= len(readers))
+                    codes = Counter(r.ws.close_code for r in readers if r.ws.close_code)
                     print(f"Threadline presence vs chunk fan-out: {args.connections} connections"
                           f" on one thread, 2 gateways + 1 worker, Postgres + Redis, loopback,"
                           f" {os.cpu_count()} CPUs")
                     print(f"joins: {args.connections} connections subscribed in {opened:.1f} s,"
-                          f" all see all {args.connections} present after {converged:.1f} s;"
+                          f" all see all {args.connections} present (or closed) after"
+                          f" {converged:.1f} s;"
                           f" {joins} presence frames; gateway CPU {cpu[1]:.2f} + {cpu[2]:.2f} s,"
-                          f" client {cpu[0]:.2f} s")
+                          f" client {cpu[0]:.2f} s; {complete} saw everyone, closed by the"
+                          f" server: {dict(codes) or 'none'}")
                     print(f"{'phase':>9} {'secs':>6} {'frames/s all':>12} {'gw1 /s':>10}"
                           f" {'gw2 /s':>10} {'gw1 CPU':>7} {'gw2 CPU':>7} {'client':>8}"
                           f" {'frames/gw CPU s':>16}")
