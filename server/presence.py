@@ -275,7 +275,13 @@ class PresenceHub:
             await asyncio.sleep(MIN_REREAD_INTERVAL)
 
     async def _reread(self, room: _Room) -> None:
-        current = aggregate(await self._store.read(room.thread_id))
+        entries = await self._store.read(room.thread_id)
+        # This gateway's own connections are present while they are open, whatever the store
+        # says: on a busy gateway a refresh can come after the entries' expiry, and they must
+        # not flap here (a leave, then a join again, to every member: with 600 connections
+        # joining, the bench counted 1.66 M presence frames that way, 0.52 M without).
+        entries.update({m.id: m.entry(self.ttl) for m in room.members.values()})
+        current = aggregate(entries)
         frames = presence_frames(room.thread_id, room.sent, current)
         room.sent = current
         for frame in frames:
