@@ -88,8 +88,11 @@ def raise_fd_limit(need: int) -> int:
 
 
 @contextlib.contextmanager
-def processes(database_url: str, redis_url: str) -> Iterator[list[harness.ServerHandle]]:
-    """Gateway 1, gateway 2, worker; all stopped on the way out, whatever happened."""
+def processes(
+    database_url: str, redis_url: str, extra: dict[str, str] | None = None
+) -> Iterator[list[harness.ServerHandle]]:
+    """Gateway 1, gateway 2, worker (`extra`: more environment); all stopped on the way out,
+    whatever happened."""
     env = harness.server_env(
         database_url,
         {
@@ -98,6 +101,7 @@ def processes(database_url: str, redis_url: str) -> Iterator[list[harness.Server
             # One token opens every subscriber: this measures fan-out, not the connection caps.
             "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
             "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
+            **(extra or {}),
         },
     )
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
@@ -161,11 +165,13 @@ class Subscriber:
                     self.tracker.finish(run_id)
 
 
-async def open_subscribed(url: str, thread_id: str) -> ClientConnection:
-    ws = await connect(url, open_timeout=TIMEOUT, close_timeout=2, ping_interval=None,
+async def open_subscribed(
+    url: str, thread_id: str, timeout: float = TIMEOUT
+) -> ClientConnection:
+    ws = await connect(url, open_timeout=timeout, close_timeout=2, ping_interval=None,
                        max_size=2**22, compression=None)
     await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 1}).decode())
-    async with asyncio.timeout(TIMEOUT):
+    async with asyncio.timeout(timeout):
         while orjson.loads(await ws.recv()).get("type") != "subscribed":
             pass
     return ws

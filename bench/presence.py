@@ -43,6 +43,7 @@ import common  # bench/common.py
 import fanout  # bench/fanout.py: processes, connection helpers
 
 TIMEOUT = 120.0
+JOIN_TIMEOUT = 600.0
 # Slower than the server's coalescing bound (200 ms), so every toggle is a change others see.
 TOGGLE_EVERY = 0.25
 
@@ -52,13 +53,50 @@ class Reader:
     ws: ClientConnection
     gateway: int
     counts: Counter[str] = field(default_factory=Counter)
+    members: set[str] = field(default_factory=set)  # who this connection sees present
+    want: int = 0  # `everyone` is set once this many members are seen
+    everyone: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
     async def read(self) -> None:
         with contextlib.suppress(Exception):
             async for message in self.ws:
-                kind = str(orjson.loads(message).get("type"))
+                frame = orjson.loads(message)
+                kind = str(frame.get("type"))
                 self.counts["presence" if kind.startswith("presence") else kind] += 1
+                if kind == "presence":
+                    self.members = {m["subject"] for m in frame["members"]}
+                elif kind == "presence.join":
+                    self.members.add(frame["member"]["subject"])
+                elif kind == "presence.leave":
+                    self.members.discard(frame["subject"])
+                if len(self.members) >= self.want:
+                    self.everyone.set()
+        self.everyone.set()  # closed: it will see nobody more (counted in the summary)
+
+
+async def open_readers(urls: list[str], thread_id: str) -> list[Reader]:
+    """Open and subscribe every connection, each read from the moment it is subscribed (a
+    connection nobody reads stops answering pings and is closed by the server)."""
+    gate = asyncio.Semaphore(fanout.OPEN_CONCURRENCY)
+
+    async def one(index: int, url: str) -> Reader:
+        async with gate:
+            # Generous: the one client process is slow while N^2 join frames arrive.
+            ws = await fanout.open_subscribed(url, thread_id, timeout=JOIN_TIMEOUT)
+        reader = Reader(ws, index % 2, want=len(urls))
+        reader.task = asyncio.create_task(reader.read())
+        return reader
+
+    return list(await asyncio.gather(*(one(i, url) for i, url in enumerate(urls))))
+
+
+async def all_see_everyone(readers: list[Reader], timeout: float) -> float:
+    """Seconds until every connection sees all of them present."""
+    started = time.monotonic()
+    async with asyncio.timeout(timeout):
+        await asyncio.gather(*(r.everyone.wait() for r in readers))
+    return time.monotonic() - started
 
 
 def totals(readers: list[Reader], kind: str) -> list[int]:
@@ -135,7 +173,12 @@ async def mint(database_url: str, count: int) -> list[str]:
 
 async def measure(args: argparse.Namespace, admin_dsn: str, redis_url: str) -> None:
     async with common.own_database(admin_dsn) as database_url:
-        with fanout.processes(database_url, redis_url) as (gateway_1, gateway_2, worker):
+        # One client process reads every connection: while 1 000 joins fan out it can be
+        # slower than the server's 20 s pong deadline, which is not what this measures.
+        slow_clients = {"THREADLINE_WS_PING_INTERVAL": "60", "THREADLINE_WS_PING_TIMEOUT": "120"}
+        with fanout.processes(database_url, redis_url, slow_clients) as (
+            gateway_1, gateway_2, worker
+        ):
             pids = [p.process.pid for p in (gateway_1, gateway_2, worker)]
             tokens = await mint(database_url, args.connections)
             token = tokens[0]
@@ -149,15 +192,26 @@ async def measure(args: argparse.Namespace, admin_dsn: str, redis_url: str) -> N
                     f"{(gateway_1, gateway_2)[i % 2].ws_url}?token={tokens[i]}"
                     for i in range(args.connections)
                 ]
-                connections = await fanout.open_many(urls, thread_id)
-                readers = [Reader(ws, i % 2) for i, ws in enumerate(connections)]
-                for reader in readers:
-                    reader.task = asyncio.create_task(reader.read())
+                cpu_before, started = fanout.cpu_seconds(pids), time.monotonic()
+                readers = await open_readers(urls, thread_id)
+                connections = [r.ws for r in readers]
+                opened = time.monotonic() - started
                 try:
-                    await asyncio.sleep(1.0)  # the joins of the opening settle first
+                    converged = opened + await all_see_everyone(readers, JOIN_TIMEOUT)
+                    cpu = [a - b for a, b in zip(fanout.cpu_seconds(pids), cpu_before,
+                                                 strict=True)]
+                    joins = totals(readers, "presence")[0]
+                    complete = sum(1 for r in readers if len(r.members) >= len(readers))
+                    codes = Counter(r.ws.close_code for r in readers if r.ws.close_code)
                     print(f"Threadline presence vs chunk fan-out: {args.connections} connections"
                           f" on one thread, 2 gateways + 1 worker, Postgres + Redis, loopback,"
                           f" {os.cpu_count()} CPUs")
+                    print(f"joins: {args.connections} connections subscribed in {opened:.1f} s,"
+                          f" all see all {args.connections} present (or closed) after"
+                          f" {converged:.1f} s;"
+                          f" {joins} presence frames; gateway CPU {cpu[1]:.2f} + {cpu[2]:.2f} s,"
+                          f" client {cpu[0]:.2f} s; {complete} saw everyone, closed by the"
+                          f" server: {dict(codes) or 'none'}")
                     print(f"{'phase':>9} {'secs':>6} {'frames/s all':>12} {'gw1 /s':>10}"
                           f" {'gw2 /s':>10} {'gw1 CPU':>7} {'gw2 CPU':>7} {'client':>8}"
                           f" {'frames/gw CPU s':>16}")

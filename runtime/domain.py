@@ -32,6 +32,11 @@ class Principal(_Frozen):
     subject: str
     role: Role
     scopes: frozenset[str]
+    display_name: str | None = None  # what people see (presence); the subject when unset
+
+    @property
+    def name(self) -> str:
+        return self.display_name or self.subject
 
     def can_access(self, scope: str) -> bool:
         return scope in self.scopes

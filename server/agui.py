@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,8 @@ from ag_ui.core import (
     RunFinishedInterruptOutcome,
     RunFinishedSuccessOutcome,
     RunStartedEvent,
+    StateDeltaEvent,
+    StateSnapshotEvent,
     StepFinishedEvent,
     StepStartedEvent,
     TextMessageContentEvent,
@@ -38,7 +39,7 @@ from ag_ui.core.events import BaseEvent
 from ag_ui.encoder import EventEncoder
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from runtime.domain import (
@@ -55,12 +56,17 @@ from runtime.domain import (
 )
 from runtime.errors import InvalidInput
 from runtime.service import ThreadService, validation_field_errors
-from server.auth import authenticate, bearer_token
 from server.errors import wire_error
-from server.routes import read_body, service_of
-from server.streams import Chunk, Committed, ThreadFeed, ensure_thread, is_settled
-
-log = logging.getLogger(__name__)
+from server.routes import read_body
+from server.streams import (
+    Chunk,
+    Committed,
+    ThreadFeed,
+    caller_of,
+    is_settled,
+    open_feed,
+    sse_response,
+)
 
 # Tool states that close a tool call with a result message.
 FINAL_STATES = frozenset(
@@ -131,6 +137,39 @@ def interrupt_of(action: PendingAction) -> Interrupt:
     )
 
 
+def shared_state(snapshot: Snapshot) -> dict[str, Any]:
+    """What AG-UI's shared state reports of a thread: its last run and its pending actions.
+
+    Read-only: the server derives it from committed state (a client's `state` input is ignored).
+    Tool inputs are left out (they are the tool call's, in the messages).
+    """
+    run = snapshot.run
+    return {
+        "run": None if run is None else {"id": run.id, "status": run.status.value},
+        "pendingActions": [
+            {
+                "id": action.id,
+                "kind": action.kind.value,
+                "toolName": action.tool_name,
+                "toolCallId": action.tool_call_id,
+                "runId": action.run_id,
+                "allowedRoles": [role.value for role in action.allowed_roles],
+            }
+            for action in snapshot.pending_actions
+        ],
+    }
+
+
+def state_delta(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON Patch (RFC 6902) from `before` to `after`: one `replace` per changed key (both
+    have the same keys, so a replace always applies)."""
+    return [
+        {"op": "replace", "path": f"/{key}", "value": value}
+        for key, value in after.items()
+        if before.get(key) != value
+    ]
+
+
 @dataclass
 class RunStream:
     """Turns one run's canonical chunks into AG-UI events (the state of the open message)."""
@@ -141,6 +180,16 @@ class RunStream:
     step: str | None = None  # the open step: AG-UI requires it finished before the run
     messages: int = 0
     tool_names: dict[str, str] = field(default_factory=dict)
+    state: dict[str, Any] | None = None  # the shared state last sent
+
+    def state_events(self, snapshot: Snapshot) -> list[BaseEvent]:
+        """STATE_SNAPSHOT the first time, then STATE_DELTA when committed state changed it."""
+        state = shared_state(snapshot)
+        before, self.state = self.state, state
+        if before is None:
+            return [StateSnapshotEvent(snapshot=state)]
+        delta = state_delta(before, state)
+        return [StateDeltaEvent(delta=delta)] if delta else []
 
     def chunk(self, chunk: Chunk) -> list[BaseEvent]:
         data = chunk.chunk
@@ -212,6 +261,7 @@ class RunStream:
         events: list[BaseEvent] = [
             *self.close_step(),
             MessagesSnapshotEvent(messages=agui_messages(snapshot)),
+            *self.state_events(snapshot),
         ]
         run = snapshot.run
         status = run.status if run is not None and run.id == self.run_id else RunStatus.COMPLETED
@@ -357,6 +407,8 @@ async def events(
     yield RunStartedEvent(thread_id=data.thread_id, run_id=stream.run_id)
     # Join: committed state first; the in-flight step's replay and live chunks follow.
     yield MessagesSnapshotEvent(messages=agui_messages(first.snapshot))
+    for event in stream.state_events(first.snapshot):
+        yield event
     item: Chunk | Committed = first
     if target is None:
         for event in stream.finish(first.snapshot):
@@ -374,6 +426,9 @@ async def events(
             if item.reset and item is not first:
                 for event in from_reset(stream, item.snapshot):
                     yield event
+            if item is not first:
+                for event in stream.state_events(item.snapshot):
+                    yield event
         elif not queued and item.run_id == stream.run_id:
             for event in stream.chunk(item):
                 yield event
@@ -388,29 +443,18 @@ def from_reset(stream: RunStream, snapshot: Snapshot) -> list[BaseEvent]:
 async def agui_endpoint(request: Request) -> Response:
     """`POST /v1/ag-ui`: refusals before the stream are JSON errors; after, RUN_ERROR events."""
     try:
-        app = request.app.state
-        principal = await authenticate(app.store, bearer_token(request.headers))
+        service, principal = await caller_of(request)
         data = parse_input(await read_body(request))
-        service = service_of(request)
-        await ensure_thread(service, principal, data.thread_id)
+        feed = await open_feed(request, service, principal, data.thread_id, create=True)
     except Exception as exc:
         return wire_error(exc).response()
-    feed = ThreadFeed(service, app.hub, principal, data.thread_id)
     encoder = EventEncoder(accept=request.headers.get("accept", ""))
-
-    async def body() -> AsyncIterator[str]:
-        async with feed:
-            try:
-                async for event in events(service, feed, principal, data):
-                    yield encoder.encode(event)
-            except Exception as exc:
-                log.exception("ag-ui stream of thread %s failed", data.thread_id)
-                yield encoder.encode(error_event(exc))
-
-    return StreamingResponse(
-        body(),
+    frames = (encoder.encode(event) async for event in events(service, feed, principal, data))
+    return sse_response(
+        feed,
+        frames,
+        on_error=lambda exc: encoder.encode(error_event(exc)),
         media_type=encoder.get_content_type(),
-        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
 
 

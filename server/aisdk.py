@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
@@ -27,19 +25,20 @@ from runtime.domain import (
 )
 from runtime.errors import InvalidInput, RunActive
 from runtime.service import ThreadService, validation_field_errors
-from server.auth import authenticate, bearer_token
 from server.errors import wire_error
-from server.routes import read_body, service_of
-from server.streams import Chunk, Committed, ThreadFeed, ensure_thread, is_settled
-
-log = logging.getLogger(__name__)
+from server.routes import read_body
+from server.streams import (
+    Chunk,
+    Committed,
+    ThreadFeed,
+    caller_of,
+    is_settled,
+    open_feed,
+    sse_response,
+)
 
 Part = dict[str, Any]
-HEADERS = {
-    "cache-control": "no-cache",
-    "x-accel-buffering": "no",
-    "x-vercel-ai-ui-message-stream": "v1",
-}
+HEADERS = {"x-vercel-ai-ui-message-stream": "v1"}  # with streams.SSE_HEADERS
 FINISH_REASON = {
     RunStatus.COMPLETED: "stop",
     RunStatus.WAITING: "tool-calls",
@@ -272,33 +271,22 @@ def parse_chat(raw: bytes) -> ChatRequest:
 
 
 def respond(feed: ThreadFeed, parts: AsyncIterator[Part]) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:
-        async with feed:
-            try:
-                async for part in parts:
-                    yield sse(part)
-            except Exception as exc:
-                log.exception("ui message stream of thread %s failed", feed.thread_id)
-                yield sse({"type": "error", "errorText": wire_error(exc).message})
-        yield b"data: [DONE]\n\n"
-
-    # The feed was entered before the response (to apply the request first): close it after
-    # the response too, in case the body never started (closing twice is a no-op).
-    done = BackgroundTask(feed.__aexit__, None, None, None)
-    return StreamingResponse(
-        body(), media_type="text/event-stream", headers=HEADERS, background=done
+    frames = (sse(part) async for part in parts)
+    return sse_response(
+        feed,
+        frames,
+        on_error=lambda exc: sse({"type": "error", "errorText": wire_error(exc).message}),
+        headers=HEADERS,
+        trailer=b"data: [DONE]\n\n",
     )
 
 
 async def chat_endpoint(request: Request) -> Response:
     """`POST /v1/ai-sdk/chat`: apply the request, then stream the run it started or resumed."""
     try:
-        principal = await authenticate(request.app.state.store, bearer_token(request.headers))
+        service, principal = await caller_of(request)
         chat = parse_chat(await read_body(request))
-        service = service_of(request)
-        await ensure_thread(service, principal, chat.id)
-        feed = ThreadFeed(service, request.app.state.hub, principal, chat.id)
-        await feed.__aenter__()
+        feed = await open_feed(request, service, principal, chat.id, create=True)
     except Exception as exc:
         return wire_error(exc).response()
     try:
@@ -315,8 +303,7 @@ async def chat_endpoint(request: Request) -> Response:
 async def resume_endpoint(request: Request) -> Response:
     """`GET /v1/ai-sdk/chat/{id}/stream`: the run in flight from its start, or 204 (none)."""
     try:
-        principal = await authenticate(request.app.state.store, bearer_token(request.headers))
-        service = service_of(request)
+        service, principal = await caller_of(request)
         thread_id = request.path_params["thread_id"]
         snapshot = await service.snapshot(principal, thread_id)
     except Exception as exc:
@@ -324,8 +311,7 @@ async def resume_endpoint(request: Request) -> Response:
     run = snapshot.run
     if run is None or is_settled(snapshot, run.id):
         return Response(status_code=204)
-    feed = ThreadFeed(service, request.app.state.hub, principal, thread_id)
-    await feed.__aenter__()
+    feed = await open_feed(request, service, principal, thread_id)
     return respond(feed, stream_run(feed, run.id, set()))
 
 

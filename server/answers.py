@@ -59,6 +59,7 @@ def principal_answer(principal: Principal) -> dict[str, Any]:
         "subject": principal.subject,
         "role": principal.role,
         "scopes": sorted(principal.scopes),
+        "name": principal.name,
     }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from runtime.domain import Role
+from runtime.errors import InvalidInput
 from server.logs import setup_logging, uvicorn_log_config
 from server.settings import Settings
 
@@ -31,12 +32,18 @@ async def _create_token(
     role: Role,
     scopes: Sequence[str],
     expires_in: float | None = None,
+    display_name: str | None = None,
 ) -> str:
     from server.auth import create_token
 
     async with _migrated_store(settings) as store:
         return await create_token(
-            store, subject=subject, role=role, scopes=scopes, expires_in=expires_in
+            store,
+            subject=subject,
+            role=role,
+            scopes=scopes,
+            expires_in=expires_in,
+            display_name=display_name,
         )
 
 
@@ -137,15 +144,29 @@ def token() -> None:
 @click.option(
     "--expires-in", type=click.FloatRange(min=1), default=None, help="Seconds until it expires."
 )
+@click.option(
+    "--name", "display_name", default=None,
+    help="Display name others see (presence, 'reviewing'); default: the subject. 1-64 chars.",
+)
 def token_create(
-    scopes: tuple[str, ...], role: str, subject: str | None, expires_in: float | None
+    scopes: tuple[str, ...],
+    role: str,
+    subject: str | None,
+    expires_in: float | None,
+    display_name: str | None,
 ) -> None:
     """Print one new bearer token on stdout (nothing else)."""
     settings = Settings()
     setup_logging("warning")
-    value = asyncio.run(
-        _create_token(settings, subject or f"{role}-cli", Role(role), list(scopes), expires_in)
-    )
+    try:
+        value = asyncio.run(
+            _create_token(
+                settings, subject or f"{role}-cli", Role(role), list(scopes), expires_in,
+                display_name,
+            )
+        )
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc), param_hint="--name") from exc
     click.echo(value)
 
 

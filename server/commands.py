@@ -411,7 +411,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         input=NoInput,
         call=_principal,
         answer=lambda i, principal: principal_answer(principal),
-        answer_doc='`{"subject", "role", "scopes"}`',
+        answer_doc='`{"subject", "role", "scopes", "name"}` (name: display name or subject)',
         reply=None,
         http=Http("GET", "/v1/me", "me", body=False),
         note="a read of the token itself, which the websocket checked when it opened",

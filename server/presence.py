@@ -113,7 +113,7 @@ class Member:
         return {
             "subject": self.principal.subject,
             "role": str(self.principal.role),
-            "name": self.principal.subject,
+            "name": self.principal.name,
             "typing": self.typing,
             "reviewing": self.reviewing,
             "updated_at": self.updated_at,
@@ -128,6 +128,7 @@ class _Room:
     sent: dict[str, dict[str, Any]] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    primed: bool = False  # `sent` was read from the store at least once
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -167,17 +168,26 @@ class PresenceHub:
     # --- connections -----------------------------------------------------------------------
 
     async def join(self, thread_id: str, principal: Principal, deliver: Deliver) -> Member:
-        """Make a connection present; it gets the whole set (a `presence` frame) at once."""
+        """Make a connection present; it gets the set at once (a `presence` frame).
+
+        The set it gets is the room's last read one (read now only for a room new to this
+        gateway); its own entry and whatever changed since arrive as `presence.join`/`update`
+        frames with the room's next (coalesced) reread, like every other member's. So a burst
+        of N joins costs a few store reads, not one read of N entries per join (quadratic).
+        """
         member = Member(f"{self._gateway}-{next(self._ids)}", thread_id, principal, deliver)
         room = await self._room(thread_id)
         member.last_write = time.monotonic()
         await self._store.put(thread_id, member.id, member.entry(self.ttl))
         async with room.lock:
-            await self._reread(room)
+            if not room.primed:
+                await self._reread(room)
+                room.primed = True
             room.members[member.id] = member
             frame = {"type": "presence", "thread_id": thread_id,
                      "members": list(room.sent.values())}
             self._send(member, orjson.dumps(frame))
+        room.dirty.set()
         await self._announce(thread_id)
         return member
 
@@ -265,7 +275,13 @@ class PresenceHub:
             await asyncio.sleep(MIN_REREAD_INTERVAL)
 
     async def _reread(self, room: _Room) -> None:
-        current = aggregate(await self._store.read(room.thread_id))
+        entries = await self._store.read(room.thread_id)
+        # This gateway's own connections are present while they are open, whatever the store
+        # says: on a busy gateway a refresh can come after the entries' expiry, and they must
+        # not flap here (a leave, then a join again, to every member: with 600 connections
+        # joining, the bench counted 1.66 M presence frames that way, 0.52 M without).
+        entries.update({m.id: m.entry(self.ttl) for m in room.members.values()})
+        current = aggregate(entries)
         frames = presence_frames(room.thread_id, room.sent, current)
         room.sent = current
         for frame in frames:

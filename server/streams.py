@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from realtime.envelopes import MessageKind
 from runtime.domain import Principal, RunStatus, Snapshot
 from runtime.errors import Conflict, InvalidInput, NotFound
 from runtime.service import ThreadService
+from server.auth import authenticate, bearer_token
+from server.routes import service_of
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +28,7 @@ MAX_QUEUED = 4096
 # Without any traffic, re-read the snapshot this often: a lost invalidation never hangs a stream.
 IDLE_POLL_SECONDS = 2.0
 TAKEOVER = "run-takeover"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 THREAD_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -241,3 +247,64 @@ def _chunk(data: bytes) -> Chunk | None:
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         log.warning("stream: dropping an unreadable chunk frame: %.80r", data)
         return None
+
+
+# --- HTTP: the set-up every event-stream endpoint shares (AG-UI, AI SDK) -------------------
+
+
+async def caller_of(request: Request) -> tuple[ThreadService, Principal]:
+    """The service and the authenticated principal of a request (raises `Unauthorized`)."""
+    principal = await authenticate(request.app.state.store, bearer_token(request.headers))
+    return service_of(request), principal
+
+
+async def open_feed(
+    request: Request,
+    service: ThreadService,
+    principal: Principal,
+    thread_id: str,
+    *,
+    create: bool = False,
+) -> ThreadFeed:
+    """A feed of `thread_id` already listening (created on first use when `create`): open it
+    before applying the request, so nothing the request causes is missed. Hand it to
+    `sse_response`, which closes it; close it yourself if you answer otherwise."""
+    if create:
+        await ensure_thread(service, principal, thread_id)
+    feed = ThreadFeed(service, request.app.state.hub, principal, thread_id)
+    await feed.__aenter__()
+    return feed
+
+
+def sse_response(
+    feed: ThreadFeed,
+    frames: AsyncIterator[str | bytes],
+    *,
+    on_error: Callable[[Exception], str | bytes],
+    media_type: str = "text/event-stream",
+    headers: dict[str, str] | None = None,
+    trailer: bytes = b"",
+) -> StreamingResponse:
+    """Stream `frames` (encoded events); a failure mid-stream becomes `on_error(exc)`'s frame.
+
+    The feed closes when the body ends, and after the response in case the body never started
+    (a client gone before the first byte; closing twice is a no-op).
+    """
+
+    async def body() -> AsyncIterator[str | bytes]:
+        async with feed:
+            try:
+                async for frame in frames:
+                    yield frame
+            except Exception as exc:
+                log.exception("event stream of thread %s failed", feed.thread_id)
+                yield on_error(exc)
+        if trailer:
+            yield trailer
+
+    return StreamingResponse(
+        body(),
+        media_type=media_type,
+        headers={**SSE_HEADERS, **(headers or {})},
+        background=BackgroundTask(feed.__aexit__, None, None, None),
+    )

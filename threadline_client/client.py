@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from threadline_client.errors import error_of_response
 from threadline_client.models import (
     Admission,
+    Message,
     PendingAction,
     Principal,
     RegenerateAnswer,
@@ -125,10 +126,52 @@ class ThreadlineClient:
         body = await self.request("GET", "/v1/threads", params={"limit": limit})
         return [ThreadInfo.model_validate(item) for item in body["threads"]]
 
-    async def snapshot(self, thread_id: str, *, include_hidden: bool = False) -> Snapshot:
-        params = {"include_hidden": "true"} if include_hidden else None
-        body = await self.request("GET", f"/v1/threads/{thread_id}", params=params)
+    async def snapshot(
+        self,
+        thread_id: str,
+        *,
+        include_hidden: bool = False,
+        before: int | None = None,
+        limit: int | None = None,
+    ) -> Snapshot:
+        """The thread's committed state; its messages are the last page (`limit`, default the
+        server's 100) before the cursor `before` (default: the newest). `snapshot.page.before`
+        is the cursor of the next older page, None when there is none."""
+        params: dict[str, Any] = {}
+        if include_hidden:
+            params["include_hidden"] = "true"
+        if before is not None:
+            params["before"] = before
+        if limit is not None:
+            params["limit"] = limit
+        body = await self.request("GET", f"/v1/threads/{thread_id}", params=params or None)
         return Snapshot.model_validate(body)
+
+    async def pages(
+        self, thread_id: str, *, page_size: int | None = None, include_hidden: bool = False
+    ) -> AsyncIterator[Snapshot]:
+        """The thread's snapshot pages, newest first, until the oldest message."""
+        before: int | None = None
+        while True:
+            page = await self.snapshot(
+                thread_id, include_hidden=include_hidden, before=before, limit=page_size
+            )
+            yield page
+            before = page.page.before if page.page is not None else None
+            if before is None:
+                return
+
+    async def history(
+        self, thread_id: str, *, page_size: int | None = None, include_hidden: bool = False
+    ) -> list[Message]:
+        """Every message of the thread, oldest first (all pages read, newest page first)."""
+        pages = [
+            page.messages
+            async for page in self.pages(
+                thread_id, page_size=page_size, include_hidden=include_hidden
+            )
+        ]
+        return [message for messages in reversed(pages) for message in messages]
 
     async def send(
         self,
@@ -166,6 +209,21 @@ class ThreadlineClient:
         body = {"message_id": message_id} if message_id is not None else {}
         answer = await self.request("POST", f"/v1/threads/{thread_id}/regenerate", json=body)
         return RegenerateAnswer.model_validate(answer)
+
+    async def retry(
+        self, thread_id: str, run_id: str | None = None, *, expected_version: int | None = None
+    ) -> RegenerateAnswer:
+        """Start the input of the thread's latest run again, when that run failed or was
+        cancelled (its messages go; the answer names the new run). `run_id`, when given, must
+        be that latest run; otherwise it is read from the snapshot. `Conflict` otherwise."""
+        if run_id is None:
+            run = (await self.snapshot(thread_id, limit=1)).run
+            if run is None:
+                raise ValueError(f"thread {thread_id} has no run to retry")
+            run_id = run.id
+        body = {"expected_version": expected_version} if expected_version is not None else {}
+        path = f"/v1/threads/{thread_id}/runs/{run_id}/retry"
+        return RegenerateAnswer.model_validate(await self.request("POST", path, json=body))
 
     def watch(self, thread_id: str, *, backoff: Backoff | None = None) -> ThreadWatch:
         """A live view of one thread (see `ThreadWatch`); use with `async with`."""

@@ -63,14 +63,23 @@ class Run(WireModel):
     next_seq: int = 0
 
 
+class Page(WireModel):
+    """Which messages a snapshot holds: the last `limit` before a cursor. `before` not None:
+    older messages exist; `snapshot(thread_id, before=page.before)` reads the next older page."""
+
+    limit: int
+    before: int | None = None
+
+
 class Snapshot(WireModel):
-    """A thread's projected, committed state at one version."""
+    """A thread's projected, committed state at one version (its messages: one page)."""
 
     thread: ThreadInfo
     messages: list[Message] = Field(default_factory=list)
     pending_actions: list[PendingAction] = Field(default_factory=list)
     run: Run | None = None
     queue: list[dict[str, Any]] = Field(default_factory=list)
+    page: Page | None = None
 
     @property
     def version(self) -> int:
@@ -114,3 +123,4 @@ class Principal(WireModel):
     subject: str
     role: str
     scopes: list[str]
+    name: str | None = None  # the token's display name, else the subject (newer servers)

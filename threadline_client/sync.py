@@ -4,26 +4,63 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
-from pydantic import BaseModel
-
-from threadline_client.client import Policy, ThreadlineClient
-from threadline_client.models import (
-    Admission,
-    PendingAction,
-    Principal,
-    RegenerateAnswer,
-    Snapshot,
-    StopAnswer,
-    ThreadInfo,
-    VersionAnswer,
-)
+from threadline_client.client import ThreadlineClient
+from threadline_client.models import Snapshot
 from threadline_client.watch import ThreadWatch, WatchEvent
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class _Blocking(Generic[P, T]):
+    """A blocking method of `SyncThreadlineClient` made from an async one of `ThreadlineClient`:
+    the signature is the async method's own, so the two cannot drift apart."""
+
+    def __init__(self, method: Callable[Concatenate[ThreadlineClient, P], Awaitable[T]]) -> None:
+        self.method = method
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> Self: ...
+    @overload
+    def __get__(self, instance: SyncThreadlineClient, owner: type[Any]) -> Callable[P, T]: ...
+    def __get__(self, instance: SyncThreadlineClient | None, owner: type[Any]) -> Any:
+        if instance is None:
+            return self
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return instance._call(self.method(instance._client, *args, **kwargs))
+
+        return call
+
+
+class _Iterating(Generic[P, T]):
+    """A blocking iterator method made from an async-iterator one of `ThreadlineClient`."""
+
+    def __init__(
+        self, method: Callable[Concatenate[ThreadlineClient, P], AsyncIterator[T]]
+    ) -> None:
+        self.method = method
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> Self: ...
+    @overload
+    def __get__(
+        self, instance: SyncThreadlineClient, owner: type[Any]
+    ) -> Callable[P, Iterator[T]]: ...
+    def __get__(self, instance: SyncThreadlineClient | None, owner: type[Any]) -> Any:
+        if instance is None:
+            return self
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+            return instance._iterate(self.method(instance._client, *args, **kwargs))
+
+        return call
 
 
 class SyncThreadlineClient:
@@ -43,7 +80,7 @@ class SyncThreadlineClient:
         return ThreadlineClient(base_url, token, timeout=timeout)
 
     def _call(self, coroutine: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()  # type: ignore[arg-type]
+        return asyncio.run_coroutine_threadsafe(_coro(coroutine), self._loop).result()
 
     def _iterate(self, iterator: AsyncIterator[T]) -> Iterator[T]:
         while True:
@@ -71,52 +108,20 @@ class SyncThreadlineClient:
         self._thread.join(timeout=5)
         self._loop.close()
 
-    def me(self) -> Principal:
-        return self._call(self._client.me())
-
-    def create_thread(self, title: str | None = None, **kwargs: Any) -> Snapshot:
-        return self._call(self._client.create_thread(title, **kwargs))
-
-    def list_threads(self, limit: int = 100) -> list[ThreadInfo]:
-        return self._call(self._client.list_threads(limit))
-
-    def snapshot(self, thread_id: str, *, include_hidden: bool = False) -> Snapshot:
-        return self._call(self._client.snapshot(thread_id, include_hidden=include_hidden))
-
-    def send(
-        self,
-        thread_id: str,
-        text: str,
-        *,
-        client_request_id: str | None = None,
-        policy: Policy | None = None,
-    ) -> Admission:
-        return self._call(
-            self._client.send(thread_id, text, client_request_id=client_request_id, policy=policy)
-        )
-
-    def stop(self, thread_id: str, run_id: str) -> StopAnswer:
-        return self._call(self._client.stop(thread_id, run_id))
-
-    def regenerate(self, thread_id: str, message_id: str | None = None) -> RegenerateAnswer:
-        return self._call(self._client.regenerate(thread_id, message_id))
-
-    def pending(self, *, page_size: int = 100) -> Iterator[PendingAction]:
-        return self._iterate(self._client.pending(page_size=page_size))
-
-    def resume(
-        self,
-        action: PendingAction | str,
-        payload: BaseModel | Mapping[str, Any],
-        *,
-        thread_id: str | None = None,
-        expected_version: int | None = None,
-    ) -> VersionAnswer:
-        return self._call(
-            self._client.resume(
-                action, payload, thread_id=thread_id, expected_version=expected_version
-            )
-        )
+    # The calls of ThreadlineClient, blocking (same names, same arguments, same answers).
+    me = _Blocking(ThreadlineClient.me)
+    create_thread = _Blocking(ThreadlineClient.create_thread)
+    list_threads = _Blocking(ThreadlineClient.list_threads)
+    snapshot = _Blocking(ThreadlineClient.snapshot)
+    history = _Blocking(ThreadlineClient.history)
+    send = _Blocking(ThreadlineClient.send)
+    stop = _Blocking(ThreadlineClient.stop)
+    regenerate = _Blocking(ThreadlineClient.regenerate)
+    retry = _Blocking(ThreadlineClient.retry)
+    resume = _Blocking(ThreadlineClient.resume)
+    submit_result = _Blocking(ThreadlineClient.submit_result)
+    pending = _Iterating(ThreadlineClient.pending)
+    pages = _Iterating(ThreadlineClient.pages)
 
     def wait(
         self,
@@ -151,3 +156,8 @@ class SyncThreadlineClient:
                 return events
 
         return self._call(collect())
+
+
+async def _coro(awaitable: Awaitable[T]) -> T:
+    """Any awaitable as the coroutine `run_coroutine_threadsafe` takes."""
+    return await awaitable

@@ -278,6 +278,7 @@ class Store(Protocol):
         role: Role,
         scopes: Collection[str],
         expires_in: float | None = None,
+        display_name: str | None = None,
     ) -> None: ...
     async def principal_for_token(self, token_hash: str) -> Principal | None:
         """The principal of a token that exists, is not revoked and has not expired."""

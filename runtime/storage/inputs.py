@@ -79,6 +79,23 @@ def check_token(token_hash: Any, subject: Any, role: Any) -> Role:
         raise InvalidInput(f"unknown role {role!r}") from exc
 
 
+MAX_DISPLAY_NAME_CHARS = 64
+
+
+def check_display_name(name: Any) -> str | None:
+    """A token's display name: None, or 1-64 printable characters (trimmed)."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidInput("the display name must be a non-empty string")
+    text: str = name.strip()
+    if len(text) > MAX_DISPLAY_NAME_CHARS:
+        raise InvalidInput(f"the display name is longer than {MAX_DISPLAY_NAME_CHARS} characters")
+    if not text.isprintable():
+        raise InvalidInput("the display name must not contain control characters")
+    return text
+
+
 def check_patch(patch: Any, what: str) -> dict[str, Any]:
     if patch is None:
         return {}

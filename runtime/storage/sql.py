@@ -48,6 +48,7 @@ from runtime.storage.base import (
 )
 from runtime.storage.dialect import Dialect
 from runtime.storage.inputs import (
+    check_display_name,
     check_owner,
     check_patch,
     check_submit,
@@ -448,14 +449,16 @@ class SqlStore(AsyncResource):
         role: Role,
         scopes: Collection[str],
         expires_in: float | None = None,
+        display_name: str | None = None,
     ) -> None:
         role = check_token(token_hash, subject, role)
         if expires_in is not None and not expires_in > 0:
             raise InvalidInput("expires_in must be a positive number of seconds")
+        name = check_display_name(display_name)
         scopes_json = dumps(list(normalize_scopes(scopes)))
         await self._write(
             lambda conn: sql_threads.create_token(
-                conn, token_hash, subject, role, scopes_json, expires_in
+                conn, token_hash, subject, role, scopes_json, expires_in, name
             )
         )
 

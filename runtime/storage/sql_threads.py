@@ -229,11 +229,13 @@ async def create_token(
     role: Role,
     scopes_json: str,
     expires_in: float | None = None,
+    display_name: str | None = None,
 ) -> None:
     now = await conn.now()
     inserted = await conn.fetchval(
-        "INSERT INTO api_tokens (token_hash, subject, role, scopes, created_at, expires_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (token_hash) DO NOTHING"
+        "INSERT INTO api_tokens"
+        " (token_hash, subject, role, scopes, created_at, expires_at, display_name)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (token_hash) DO NOTHING"
         " RETURNING token_hash",
         token_hash,
         subject,
@@ -241,6 +243,7 @@ async def create_token(
         scopes_json,
         now,
         None if expires_in is None else now + expires_in,
+        display_name,
     )
     if inserted is None:
         raise Conflict("a token with this hash already exists")
@@ -249,7 +252,7 @@ async def create_token(
 async def principal_for_token(conn: Conn, token_hash: str) -> Principal | None:
     # Expiry on the database clock, like leases: every gateway agrees on when a token ends.
     row = await conn.fetchrow(
-        "SELECT subject, role, scopes FROM api_tokens WHERE token_hash = $1"
+        "SELECT subject, role, scopes, display_name FROM api_tokens WHERE token_hash = $1"
         " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $2)",
         token_hash,
         await conn.now(),
@@ -257,7 +260,10 @@ async def principal_for_token(conn: Conn, token_hash: str) -> Principal | None:
     if row is None:
         return None
     return Principal(
-        subject=row["subject"], role=Role(row["role"]), scopes=frozenset(loads(row["scopes"]))
+        subject=row["subject"],
+        role=Role(row["role"]),
+        scopes=frozenset(loads(row["scopes"])),
+        display_name=row["display_name"],
     )
 
 

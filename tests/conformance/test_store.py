@@ -41,6 +41,7 @@ MIGRATIONS = [
     "0004_action_index_scope_turns",
     "0005_resumed_episode",
     "0006_history_epoch",
+    "0007_token_display_name",
 ]
 
 

@@ -34,3 +34,21 @@ async def test_a_token_expires_on_the_database_clock(store: SqlStore) -> None:
     assert (await store.principal_for_token("h3")) is not None
     with pytest.raises(InvalidInput):
         await store.create_token("h4", "bob", Role.USER, ["acme"], expires_in=0)
+
+
+async def test_a_token_carries_its_display_name(store: SqlStore) -> None:
+    await store.create_token("n1", "u-81", Role.USER, ["acme"], display_name="  Ann Lee ")
+    await store.create_token("n2", "u-82", Role.USER, ["acme"])
+    named = await store.principal_for_token("n1")
+    plain = await store.principal_for_token("n2")
+    assert named is not None and named.display_name == "Ann Lee" and named.name == "Ann Lee"
+    assert plain is not None and plain.display_name is None and plain.name == "u-82"
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "x" * 65, "tab\there", "line\nbreak"])
+async def test_a_bad_display_name_is_refused_and_creates_nothing(
+    store: SqlStore, bad: str
+) -> None:
+    with pytest.raises(InvalidInput, match="display name"):
+        await store.create_token("n3", "u-83", Role.USER, ["acme"], display_name=bad)
+    assert await store.principal_for_token("n3") is None

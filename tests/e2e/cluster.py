@@ -81,12 +81,11 @@ class Cluster:
         return started
 
     def tokens(
-        self,
-        specs: dict[str, tuple[str | list[str], str, str]],
-        expires_in: float | None = None,
+        self, specs: dict[str, TokenSpec], expires_in: float | None = None
     ) -> dict[str, str]:
         """Mint several tokens in this process, as `threadline token create` does (one Python
-        start-up per token would cost seconds); works inside a running event loop too."""
+        start-up per token would cost seconds); works inside a running event loop too.
+        A spec is (scope(s), role, subject) or (scope(s), role, subject, display name)."""
         minting = _mint(self.env["THREADLINE_DATABASE_URL"], specs, expires_in)
         with ThreadPoolExecutor(max_workers=1) as pool:
             return pool.submit(asyncio.run, minting).result(timeout=60)
@@ -100,10 +99,11 @@ class Cluster:
                 handle.stop()
 
 
+TokenSpec = tuple[str | list[str], str, str] | tuple[str | list[str], str, str, str]
+
+
 async def _mint(
-    database_url: str,
-    specs: dict[str, tuple[str | list[str], str, str]],
-    expires_in: float | None = None,
+    database_url: str, specs: dict[str, TokenSpec], expires_in: float | None = None
 ) -> dict[str, str]:
     from runtime.domain import Role
     from server.app import open_storage
@@ -112,10 +112,15 @@ async def _mint(
     async with contextlib.AsyncExitStack() as stack:
         store = await open_storage(database_url, stack)
         minted = {}
-        for name, (scope, role, subject) in specs.items():
+        for name, (scope, role, subject, *display) in specs.items():
             scopes = [scope] if isinstance(scope, str) else scope
             minted[name] = await create_token(
-                store, subject=subject, role=Role(role), scopes=scopes, expires_in=expires_in
+                store,
+                subject=subject,
+                role=Role(role),
+                scopes=scopes,
+                expires_in=expires_in,
+                display_name=display[0] if display else None,
             )
         return minted
 

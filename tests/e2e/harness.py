@@ -62,7 +62,11 @@ def run_command(args: list[str], env: dict[str, str]) -> subprocess.CompletedPro
 
 
 def create_token(
-    env: dict[str, str], scope: str | list[str], role: str = "user", subject: str | None = None
+    env: dict[str, str],
+    scope: str | list[str],
+    role: str = "user",
+    subject: str | None = None,
+    name: str | None = None,
 ) -> str:
     """Mint a token with `threadline token create` against the storage `env` names."""
     scopes = [scope] if isinstance(scope, str) else scope
@@ -71,6 +75,8 @@ def create_token(
         args += ["--scope", item]
     if subject:
         args += ["--subject", subject]
+    if name:
+        args += ["--name", name]
     done = run_command(args, env)
     if done.returncode != 0:
         raise RuntimeError(f"token create failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -99,8 +105,14 @@ class ServerHandle:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/v1/ws"
 
-    def token(self, scope: str | list[str], role: str = "user", subject: str | None = None) -> str:
-        return create_token(self.env, scope, role, subject)
+    def token(
+        self,
+        scope: str | list[str],
+        role: str = "user",
+        subject: str | None = None,
+        name: str | None = None,
+    ) -> str:
+        return create_token(self.env, scope, role, subject, name)
 
     def log(self) -> str:
         with contextlib.suppress(OSError):

@@ -1,4 +1,8 @@
-"""Run the node drivers of tests/js (official AG-UI and AI SDK clients) from e2e tests."""
+"""Run the node drivers of tests/js (official AG-UI and AI SDK clients) from e2e tests.
+
+Also the fixtures their test modules share (`node`, `server`, `tokens`): a module imports them
+by name (`from tests.e2e.jsclients import node, server, tokens`) and gets its own server.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,47 @@ def require_node_clients() -> str:
         pytest.skip(missing)
     assert node is not None
     return node
+
+
+# Who the shared `tokens` fixture can mint: name -> (scope, role). Minted on first use.
+PRINCIPALS = {
+    "alice": ("alpha", "user"),
+    "bob": ("alpha", "user"),
+    "carol": ("beta", "user"),
+    "svc": ("alpha", "backend"),
+}
+
+
+class Tokens(dict[str, str]):
+    """Tokens by subject, minted on first use (each `token create` is a process start)."""
+
+    def __init__(self, server: harness.ServerHandle) -> None:
+        super().__init__()
+        self.server = server
+
+    def __missing__(self, name: str) -> str:
+        scope, role = PRINCIPALS[name]
+        token = self[name] = self.server.token(scope, role, name)
+        return token
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    return require_node_clients()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.ServerHandle]:
+    """`threadline serve` (embedded, demo agent at 50 ms a chunk) for one test module."""
+    directory = tmp_path_factory.mktemp("jsclients")
+    env = harness.server_env(harness.sqlite_url(directory), {"THREADLINE_DEMO_DELAY_MS": "50"})
+    with harness.start("all", env, log_dir=directory) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def tokens(server: harness.ServerHandle) -> Tokens:
+    return Tokens(server)
 
 
 def start_driver(node: str, script: str, options: dict[str, Any]) -> subprocess.Popen[str]:

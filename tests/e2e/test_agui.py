@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,43 +13,15 @@ import pytest
 from ag_ui.core import Event
 from pydantic import TypeAdapter
 
-from tests.e2e import harness
-from tests.e2e.jsclients import (
-    drive,
-    finish_driver,
-    long_text,
-    require_node_clients,
-    snapshot,
-    start_driver,
-    wait_for,
-)
+from tests.e2e import harness, jsclients
+from tests.e2e.jsclients import drive, finish_driver, long_text, snapshot, start_driver, wait_for
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
 FINAL = {"output-available", "output-error", "rejected", "cancelled", "skipped"}
 ADDRESS = "dave.doe@example.com"
 
-
-@pytest.fixture(scope="module")
-def node() -> str:
-    return require_node_clients()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.ServerHandle]:
-    directory = tmp_path_factory.mktemp("agui")
-    env = harness.server_env(harness.sqlite_url(directory), {"THREADLINE_DEMO_DELAY_MS": "50"})
-    with harness.start("all", env, log_dir=directory) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def tokens(server: harness.ServerHandle) -> dict[str, str]:
-    return {
-        "alice": server.token("alpha", "user", "alice"),
-        "bob": server.token("alpha", "user", "bob"),
-        "carol": server.token("beta", "user", "carol"),
-        "svc": server.token("alpha", "backend", "svc"),
-    }
+# The shared fixtures of tests/e2e/jsclients.py (this module gets its own server).
+node, server, tokens = jsclients.node, jsclients.server, jsclients.tokens
 
 
 class Agui:
@@ -113,6 +84,20 @@ def expected_messages(snap: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def expected_state(snap: dict[str, Any]) -> dict[str, Any]:
+    """AG-UI shared state per docs/protocol.md: the thread's last run and pending actions."""
+    run = snap["run"]
+    return {
+        "run": run and {"id": run["id"], "status": run["status"]},
+        "pendingActions": [
+            {"id": a["id"], "kind": a["kind"], "toolName": a["tool_name"],
+             "toolCallId": a["tool_call_id"], "runId": a["run_id"],
+             "allowedRoles": a["allowed_roles"]}
+            for a in snap["pending_actions"]
+        ],
+    }
+
+
 def reconstructed(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The client's messages, with JSON strings parsed so both sides compare as data."""
     out = []
@@ -172,6 +157,9 @@ def test_weather_run_streams_tool_call_and_text(agui: Agui) -> None:
     assert streamed_text(report) == last_assistant_text(snap)
     assert "Paris" in streamed_text(report)
     assert_converged(report, snap)
+    assert types[2] == "STATE_SNAPSHOT"  # after RUN_STARTED and MESSAGES_SNAPSHOT
+    assert report["state"] == expected_state(snap)
+    assert report["state"]["run"]["status"] == "completed"
 
 
 def test_email_approval_resumed_by_a_second_client_exactly_once(
@@ -186,6 +174,11 @@ def test_email_approval_resumed_by_a_second_client_exactly_once(
     [action] = snap["pending_actions"]
     assert interrupt["id"] == action["id"] and interrupt["toolCallId"] == action["tool_call_id"]
     assert_converged(first, snap)
+    # Shared state (STATE_SNAPSHOT, then STATE_DELTA patches applied by the client library):
+    # the run waits on the one pending action.
+    assert first["state"] == expected_state(snap)
+    assert first["state"]["run"] == {"id": first["runId"], "status": "waiting"}
+    assert "STATE_DELTA" in event_types(first)
 
     resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}]
     second = agui.run(tokens["bob"], resume=resume)
@@ -194,6 +187,8 @@ def test_email_approval_resumed_by_a_second_client_exactly_once(
     assert snap["run"]["status"] == "completed" and not snap["pending_actions"]
     assert "[redacted email]" in last_assistant_text(snap)
     assert_converged(second, snap)
+    assert second["state"] == expected_state(snap)
+    assert second["state"]["pendingActions"] == []
 
     # The first client answers the same interrupt too late: RUN_ERROR naming the winner.
     late = agui.run(messages=first["messages"], resume=resume)
@@ -237,11 +232,15 @@ def test_stop_mid_stream_finishes_cancelled(agui: Agui) -> None:
 
 def test_second_client_joins_the_run_live(agui: Agui, node: str, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
+    # 400 chunks (20 s at 50 ms): the second node client must start and join while the run
+    # streams; with 200 a loaded box once joined after the end (no live text to compare).
     streaming = start_driver(
-        node, "agui_driver.mjs", agui.options(text=long_text(), readyFile=str(ready))
+        node, "agui_driver.mjs", agui.options(text=long_text(400), readyFile=str(ready))
     )
     wait_for(ready)
     joined = agui.run()  # a second client, no messages of its own: it joins
+    assert joined["events"][2]["type"] == "STATE_SNAPSHOT"
+    assert joined["events"][2]["snapshot"]["run"]["status"] == "running"  # it joined mid-run
     first = finish_driver(streaming)
     validate(first)
     snap = agui.snapshot()
@@ -255,11 +254,13 @@ def test_second_client_joins_the_run_live(agui: Agui, node: str, tmp_path: Path)
 
 
 def test_reconnect_mid_stream_resumes_from_the_replay(agui: Agui) -> None:
-    cut = agui.run(text=long_text(), abortAfterDeltas=3)
+    # 400 chunks (20 s): the reconnecting node client must join while the run still streams.
+    cut = agui.run(text=long_text(400), abortAfterDeltas=3)
     assert cut["outcome"] is None  # aborted: the run itself goes on
     assert agui.snapshot()["run"]["status"] == "running"
     again = agui.run(messages=cut["messages"])
     assert again["outcome"] == "success" and again["runId"] == cut["runId"]
+    assert again["events"][2]["snapshot"]["run"]["status"] == "running"  # rejoined mid-run
     snap = agui.snapshot()
     assert streamed_text(again) == last_assistant_text(snap)
     assert_converged(again, snap)

@@ -5,37 +5,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 
-from tests.e2e import harness
-from tests.e2e.jsclients import drive, long_text, require_node_clients, snapshot
+from tests.e2e import harness, jsclients
+from tests.e2e.jsclients import drive, long_text, snapshot
 
 ADDRESS = "erin.roe@example.com"
 
-
-@pytest.fixture(scope="module")
-def node() -> str:
-    return require_node_clients()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.ServerHandle]:
-    directory = tmp_path_factory.mktemp("aisdk")
-    env = harness.server_env(harness.sqlite_url(directory), {"THREADLINE_DEMO_DELAY_MS": "50"})
-    with harness.start("all", env, log_dir=directory) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def tokens(server: harness.ServerHandle) -> dict[str, str]:
-    return {
-        "alice": server.token("alpha", "user", "alice"),
-        "carol": server.token("beta", "user", "carol"),
-    }
+# The shared fixtures of tests/e2e/jsclients.py (this module gets its own server).
+node, server, tokens = jsclients.node, jsclients.server, jsclients.tokens
 
 
 def chat(node: str, server: harness.ServerHandle, token: str, **options: Any) -> dict[str, Any]:

@@ -65,6 +65,7 @@ def test_presence_bench_quick() -> None:
     assert bench.returncode == 0, f"{stdout}\n{stderr[-4000:]}"
     rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.strip()}
     assert float(rows["chunks"][2]) > 0 and float(rows["presence"][2]) > 0, stdout
+    assert "40 saw everyone, closed by the server: none" in stdout, stdout  # joins converged
 
 
 def test_runtime_bench_quick() -> None:

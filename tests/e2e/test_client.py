@@ -14,6 +14,7 @@ from tests.e2e import cluster, harness
 from tests.services import require_postgres, require_redis
 from threadline_client import (
     ActionConflict,
+    Conflict,
     Forbidden,
     InvalidPayload,
     NotFound,
@@ -161,3 +162,54 @@ def test_the_sync_wrapper_from_plain_code(setup: Setup) -> None:
         assert isinstance(final, Snapshot)
         assert final.assistant_text() == "You said: from a script"
         assert tl.snapshot(thread_id) == final
+
+
+def run_status(status: str) -> object:
+    def holds(watch: ThreadWatch) -> bool:
+        snapshot = watch.snapshot
+        return (
+            watch.settled
+            and snapshot is not None
+            and snapshot.run is not None
+            and snapshot.run.status == status
+        )
+
+    return holds
+
+
+async def test_retry_restarts_a_stopped_run_and_history_pages_back(setup: Setup) -> None:
+    async with setup.client("alice") as tl:
+        thread_id = (await tl.create_thread("retry and pages")).thread.id
+        async with tl.watch(thread_id) as watch:
+            for word in ("one", "two", "three"):
+                await tl.send(thread_id, word)
+                await watch.until(done, RUN_TIMEOUT)
+            with pytest.raises(Conflict):  # a completed run is not retried
+                await tl.retry(thread_id)
+            long = " ".join(f"w{i}" for i in range(300))  # 300 chunks: seconds to stream
+            admission = await tl.send(thread_id, long)
+            assert admission.run_id is not None
+            await tl.stop(thread_id, admission.run_id)
+            await watch.until(run_status("cancelled"), RUN_TIMEOUT)
+            retried = await tl.retry(thread_id)
+            assert retried.run_id != admission.run_id
+            await watch.until(
+                lambda w: run_status("completed")(w) and w.snapshot.run.id == retried.run_id,
+                RUN_TIMEOUT,
+            )
+        whole = await tl.snapshot(thread_id, limit=500)
+        assert whole.page is not None and whole.page.before is None
+        assert whole.messages[-1].text == f"You said: {long}"
+        assert [m.text for m in whole.messages if m.role == "user"] == [
+            "one", "two", "three", long
+        ]
+        # Pages of 3, newest first, back to the first message; together the whole thread.
+        pages = [page async for page in tl.pages(thread_id, page_size=3)]
+        assert [len(p.messages) for p in pages] == [3, 3, 2]
+        assert pages[0].messages == whole.messages[-3:]
+        assert await tl.history(thread_id, page_size=3) == whole.messages
+    with SyncThreadlineClient(setup.gateway(1).url, setup.tokens["alice"]) as sync:
+        assert [len(p.messages) for p in sync.pages(thread_id, page_size=3)] == [3, 3, 2]
+        assert sync.history(thread_id, page_size=5) == whole.messages
+        with pytest.raises(Conflict):
+            sync.retry(thread_id)

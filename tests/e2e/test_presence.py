@@ -38,7 +38,7 @@ def setup() -> Iterator[Setup]:
         tokens = running.tokens(
             {
                 "alice": ("alpha", "user", "alice"),
-                "bob": ("alpha", "user", "bob"),
+                "bob": ("alpha", "user", "bob", "Bob Marsh"),
                 "svc": ("alpha", "backend", "svc"),
             }
         )
@@ -63,7 +63,9 @@ async def test_everyone_sees_everyone_typing_reviewing_and_leaving(setup: Setup)
         for watch in watches:
             await watch.until(lambda w: present(w) == everyone, TIMEOUT)
         assert watches[0].presence["svc"]["role"] == "backend"
-        assert watches[0].presence["bob"]["name"] == "bob"
+        # The token's display name is what others see; the subject stays the member's key.
+        assert watches[0].presence["bob"]["name"] == "Bob Marsh"
+        assert watches[0].presence["alice"]["name"] == "alice"  # no display name: the subject
 
         bob = watches[2]
         await bob.set_presence(typing=True)

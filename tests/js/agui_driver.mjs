@@ -2,7 +2,7 @@
 // Input (argv[2], JSON): {url, token, threadId, text?, messages?, resume?, stopAfterDeltas?,
 // abortAfterDeltas?, readyFile?}. The report holds the events the client library saw, the raw
 // SSE data lines it was sent (for validation against ag-ui-protocol's pydantic models), and
-// the messages the library reconstructed.
+// the messages and shared state the library reconstructed.
 import { writeFileSync } from "node:fs";
 import { randomUUID } from "node:crypto";
 import { HttpAgent } from "@ag-ui/client";
@@ -107,5 +107,6 @@ process.stdout.write(
     events,
     raw,
     messages: agent.messages,
+    state: agent.state,
   }),
 );

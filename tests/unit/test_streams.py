@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import orjson
@@ -163,7 +164,9 @@ def test_agui_events_validate_and_close_what_is_open(status: str, last: str) -> 
     events += stream.finish(snap(9, status=status))
     wire = [e.model_dump_json(by_alias=True) for e in events]
     types = [EVENTS.validate_json(line).type for line in wire]
-    assert types[-1] == last and types[-3] == "STEP_FINISHED"  # the step ends before the run
+    # The step ends before the run; the committed messages and the shared state come between.
+    assert types[-1] == last and types[-4] == "STEP_FINISHED"
+    assert types[-3:-1] == ["MESSAGES_SNAPSHOT", "STATE_SNAPSHOT"]
     assert types.count("TEXT_MESSAGE_START") == types.count("TEXT_MESSAGE_END") == 1
     assert "TOOL_CALL_RESULT" in types
 
@@ -206,3 +209,26 @@ def test_ui_message_chunks_of_a_step() -> None:
         "tool-output-available", "finish",
     ]
     assert out[-1]["finishReason"] == "stop"
+
+
+def test_agui_shared_state_is_a_snapshot_then_deltas_of_what_changed() -> None:
+    stream = RunStream(THREAD, RUN)
+    running = snap(7, status="running")
+    waiting = snap(8, status="waiting", pending_actions=[{
+        "id": "a1", "kind": "approval", "run_id": RUN, "message_id": "m1", "tool_call_id": "c1",
+        "tool_name": "send_email", "input": {"to": "x@example.com"}, "schema": {},
+        "allowed_roles": ["user"]}])
+    [first] = stream.state_events(running)
+    assert first.type == "STATE_SNAPSHOT"
+    assert first.snapshot == {"run": {"id": RUN, "status": "running"}, "pendingActions": []}
+    assert stream.state_events(snap(7, status="running")) == []  # nothing changed: no event
+    [delta] = stream.state_events(waiting)
+    assert delta.type == "STATE_DELTA"
+    wire = delta.model_dump_json(by_alias=True)
+    assert json.loads(wire)["delta"] == [
+        {"op": "replace", "path": "/run", "value": {"id": RUN, "status": "waiting"}},
+        {"op": "replace", "path": "/pendingActions", "value": [{
+            "id": "a1", "kind": "approval", "toolName": "send_email", "toolCallId": "c1",
+            "runId": RUN, "allowedRoles": ["user"]}]},
+    ]
+    EVENTS.validate_json(wire)
