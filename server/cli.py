@@ -119,6 +119,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         ws_max_size=settings.ws_max_frame_bytes * 4,
         ws_ping_interval=settings.ws_ping_interval,
         ws_ping_timeout=settings.ws_ping_timeout,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
         timeout_graceful_shutdown=10,
     )
 
