@@ -223,43 +223,52 @@ async def step(
                 pct(latencies, 0.99), pct(latencies, 0.999), client)
 
 
-async def measure(
-    peer: Peer, redis_url: str, *, deflate: bool, subscribers: int, idle: list[int],
-    rates: list[int], duration: float,
-) -> Result:
-    result = Result(peer.name, deflate)
+@dataclass
+class Subject:
+    """A server under test with its subscribed clients and its results so far."""
+
+    peer: Peer
+    result: Result
+    tally: wsclient.Tally
+    clients: list[wsclient.Client]
+    seq: int = 0
+
+    @property
+    def active(self) -> bool:
+        return not self.result.steps or self.result.steps[-1].delivered >= KEPT_UP
+
+
+async def subscribed(peer: Peer, deflate: bool, subscribers: int, idle: list[int]) -> Subject:
+    """Idle RSS on the fresh server, then `subscribers` connections kept for the steps."""
     tally = wsclient.Tally()
-    clients, result.idle = await idle_rss(peer, tally, sorted({*idle, subscribers}), deflate)
+    clients, rows = await idle_rss(peer, tally, sorted({*idle, subscribers}), deflate)
     wsclient.close_all(clients[subscribers:])
-    clients = clients[:subscribers]
-    bus = open_bus(redis_url)
-    await bus.open()
-    publisher = Publisher(bus)
-    run_id = f"run-{os.urandom(4).hex()}"
+    return Subject(peer, Result(peer.name, deflate, rows), tally, clients[:subscribers])
+
+
+async def steps(
+    subjects: list[Subject], publisher: Publisher, subscribers: int, rates: list[int],
+    duration: float,
+) -> None:
+    """Each rate step for each subject in turn (paired under the same background load); a
+    subject leaves after its first step under 97 % delivered."""
     pad = "x" * (PAYLOAD_BYTES - 150)
-    seq = 0
+    run_id = f"run-{os.urandom(4).hex()}"
+    await asyncio.sleep(1.0)
+    for rate in rates:
+        for subject in [s for s in subjects if s.active]:
 
-    async def publish(_: int) -> None:
-        nonlocal seq
-        chunk = {"type": "text-delta", "delta": f"{pad}t={time.monotonic_ns()}"}
-        await publisher.chunk(peer.thread_id, run_id, seq, chunk)
-        seq += 1
+            async def publish(_: int, subject: Subject = subject) -> None:
+                chunk = {"type": "text-delta", "delta": f"{pad}t={time.monotonic_ns()}"}
+                await publisher.chunk(subject.peer.thread_id, run_id, subject.seq, chunk)
+                subject.seq += 1
 
-    try:
-        await asyncio.sleep(1.0)
-        for rate in rates:
-            done = await step(peer, publish, tally, subscribers, rate, duration)
-            result.steps.append(done)
-            print(f"  {peer.name}{' (deflate)' if deflate else ''}: {subscribers} x {rate}/s:"
-                  f" {done.delivered:.1%} delivered, {done.cpu_us:.1f} µs/delivery,"
-                  f" p99 {done.p99:.1f} ms, client {done.client_cpu:.0%} of a core",
-                  file=sys.stderr, flush=True)
-            if done.delivered < KEPT_UP:
-                break
-    finally:
-        wsclient.close_all(clients)
-        await bus.close()
-    return result
+            done = await step(subject.peer, publish, subject.tally, subscribers, rate, duration)
+            subject.result.steps.append(done)
+            print(f"  {subject.peer.name}{' (deflate)' if subject.result.deflate else ''}: "
+                  f"{subscribers} x {rate}/s: {done.delivered:.1%} delivered, "
+                  f"{done.cpu_us:.1f} µs/delivery, p99 {done.p99:.1f} ms, "
+                  f"client {done.client_cpu:.0%} of a core", file=sys.stderr, flush=True)
 
 
 # --- the run and its table ------------------------------------------------------------
@@ -270,14 +279,26 @@ async def run(args: argparse.Namespace, database_url: str, redis_url: str) -> No
     subscribers, idle = args.compare_subscribers, list(args.compare_idle)
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
     results: list[Result] = []
-    # Deflate offered and accepted: the first rate step and the idle memory only.
-    for deflate, step_rates in ((False, rates), (True, rates[:1])):
-        options = {"deflate": deflate, "subscribers": subscribers, "idle": idle,
-                   "rates": step_rates, "duration": args.step_seconds}
-        async with threadline(database_url, redis_url, deflate, log_dir) as peer:
-            results.append(await measure(peer, redis_url, **options))  # type: ignore[arg-type]
-        async with reference(redis_url, deflate, peer.thread_id) as peer:
-            results.append(await measure(peer, redis_url, **options))  # type: ignore[arg-type]
+    bus = open_bus(redis_url)
+    await bus.open()
+    try:
+        publisher = Publisher(bus)
+        # Deflate offered and accepted: the first rate step and the idle memory only.
+        for deflate, step_rates in ((False, rates), (True, rates[:1])):
+            async with (
+                reference(redis_url, deflate, f"ref-{os.urandom(4).hex()}") as ref,
+                threadline(database_url, redis_url, deflate, log_dir) as ours,
+            ):
+                subjects = [await subscribed(peer, deflate, subscribers, idle)
+                            for peer in (ref, ours)]
+                try:
+                    await steps(subjects, publisher, subscribers, step_rates, args.step_seconds)
+                finally:
+                    for subject in subjects:
+                        wsclient.close_all(subject.clients)
+                results += [subject.result for subject in subjects]
+    finally:
+        await bus.close()
     print_table(results, subscribers, rates[0], os.cpu_count() or 1)
 
 

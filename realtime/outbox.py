@@ -54,6 +54,10 @@ class Outbox:
       returns False and `on_overflow` is called once, so the gateway closes the connection with
       `CLOSE_SLOW_CONSUMER`. Nothing checks the clock by itself; `put`, `get` and `check` do,
       and a gateway whose sender is stuck in a write calls `check()` from a timer.
+    - `direct` (optional): a function that writes a frame to the socket at once, or returns
+      False when it cannot (busy writer, paused transport). While nothing is queued, `put`
+      hands frames to it instead of queueing them, so an idle connection's frames skip the
+      writer's wake-up; anything it refuses is queued as usual, and everything after it too.
     - A single frame larger than `max_bytes` (a large tool output) counts as just over it: it
       puts the connection over high water (it must be drained within `grace`) but never past
       the hard limit on its own, so it is sent instead of overflowing every subscriber at once
@@ -90,6 +94,8 @@ class Outbox:
         self._overflowed = False
         self._closed = False
         self._wakeup = asyncio.Event()
+        # Set by the gateway when the socket can take a frame synchronously: see `put`.
+        self.direct: Callable[[bytes], bool] | None = None
 
     @property
     def queued_bytes(self) -> int:
@@ -123,6 +129,8 @@ class Outbox:
             if last is not None and version <= last:
                 return True
             self._versions[thread_id] = version
+        if not self._live and self.direct is not None and self.direct(data):
+            return True  # nothing queued ahead of it and the socket took it as is
         entry = _Entry(data, kind, thread_id, weight=min(len(data), self.max_bytes + 1))
         if kind in _COALESCING:
             previous = self._coalesced.get((kind, thread_id))

@@ -25,6 +25,7 @@ from server.presence import PresenceHub
 from server.session import Session
 from server.settings import Settings
 from server.telemetry import WS_CLOSES, WS_CONNECTIONS, WS_FRAMES_IN
+from server.wsprotocol import SEND_NOW, SendNow
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,18 @@ class Connection:
         self._inflight: asyncio.Future[None] | None = None
         # Set once the connection released everything (tasks, hub listeners, outbox).
         self.done = asyncio.Event()
+        # The writer holds a frame taken from the outbox and not yet written.
+        self._sending = False
+        send_now: SendNow | None = websocket.scope.get("extensions", {}).get(SEND_NOW)
+        if send_now is not None:
+            self._send_now = send_now
+            self.outbox.direct = self._direct
+
+    def _direct(self, data: bytes) -> bool:
+        """The outbox's synchronous path: write now unless the writer is mid-frame."""
+        if self._sending or self._finished.is_set():
+            return False
+        return self._send_now(data)
 
     def finish(self, close: Close | None) -> None:
         if not self._finished.is_set():
@@ -134,7 +147,9 @@ class Connection:
         try:
             while True:
                 data = await self.outbox.get()
+                self._sending = True
                 await self.websocket.send_text(data.decode("utf-8"))
+                self._sending = False
         except SlowConsumerError:
             return Close(CloseCode.SLOW_CONSUMER, "slow consumer")
         except OutboxClosedError:
