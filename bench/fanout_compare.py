@@ -254,7 +254,8 @@ async def steps(
     subject leaves after its first step under 97 % delivered."""
     pad = "x" * (PAYLOAD_BYTES - 150)
     run_id = f"run-{os.urandom(4).hex()}"
-    await asyncio.sleep(1.0)
+    for subject in subjects:
+        await settle(subject.peer.pid)
     for rate in rates:
         for subject in [s for s in subjects if s.active]:
 
@@ -269,6 +270,17 @@ async def steps(
                   f"{subscribers} x {rate}/s: {done.delivered:.1%} delivered, "
                   f"{done.cpu_us:.1f} µs/delivery, p99 {done.p99:.1f} ms, "
                   f"client {done.client_cpu:.0%} of a core", file=sys.stderr, flush=True)
+
+
+async def settle(pid: int, limit: float = 60.0) -> None:
+    """Until the server is quiet (< 5 % of a core over half a second; bounded): what the
+    subscriptions started (presence joins and their diffs) must not count in the first step."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pid)
+        await asyncio.sleep(0.5)
+        if cpu_seconds(pid) - before < 0.025:
+            return
 
 
 # --- the run and its table ------------------------------------------------------------

@@ -10,13 +10,18 @@ backpressure stay as they were. Everything else (handshake, receive, close, ping
 
 Without permessage-deflate the frame is built once per message and the same bytes are written
 to every connection (a one-entry cache: the hub hands every listener the very same object).
+
+Idle memory: uvicorn's receive queue (an asyncio.Queue: four deques) and its `writable` Event (a
+deque) become the small equivalents below, and the handshake's request and response are
+released once the connection is accepted; together a few KiB per open connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
@@ -45,14 +50,81 @@ def text_frame(data: bytes) -> bytes:
     return frame
 
 
+T = TypeVar("T")
+
+
+class Signal:
+    """What uvicorn uses of an asyncio.Event (set, clear, is_set, wait), one future at most."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> bool:
+        while not self._set:
+            if self._waiter is None or self._waiter.done():
+                self._waiter = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._waiter)
+        return True
+
+
+class Inbox(Generic[T]):
+    """What uvicorn uses of an unbounded asyncio.Queue (put_nowait, get, empty), one getter."""
+
+    __slots__ = ("_items", "_ready")
+
+    def __init__(self) -> None:
+        self._items: list[T] = []
+        self._ready = Signal()
+
+    def put_nowait(self, item: T) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def get(self) -> T:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.pop(0)
+
+
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O websockets protocol plus the `SEND_NOW` scope extension."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = Inbox()  # type: ignore[assignment]
+        self.writable = Signal()  # type: ignore[assignment]
+        self.writable.set()
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
             scope["extensions"][SEND_NOW] = self.send_now
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.accept" and self.handshake_complete:
+            # Only the handshake reads them; an open connection need not keep the headers.
+            self.request = self.response = None  # type: ignore[assignment]
 
     def send_now(self, data: bytes) -> bool:
         """Write `data` as one text frame now; False if it must wait (or cannot be sent)."""
