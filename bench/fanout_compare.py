@@ -344,8 +344,12 @@ def cpu_per_delivery(result: Result) -> float:
 def row(result: Result, counts: list[int]) -> str:
     first = result.steps[0]
     idle = dict(result.idle)
-    kept = f"{result.kept_up:>10.0f}" if len(result.steps) > 1 or not result.deflate else (
-        f"{'-':>10}")
+    if result.deflate:
+        kept = f"{'-':>10}"  # one step only: not stepped
+    elif result.kept_up:
+        kept = f"{result.kept_up:>10.0f}"
+    else:  # not even the first step kept up
+        kept = f"{f'<{first.rate * first.subscribers}':>10}"
     return (f"{result.name:<30} {'yes' if result.deflate else 'no':>7} "
             f"{cpu_per_delivery(result):>15.1f} {first.p50:>12.2f} {first.p99:>7.2f} "
             f"{first.p999:>8.2f} {kept} "
