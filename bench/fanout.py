@@ -5,7 +5,14 @@ One thread watched by N websocket subscribers split across two `--role gateway` 
 RSS per idle connection.
 
     python bench/fanout.py [--subscribers 1,100,1000] [--messages 20] [--idle 1000,5000]
+                           [--compare-subscribers 1000] [--compare-idle 1000,5000]
+                           [--rates 10,20,40,80,120,160] [--step-seconds 3]
                            [--postgres ADMIN_DSN] [--redis URL] [--quick]
+
+Two parts. First, Threadline beside a raw `websockets` + Redis reference measured in the same
+run (bench/fanout_compare.py: server CPU per delivery, p50/p99/p99.9, deliveries/s kept up, RSS
+per idle subscribed connection, with and without permessage-deflate offered and accepted).
+Second, the end-to-end fan-out below.
 
 Everything runs on loopback: a database of its own (created through ADMIN_DSN, dropped after;
 without --postgres or --redis, a throwaway cluster or redis-server of the run's own),
@@ -61,6 +68,7 @@ from websockets.asyncio.client import ClientConnection, connect
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import common  # bench/common.py, next to this script
+import fanout_compare as compare
 
 from tests.e2e import harness
 
@@ -111,6 +119,8 @@ def processes(
         started.append(harness.start("gateway", env, log_dir=log_dir))
         for role in ("gateway", "worker"):
             started.append(harness.start(role, env, log_dir=log_dir))
+        for handle in started:  # this process may be pinned off a core: they are not
+            compare.pin(handle.process.pid, compare.cores())
         yield started
     finally:
         for handle in started:
@@ -331,16 +341,31 @@ async def main() -> None:
     parser.add_argument("--idle", default="1000,5000", help="idle connection counts (cumulative)")
     parser.add_argument("--postgres", help="admin DSN to create a database (default: own server)")
     parser.add_argument("--redis", help="Redis URL (default: a redis-server of its own)")
-    parser.add_argument("--quick", action="store_true", help="1 and 20 subscribers, 200 idle")
+    parser.add_argument("--compare-subscribers", type=int, default=1000,
+                        help="subscribers of the side-by-side comparison")
+    parser.add_argument("--compare-idle", default="1000,5000",
+                        help="idle connection counts of the comparison (cumulative)")
+    parser.add_argument("--rates", default="10,20,40,80,120,160",
+                        help="messages/s steps of the comparison")
+    parser.add_argument("--step-seconds", type=float, default=3.0, help="length of a rate step")
+    parser.add_argument("--compare-only", action="store_true", help="skip the end-to-end part")
+    parser.add_argument("--quick", action="store_true", help="a few seconds of each part")
     args = parser.parse_args()
     if args.quick:
         args.subscribers, args.messages, args.idle = "1,20", 5, "200"
+        args.compare_subscribers, args.compare_idle = 50, "50"
+        args.rates, args.step_seconds = "10,40", 1.0
     counts = [int(n) for n in args.subscribers.split(",") if n]
     idle = [int(n) for n in args.idle.split(",") if n]
-    limit = raise_fd_limit(max([*idle, *counts, 0]) + 1024)
+    compare_idle = [int(n) for n in args.compare_idle.split(",") if n]
+    limit = raise_fd_limit(max([*idle, *counts, *compare_idle, 0]) + 1024)
     if idle and max(idle) + 512 > limit:
         print(f"warning: RLIMIT_NOFILE is {limit}; idle counts capped", file=sys.stderr)
         idle = [n for n in idle if n + 512 <= limit]
+        compare_idle = [n for n in compare_idle if n + 512 <= limit]
+    args.compare_idle = compare_idle
+    # Redis, Postgres, the clients and the publisher off the core the servers under test get.
+    compare.pin_self_off_server_core()
     with common.servers(args.postgres, args.redis) as (admin_dsn, redis_url):
         await measure(args, admin_dsn, redis_url, counts, idle)
 
@@ -349,6 +374,9 @@ async def measure(
     args: argparse.Namespace, admin_dsn: str, redis_url: str, counts: list[int], idle: list[int]
 ) -> None:
     async with common.own_database(admin_dsn) as database_url:
+        await compare.run(args, database_url, redis_url)
+        if args.compare_only:
+            return
         with processes(database_url, redis_url) as (gateway_1, gateway_2, worker):
             pids = [p.process.pid for p in (gateway_1, gateway_2, worker)]
             token = harness.create_token(gateway_1.env, "bench", "user", "bench")

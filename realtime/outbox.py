@@ -54,6 +54,10 @@ class Outbox:
       returns False and `on_overflow` is called once, so the gateway closes the connection with
       `CLOSE_SLOW_CONSUMER`. Nothing checks the clock by itself; `put`, `get` and `check` do,
       and a gateway whose sender is stuck in a write calls `check()` from a timer.
+    - `direct` (optional): a function that writes a frame to the socket at once, or returns
+      False when it cannot (busy writer, paused transport). While nothing is queued, `put`
+      hands frames to it instead of queueing them, so an idle connection's frames skip the
+      writer's wake-up; anything it refuses is queued as usual, and everything after it too.
     - A single frame larger than `max_bytes` (a large tool output) counts as just over it: it
       puts the connection over high water (it must be drained within `grace`) but never past
       the hard limit on its own, so it is sent instead of overflowing every subscriber at once
@@ -81,7 +85,8 @@ class Outbox:
         self.grace = grace
         self._clock = clock
         self._on_overflow = on_overflow
-        self._entries: deque[_Entry] = deque()
+        # Created on the first queued frame: most connections never queue (see `direct`).
+        self._entries: deque[_Entry] | None = None
         self._coalesced: dict[tuple[str, str], _Entry] = {}
         self._versions: dict[str, int] = {}
         self._bytes = 0
@@ -89,7 +94,10 @@ class Outbox:
         self._over_since: float | None = None
         self._overflowed = False
         self._closed = False
-        self._wakeup = asyncio.Event()
+        # The waiting `get()`'s future, if one waits (cheaper than an Event per connection).
+        self._waiter: asyncio.Future[None] | None = None
+        # Set by the gateway when the socket can take a frame synchronously: see `put`.
+        self.direct: Callable[[bytes], bool] | None = None
 
     @property
     def queued_bytes(self) -> int:
@@ -123,23 +131,28 @@ class Outbox:
             if last is not None and version <= last:
                 return True
             self._versions[thread_id] = version
+        if not self._live and self.direct is not None and self.direct(data):
+            return True  # nothing queued ahead of it and the socket took it as is
         entry = _Entry(data, kind, thread_id, weight=min(len(data), self.max_bytes + 1))
         if kind in _COALESCING:
             previous = self._coalesced.get((kind, thread_id))
             if previous is not None:
                 self._kill(previous)
             self._coalesced[(kind, thread_id)] = entry
+        if self._entries is None:
+            self._entries = deque()
         self._entries.append(entry)
         self._bytes += entry.weight
         self._live += 1
-        self._wakeup.set()
+        self._wake()
         return self._evaluate()
 
     def get_nowait(self) -> bytes | None:
         """The next frame, or None if nothing is queued."""
         self._raise_if_done()
-        while self._entries:
-            entry = self._entries.popleft()
+        entries = self._entries
+        while entries:
+            entry = entries.popleft()
             if not entry.live:
                 continue
             self._forget(entry)
@@ -153,8 +166,13 @@ class Outbox:
             data = self.get_nowait()
             if data is not None:
                 return data
-            self._wakeup.clear()
-            await self._wakeup.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
 
     def __aiter__(self) -> Outbox:
         return self
@@ -173,7 +191,7 @@ class Outbox:
 
     def discard_thread(self, thread_id: str) -> None:
         """Drop queued frames of a thread (unsubscribed). Its version floor is kept."""
-        for entry in self._entries:
+        for entry in self._entries or ():
             if entry.live and entry.thread_id == thread_id:
                 self._kill(entry)
         self._evaluate()
@@ -182,9 +200,14 @@ class Outbox:
         """Discard everything; waiting `get()` calls raise `OutboxClosedError`."""
         self._closed = True
         self._clear()
-        self._wakeup.set()
+        self._wake()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _raise_if_done(self) -> None:
         if self._overflowed:
@@ -203,7 +226,7 @@ class Outbox:
     def _kill(self, entry: _Entry) -> None:
         self._forget(entry)
         entry.data = b""  # release the payload now; the dead entry is skipped by `get`
-        if len(self._entries) > 2 * self._live + 64:
+        if self._entries is not None and len(self._entries) > 2 * self._live + 64:
             # Many replaced invalidations and a consumer that does not drain: compact, so dead
             # entries cannot grow without bound either.
             self._entries = deque(e for e in self._entries if e.live)
@@ -223,14 +246,14 @@ class Outbox:
     def _overflow(self) -> bool:
         self._overflowed = True
         self._clear()
-        self._wakeup.set()
+        self._wake()
         safe_add(SLOW_CONSUMERS, 1)
         if self._on_overflow is not None:
             self._on_overflow()
         return False
 
     def _clear(self) -> None:
-        self._entries.clear()
+        self._entries = None
         self._coalesced.clear()
         self._bytes = 0
         self._live = 0

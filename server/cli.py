@@ -100,6 +100,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
     import uvicorn
 
     from server.app import create_app
+    from server.wsprotocol import WebSocketProtocol
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
     settings = Settings(**overrides)  # type: ignore[arg-type]
@@ -126,6 +127,9 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         ws_max_size=settings.ws_max_frame_bytes * 4,
         ws_ping_interval=settings.ws_ping_interval,
         ws_ping_timeout=settings.ws_ping_timeout,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
+        # uvicorn's sans-I/O websockets protocol plus a synchronous send (server/wsprotocol.py).
+        ws=WebSocketProtocol,
         timeout_graceful_shutdown=10,
     )
 

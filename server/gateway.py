@@ -25,6 +25,7 @@ from server.presence import PresenceHub
 from server.session import Session
 from server.settings import Settings
 from server.telemetry import WS_CLOSES, WS_CONNECTIONS, WS_FRAMES_IN
+from server.wsprotocol import SEND_NOW, SendNow
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,12 @@ def _count(counter: object, amount: int, **attributes: str | int) -> None:
 
 
 class Connection:
-    """One accepted websocket: a reader, a writer draining the outbox, an outbox watchdog.
+    """One accepted websocket: a reader, and a writer draining what the outbox queued.
 
-    Whichever of them finishes first decides how the connection closes; the others are
-    cancelled and awaited. Nothing here touches any other connection.
+    Whichever of them finishes first (or `finish()`, called by the gateway's outbox watchdog,
+    a revocation or shutdown) decides how the connection closes; the other is cancelled and
+    awaited. Nothing here touches any other connection. Futures, not Events, and no timer of
+    its own: an idle connection should hold little (docs/operations.md, "Fan-out").
     """
 
     def __init__(self, websocket: WebSocket, session: Session, settings: Settings) -> None:
@@ -60,32 +63,50 @@ class Connection:
         self.session = session
         self.outbox = session.outbox
         self.max_frame_bytes = settings.ws_max_frame_bytes
-        self._finished = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._finished: asyncio.Future[None] = loop.create_future()
         self._close: Close | None = None
         # Set by the gateway: which token this connection authenticated with, and when (event
         # loop time) that token expires, if it does.
         self.token_hash = ""
         self.expires_at: float | None = None
         self._inflight: asyncio.Future[None] | None = None
-        # Set once the connection released everything (tasks, hub listeners, outbox).
-        self.done = asyncio.Event()
+        # Done once the connection released everything (tasks, hub listeners, outbox).
+        self.done: asyncio.Future[None] = loop.create_future()
+        # The writer holds a frame taken from the outbox and not yet written.
+        self._sending = False
+        send_now: SendNow | None = websocket.scope.get("extensions", {}).get(SEND_NOW)
+        if send_now is not None:
+            self._send_now = send_now
+            self.outbox.direct = self._direct
+
+    def _direct(self, data: bytes) -> bool:
+        """The outbox's synchronous path: write now unless the writer is mid-frame."""
+        if self._sending or self._finished.done():
+            return False
+        return self._send_now(data)
 
     def finish(self, close: Close | None) -> None:
-        if not self._finished.is_set():
+        if not self._finished.done():
             self._close = close
-            self._finished.set()
+            self._finished.set_result(None)
 
     async def run(self) -> Close | None:
         tasks = [
             asyncio.create_task(self._guard(self._read()), name="ws-read"),
             asyncio.create_task(self._guard(self._write()), name="ws-write"),
-            asyncio.create_task(self._guard(self._watch_outbox()), name="ws-outbox"),
         ]
+        # A timer, not a task: the token's last second is its last, not the next periodic check.
+        expiry = None
         if self.expires_at is not None:
-            tasks.append(asyncio.create_task(self._guard(self._expire()), name="ws-expiry"))
+            expiry = asyncio.get_running_loop().call_at(
+                self.expires_at, self.finish, Close(CloseCode.TOKEN_REVOKED, "token expired")
+            )
         try:
-            await self._finished.wait()
+            await asyncio.shield(self._finished)
         finally:
+            if expiry is not None:
+                expiry.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -95,7 +116,7 @@ class Connection:
                 await self.session.close()
             finally:
                 self.outbox.close()
-                self.done.set()
+                self.done.set_result(None)
         return self._close
 
     async def _guard(self, work: Coroutine[Any, Any, Close | None]) -> None:
@@ -138,28 +159,14 @@ class Connection:
         try:
             while True:
                 data = await self.outbox.get()
+                self._sending = True
                 await self.websocket.send_text(data.decode("utf-8"))
+                self._sending = False
         except SlowConsumerError:
             return Close(CloseCode.SLOW_CONSUMER, "slow consumer")
         except OutboxClosedError:
             return None
 
-    async def _expire(self) -> Close | None:
-        # A timer of its own: the token's last second is its last, not the next periodic check.
-        assert self.expires_at is not None
-        await asyncio.sleep(max(0.0, self.expires_at - asyncio.get_running_loop().time()))
-        return Close(CloseCode.TOKEN_REVOKED, "token expired")
-
-    async def _watch_outbox(self) -> Close | None:
-        # A writer stuck in a send never calls into the outbox; the grace period still has to
-        # expire, so the clock is checked from here as well.
-        while not self._finished.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_OUTBOX_CHECK_INTERVAL):
-                    await self._finished.wait()
-            if not self.outbox.check():
-                return Close(CloseCode.SLOW_CONSUMER, "slow consumer")
-        return None
 
 
 class Gateway:
@@ -184,6 +191,7 @@ class Gateway:
         self._slots: set[ConnectionSlot] = set()
         self._keeper: asyncio.Task[None] | None = None
         self._checker: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self._closing = False
 
     async def revoke(self, key: str) -> int:
@@ -198,6 +206,18 @@ class Gateway:
     def _check_tokens(self) -> None:
         if self._checker is None or self._checker.done():
             self._checker = asyncio.create_task(self._recheck_tokens(), name="ws-tokens")
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(self._watch_outboxes(), name="ws-outboxes")
+
+    async def _watch_outboxes(self) -> None:
+        """One timer for every connection: a writer stuck in a send never calls into its
+        outbox, yet the grace period of one over high water must still expire."""
+        while self._connections:
+            await asyncio.sleep(_OUTBOX_CHECK_INTERVAL)
+            for connection in list(self._connections):
+                outbox = connection.outbox
+                if outbox.over_high_water and not outbox.check():
+                    connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
 
     async def _recheck_tokens(self) -> None:
         while self._connections:
@@ -323,7 +343,7 @@ class Gateway:
     async def close(self) -> None:
         """Close every connection with 1001 and wait (bounded) for them to finish."""
         self._closing = True
-        for task in (self._keeper, self._checker):
+        for task in (self._keeper, self._checker, self._watchdog):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -334,7 +354,7 @@ class Gateway:
         if connections:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_SHUTDOWN_TIMEOUT):
-                    await asyncio.gather(*(c.done.wait() for c in connections))
+                    await asyncio.wait([c.done for c in connections])
 
 
 async def _close(websocket: WebSocket, close: Close) -> None:

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     # Protocol-level pings (uvicorn); a peer missing a pong for ws_ping_timeout is dropped.
     ws_ping_interval: float = Field(default=20.0, gt=0)
     ws_ping_timeout: float = Field(default=20.0, gt=0)
+    # permessage-deflate: off by default, measured (docs/operations.md, "Compression").
+    ws_per_message_deflate: bool = False
     # Presence entries are refreshed this often (seconds); a dead gateway's members vanish
     # from the other gateways within twice this (docs/protocol.md, "Presence").
     presence_refresh: float = Field(default=5.0, ge=0.2)

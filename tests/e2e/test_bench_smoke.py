@@ -41,6 +41,12 @@ def test_fanout_bench_quick() -> None:
     rows = [line.split() for line in lines[header + 1 : header + 3]]
     assert [row[0] for row in rows] == ["1", "20"], done.stdout
     assert all(float(value) >= 0 for row in rows for value in row[2:9]), done.stdout
+    # The side-by-side part: both servers measured, a ratio row, figures that are numbers.
+    compared = [line for line in lines if line.startswith(
+        ("websockets + Redis reference", "Threadline gateway", "ratio Threadline / reference")
+    )]
+    assert len(compared) == 6, done.stdout
+    assert float(compared[1].split()[3]) > 0, done.stdout  # Threadline's CPU µs per delivery
     idle = lines.index(next(line for line in lines if "per connection KiB" in line))
     assert lines[idle + 1].split()[0] == "200", done.stdout
     assert float(lines[idle + 1].split()[-1]) > 0, done.stdout
