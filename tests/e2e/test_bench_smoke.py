@@ -15,47 +15,13 @@ from tests.services import require_postgres, require_redis
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
-def test_fanout_bench_quick() -> None:
-    servers = ["--postgres", require_postgres(), "--redis", require_redis()]
-    # A session of its own: on a timeout the bench and the servers it started die together.
-    bench = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "fanout.py"), "--quick", *servers],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = bench.communicate(timeout=150)
-    finally:
-        if bench.poll() is None:
-            os.killpg(bench.pid, signal.SIGKILL)
-            bench.communicate(timeout=10)
-    done = subprocess.CompletedProcess(bench.args, bench.returncode, stdout, stderr)
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-4000:]}"
-    lines = done.stdout.splitlines()
-    header = next(
-        i for i, line in enumerate(lines) if line.split()[:2] == ["subscribers", "messages"]
-    )
-    rows = [line.split() for line in lines[header + 1 : header + 3]]
-    assert [row[0] for row in rows] == ["1", "20"], done.stdout
-    assert all(float(value) >= 0 for row in rows for value in row[2:9]), done.stdout
-    # The side-by-side part: both servers measured, a ratio row, figures that are numbers.
-    compared = [line for line in lines if line.startswith(
-        ("websockets + Redis reference", "Threadline gateway", "ratio Threadline / reference")
-    )]
-    assert len(compared) == 6, done.stdout
-    assert float(compared[1].split()[3]) > 0, done.stdout  # Threadline's CPU µs per delivery
-    idle = lines.index(next(line for line in lines if "per connection KiB" in line))
-    assert lines[idle + 1].split()[0] == "200", done.stdout
-    assert float(lines[idle + 1].split()[-1]) > 0, done.stdout
-
-
-def test_presence_bench_quick() -> None:
+def run_bench(script: str) -> str:
+    """Run `bench/<script> --quick` on the suite's Postgres and Redis; its stdout, once it
+    exited 0. A session of its own: on a timeout the bench and the servers it started die
+    together."""
     servers = ["--postgres", require_postgres(), "--redis", require_redis()]
     bench = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "presence.py"), "--quick", *servers],
+        [sys.executable, str(ROOT / "bench" / script), "--quick", *servers],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -69,28 +35,38 @@ def test_presence_bench_quick() -> None:
             os.killpg(bench.pid, signal.SIGKILL)
             bench.communicate(timeout=10)
     assert bench.returncode == 0, f"{stdout}\n{stderr[-4000:]}"
+    return stdout
+
+
+def test_fanout_bench_quick() -> None:
+    stdout = run_bench("fanout.py")
+    lines = stdout.splitlines()
+    header = next(
+        i for i, line in enumerate(lines) if line.split()[:2] == ["subscribers", "messages"]
+    )
+    rows = [line.split() for line in lines[header + 1 : header + 3]]
+    assert [row[0] for row in rows] == ["1", "20"], stdout
+    assert all(float(value) >= 0 for row in rows for value in row[2:9]), stdout
+    # The side-by-side part: both servers measured, a ratio row, figures that are numbers.
+    compared = [line for line in lines if line.startswith(
+        ("websockets + Redis reference", "Threadline gateway", "ratio Threadline / reference")
+    )]
+    assert len(compared) == 6, stdout
+    assert float(compared[1].split()[3]) > 0, stdout  # Threadline's CPU µs per delivery
+    idle = lines.index(next(line for line in lines if "per connection KiB" in line))
+    assert lines[idle + 1].split()[0] == "200", stdout
+    assert float(lines[idle + 1].split()[-1]) > 0, stdout
+
+
+def test_presence_bench_quick() -> None:
+    stdout = run_bench("presence.py")
     rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.strip()}
     assert float(rows["chunks"][2]) > 0 and float(rows["presence"][2]) > 0, stdout
     assert "40 saw everyone, closed by the server: none" in stdout, stdout  # joins converged
 
 
 def test_runtime_bench_quick() -> None:
-    servers = ["--postgres", require_postgres(), "--redis", require_redis()]
-    bench = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "runtime.py"), "--quick", *servers],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = bench.communicate(timeout=150)
-    finally:
-        if bench.poll() is None:
-            os.killpg(bench.pid, signal.SIGKILL)
-            bench.communicate(timeout=10)
-    assert bench.returncode == 0, f"{stdout}\n{stderr[-4000:]}"
+    stdout = run_bench("runtime.py")
     rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.strip()}
     for setup in ("sqlite+memory", "postgres+redis"):
         # chunk p50 µs, chunk p99 µs, runs/s, CPU ms per run
