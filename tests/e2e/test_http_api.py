@@ -49,6 +49,7 @@ def test_me(api_for: Any) -> None:
         "subject": "alice",
         "role": "user",
         "scopes": ["alpha"],
+        "name": "alice",  # no display name: the subject
     }
     assert api_for("multi").request("GET", "/v1/me").json()["scopes"] == ["alpha", "gamma"]
 
