@@ -190,7 +190,9 @@ async def idle_rss(
             count - len(clients), "127.0.0.1", peer.port, peer.path, tally,
             subscribe=peer.subscribe, deflate=deflate,
         )
-        await asyncio.sleep(0.5)  # let the server finish what the handshakes started
+        # Idle means settled: the server finished what the subscriptions started (presence
+        # joins and their diffs), whose in-flight state is not what a connection holds.
+        await settle(peer.pid)
         rows.append((count, (process.memory_info().rss - before) / count / 1024))
     return clients, rows
 

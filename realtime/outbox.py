@@ -57,7 +57,8 @@ class Outbox:
     - `direct` (optional): a function that writes a frame to the socket at once, or returns
       False when it cannot (busy writer, paused transport). While nothing is queued, `put`
       hands frames to it instead of queueing them, so an idle connection's frames skip the
-      writer's wake-up; anything it refuses is queued as usual, and everything after it too.
+      writer's wake-up; anything it refuses is queued as usual, and everything after it too,
+      until `flush()` (called when the socket can take frames again) writes them through it.
     - A single frame larger than `max_bytes` (a large tool output) counts as just over it: it
       puts the connection over high water (it must be drained within `grace`) but never past
       the hard limit on its own, so it is sent instead of overflowing every subscriber at once
@@ -159,6 +160,21 @@ class Outbox:
             self._evaluate()
             return entry.data
         return None
+
+    def flush(self) -> bool:
+        """Write queued frames through `direct`, in order, until it refuses one (it stays at
+        the head) or none are left; False once the outbox overflowed or was closed."""
+        if self._closed or self._overflowed:
+            return False
+        send, entries = self.direct, self._entries
+        while send is not None and entries:
+            entry = entries[0]
+            if entry.live:
+                if not send(entry.data):
+                    break
+                self._forget(entry)
+            entries.popleft()
+        return self._evaluate()
 
     async def get(self) -> bytes:
         """Wait for the next frame; raises `SlowConsumerError` or `OutboxClosedError`."""

@@ -27,7 +27,7 @@ from runtime.worker import Worker
 from server.agui import agui_routes
 from server.aisdk import aisdk_routes
 from server.errors import handle_error
-from server.gateway import Gateway, websocket_endpoint
+from server.gateway import Gateway, WebSocketDispatch, websocket_endpoint
 from server.inbox import ActionInbox
 from server.limits import Limiter, admission_limits
 from server.presence import PresenceHub, open_presence
@@ -139,9 +139,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
     """A plain ASGI app; every component is opened by its lifespan (run it under uvicorn)."""
     settings = settings or Settings()
     routes: list[BaseRoute] = list(health_routes())
+    websocket = WebSocketRoute("/v1/ws", websocket_endpoint, name="ws")
     if settings.runs_gateway:
         routes += api_routes() + agui_routes() + aisdk_routes()
-        routes.append(WebSocketRoute("/v1/ws", websocket_endpoint, name="ws"))
+        routes.append(websocket)
         routes += static_routes()
     app = Starlette(
         routes=routes,
@@ -151,8 +152,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
             ThreadlineError: handle_error,
             Exception: handle_error,
         },
-        # Body size is enforced while reading (routes.read_body) to answer in JSON.
-        middleware=[Middleware(RequestTelemetry)],
+        # Body size is enforced while reading (routes.read_body) to answer in JSON. The
+        # websocket route (/v1/ws) is served by WebSocketDispatch, ahead of the router.
+        middleware=[
+            *([Middleware(WebSocketDispatch, route=websocket)] if settings.runs_gateway else []),
+            Middleware(RequestTelemetry),
+        ],
     )
     app.state.settings = settings
     return app

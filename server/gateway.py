@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketState
 
 from realtime.closecodes import CloseCode
 from realtime.hub import Hub
-from realtime.outbox import Outbox, OutboxClosedError, SlowConsumerError
+from realtime.outbox import Outbox
 from runtime.domain import Principal
 from runtime.errors import QuotaExceeded
 from runtime.service import ThreadService
@@ -25,7 +26,7 @@ from server.presence import PresenceHub
 from server.session import Session
 from server.settings import Settings
 from server.telemetry import WS_CLOSES, WS_CONNECTIONS, WS_FRAMES_IN
-from server.wsprotocol import SEND_NOW, SendNow
+from server.wire import Wire, wire_for
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +51,18 @@ def _count(counter: object, amount: int, **attributes: str | int) -> None:
 
 
 class Connection:
-    """One accepted websocket: a reader, and a writer draining what the outbox queued.
+    """One accepted websocket, driven by its `Wire`'s callbacks: no task of its own while idle.
 
-    Whichever of them finishes first (or `finish()`, called by the gateway's outbox watchdog,
-    a revocation or shutdown) decides how the connection closes; the other is cancelled and
-    awaited. Nothing here touches any other connection. Futures, not Events, and no timer of
-    its own: an idle connection should hold little (docs/operations.md, "Fan-out").
+    Received frames are fed to the session one at a time by a short-lived task (reading stays
+    paused meanwhile, as with ASGI `receive()`); frames to send go straight to the socket while
+    nothing is queued, else wait in the outbox until the wire is writable again. Whatever ends
+    first (the peer leaving, a closing frame, a slow consumer, a revocation, shutdown) calls
+    `finish()`, which decides how the connection closes. Nothing here touches any other
+    connection, and an idle one holds little (docs/operations.md, "Fan-out").
     """
 
-    def __init__(self, websocket: WebSocket, session: Session, settings: Settings) -> None:
-        self.websocket = websocket
+    def __init__(self, wire: Wire, session: Session, settings: Settings) -> None:
+        self.wire = wire
         self.session = session
         self.outbox = session.outbox
         self.max_frame_bytes = settings.ws_max_frame_bytes
@@ -70,21 +73,11 @@ class Connection:
         # loop time) that token expires, if it does.
         self.token_hash = ""
         self.expires_at: float | None = None
-        self._inflight: asyncio.Future[None] | None = None
-        # Done once the connection released everything (tasks, hub listeners, outbox).
+        # Frames received and not yet fed; the task feeding them, while there are any.
+        self._pending: list[str | bytes | None] | None = None
+        self._feeder: asyncio.Task[None] | None = None
+        # Done once the connection released everything (hub listeners, outbox).
         self.done: asyncio.Future[None] = loop.create_future()
-        # The writer holds a frame taken from the outbox and not yet written.
-        self._sending = False
-        send_now: SendNow | None = websocket.scope.get("extensions", {}).get(SEND_NOW)
-        if send_now is not None:
-            self._send_now = send_now
-            self.outbox.direct = self._direct
-
-    def _direct(self, data: bytes) -> bool:
-        """The outbox's synchronous path: write now unless the writer is mid-frame."""
-        if self._sending or self._finished.done():
-            return False
-        return self._send_now(data)
 
     def finish(self, close: Close | None) -> None:
         if not self._finished.done():
@@ -92,10 +85,8 @@ class Connection:
             self._finished.set_result(None)
 
     async def run(self) -> Close | None:
-        tasks = [
-            asyncio.create_task(self._guard(self._read()), name="ws-read"),
-            asyncio.create_task(self._guard(self._write()), name="ws-write"),
-        ]
+        self.outbox.direct = self._send_now
+        self.wire.attach(self._received, self._writable)
         # A timer, not a task: the token's last second is its last, not the next periodic check.
         expiry = None
         if self.expires_at is not None:
@@ -107,11 +98,12 @@ class Connection:
         finally:
             if expiry is not None:
                 expiry.cancel()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if self._inflight is not None and not self._inflight.done():
-                await asyncio.wait({self._inflight}, timeout=_COMMAND_GRACE)
+            self.wire.detach()
+            self.outbox.direct = None
+            # A command the client sent is carried out even if the client left while it ran
+            # (a closed tab must not half-apply a command); what was not started is dropped.
+            if self._feeder is not None and not self._feeder.done():
+                await asyncio.wait({self._feeder}, timeout=_COMMAND_GRACE)
             try:
                 await self.session.close()
             finally:
@@ -119,54 +111,71 @@ class Connection:
                 self.done.set_result(None)
         return self._close
 
-    async def _guard(self, work: Coroutine[Any, Any, Close | None]) -> None:
+    # -- wire callbacks -------------------------------------------------------------------
+
+    def _send_now(self, data: bytes) -> bool:
+        # Nothing more goes out once the connection is finishing (e.g. its token was revoked).
+        return not self._finished.done() and self.wire.send_now(data)
+
+    def _received(self, message: Mapping[str, Any]) -> None:
+        if message["type"] == "websocket.disconnect":
+            # Frames that arrived before it are still fed (the feeder finishes after them).
+            if self._feeder is None or self._feeder.done():
+                self.finish(None)
+            else:
+                self._queue(None)
+            return
+        text = message.get("text")
+        data: str | bytes | None = text if text is not None else message.get("bytes")
+        if data is None or self._finished.done():
+            self.wire.resume_reading()
+            return
+        if self._too_big(data):
+            self.finish(Close(CloseCode.TOO_BIG, "frame too large"))
+            return
+        self._queue(data)
+
+    def _queue(self, data: str | bytes | None) -> None:
+        if self._pending is None:
+            self._pending = []
+        self._pending.append(data)  # None: the peer left
+        if self._feeder is None or self._feeder.done():
+            self._feeder = asyncio.create_task(self._feed(), name="ws-feed")
+
+    async def _feed(self) -> None:
+        pending = self._pending
+        assert pending is not None
         try:
-            self.finish(await work)
-        except asyncio.CancelledError:
-            raise
-        except (WebSocketDisconnect, OSError, RuntimeError) as exc:
-            # The peer went away mid-send or mid-receive; nothing left to tell it.
+            while pending and not self._finished.done():
+                data = pending.pop(0)
+                if data is None:
+                    self.finish(None)
+                    return
+                await self.session.feed(data)
+                _count(WS_FRAMES_IN, 1)
+                if not pending:
+                    self.wire.resume_reading()
+        except (OSError, RuntimeError) as exc:
             log.debug("websocket ended: %r", exc)
             self.finish(None)
         except Exception:
             log.exception("websocket connection failed")
             self.finish(Close(CloseCode.INTERNAL_ERROR, "internal error"))
+        finally:
+            # An idle connection keeps neither the queue nor the finished task.
+            self._pending = None
+            if self._feeder is asyncio.current_task():
+                self._feeder = None
 
-    async def _read(self) -> Close | None:
-        while True:
-            message = await self.websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return None
-            text = message.get("text")
-            data: str | bytes | None = text if text is not None else message.get("bytes")
-            if data is None:
-                continue
-            if self._too_big(data):
-                return Close(CloseCode.TOO_BIG, "frame too large")
-            # Shielded: a command the client sent is carried out even if the client leaves
-            # while it runs (a closed tab must not half-apply a command).
-            self._inflight = asyncio.ensure_future(self.session.feed(data))
-            await asyncio.shield(self._inflight)
-            _count(WS_FRAMES_IN, 1)
+    def _writable(self) -> None:
+        if not self._finished.done():
+            self.outbox.flush()
 
     def _too_big(self, data: str | bytes) -> bool:
         size = len(data)
         if isinstance(data, str) and size * 4 > self.max_frame_bytes >= size:
             size = len(data.encode("utf-8"))  # only measured when characters could be wide
         return size > self.max_frame_bytes
-
-    async def _write(self) -> Close | None:
-        try:
-            while True:
-                data = await self.outbox.get()
-                self._sending = True
-                await self.websocket.send_text(data.decode("utf-8"))
-                self._sending = False
-        except SlowConsumerError:
-            return Close(CloseCode.SLOW_CONSUMER, "slow consumer")
-        except OutboxClosedError:
-            return None
-
 
 
 class Gateway:
@@ -325,7 +334,7 @@ class Gateway:
             inbox=self.inbox,
             presence=self.presence,
         )
-        connection = Connection(websocket, session, self.settings)
+        connection = Connection(wire_for(websocket), session, self.settings)
         connection.token_hash = token_hash
         connection.expires_at = expires_at
         self._connections.add(connection)
@@ -368,7 +377,29 @@ async def _close(websocket: WebSocket, close: Close) -> None:
 
 async def websocket_endpoint(websocket: WebSocket) -> None:
     gateway: Gateway | None = getattr(websocket.app.state, "gateway", None)
-    if gateway is None:
+    if gateway is None:  # not started, or already stopped
         await websocket.close(CloseCode.GOING_AWAY)
         return
     await gateway.serve(websocket)
+
+
+class WebSocketDispatch:
+    """ASGI middleware: a websocket on `route`'s path goes straight to its endpoint.
+
+    An open websocket keeps the coroutines of its ASGI call alive for as long as it is open.
+    Ahead of Starlette's exception middleware and router (which have nothing to do for it:
+    the gateway answers every failure with a close code), that chain is a few frames instead
+    of a dozen, which is a good part of what an idle tab costs the gateway. The route stays in
+    the app's table, where it declares the endpoint (and would serve it without this).
+    """
+
+    def __init__(self, app: Any, route: WebSocketRoute) -> None:
+        self.app = app
+        self.path = route.path
+        self.endpoint = route.endpoint
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and scope["path"] == self.path:
+            await self.endpoint(WebSocket(scope, receive, send))
+        else:
+            await self.app(scope, receive, send)

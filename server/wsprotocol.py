@@ -1,12 +1,14 @@
-"""uvicorn's websocket protocol with a synchronous send for the fan-out hot path.
+"""uvicorn's websocket protocol, driven by callbacks once the gateway has accepted it.
 
 Through ASGI, every frame a gateway sends costs a writer-task wake-up and a chain of `send`
-coroutines (Starlette, uvicorn) that end in a `transport.write`. This protocol adds one ASGI
-scope extension, `SEND_NOW`: a plain function that frames a text message and writes it to the
-transport at once, or returns False when it cannot (handshake not done, closing, or the
-transport paused because the peer reads slowly). The gateway uses it while nothing is queued
-ahead in the connection's outbox and falls back to its writer task otherwise, so order and
-backpressure stay as they were. Everything else (handshake, receive, close, pings) is uvicorn's.
+coroutines (Starlette, uvicorn) that end in a `transport.write`, and every open connection keeps
+a task parked in `receive()`. This protocol adds one ASGI scope extension, `WIRE`: the protocol
+itself, as a `server.wire.Wire`. After `attach()` it hands receive events to the gateway's
+callback as they are parsed (no task waits for them), `send_now()` frames a text message and
+writes it to the transport at once or returns False when it cannot (handshake not done,
+closing, or the transport paused because the peer reads slowly), and `resume_writing` calls the
+gateway back to drain what it queued meanwhile, so order and backpressure stay as they were.
+Everything else (handshake, close, pings, the accept and close sends) is uvicorn's.
 
 Without permessage-deflate the frame is built once per message and the same bytes are written
 to every connection (a one-entry cache: the hub hands every listener the very same object).
@@ -20,15 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
-# The scope extension's key; its value is a `SendNow`.
-SEND_NOW = "threadline.send_now"
-SendNow = Callable[[bytes], bool]
+# The scope extension's key; its value is the protocol (a `server.wire.Wire`).
+WIRE = "threadline.wire"
 
 _last: tuple[bytes, bytes] = (b"", b"\x81\x00")
 
@@ -83,17 +84,29 @@ class Signal:
 
 
 class Inbox(Generic[T]):
-    """What uvicorn uses of an unbounded asyncio.Queue (put_nowait, get, empty), one getter."""
+    """What uvicorn uses of an unbounded asyncio.Queue (put_nowait, get, empty), one getter;
+    or, once `forward_to` was called, a pipe that hands every item to a callback instead."""
 
-    __slots__ = ("_items", "_ready")
+    __slots__ = ("_forward", "_items", "_ready")
 
     def __init__(self) -> None:
         self._items: list[T] = []
         self._ready = Signal()
+        self._forward: Callable[[T], None] | None = None
 
     def put_nowait(self, item: T) -> None:
+        if self._forward is not None:
+            self._forward(item)
+            return
         self._items.append(item)
         self._ready.set()
+
+    def forward_to(self, forward: Callable[[T], None] | None) -> None:
+        """Hand items to `forward` from now on, starting with those already queued; None
+        queues them again."""
+        self._forward = forward
+        while forward is not None and self._items and self._forward is forward:
+            forward(self._items.pop(0))
 
     def empty(self) -> bool:
         return not self._items
@@ -106,24 +119,51 @@ class Inbox(Generic[T]):
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O websockets protocol plus the `SEND_NOW` scope extension."""
+    """uvicorn's sans-I/O websockets protocol plus the `WIRE` scope extension."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.queue = Inbox()  # type: ignore[assignment]
+        self.queue: Inbox[Any] = Inbox()  # type: ignore[assignment]
         self.writable = Signal()  # type: ignore[assignment]
         self.writable.set()
+        self._on_writable: Callable[[], None] | None = None
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:
-            scope["extensions"][SEND_NOW] = self.send_now
+            scope["extensions"][WIRE] = self
+
+    # -- server.wire.Wire --------------------------------------------------------------------
+
+    def attach(
+        self, on_message: Callable[[Mapping[str, Any]], None], on_writable: Callable[[], None]
+    ) -> None:
+        self._on_writable = on_writable
+        self.queue.forward_to(on_message)
+
+    def detach(self) -> None:
+        self._on_writable = None
+        self.queue.forward_to(None)
+
+    def resume_reading(self) -> None:
+        if self.read_paused and not self.disconnected:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._on_writable is not None:
+            self._on_writable()
 
     async def send(self, message: Any) -> None:
         await super().send(message)
         if message["type"] == "websocket.accept" and self.handshake_complete:
             # Only the handshake reads them; an open connection need not keep the headers.
+            # (The request stays referenced by the websockets parser's generator frame for
+            # the connection's life, so its headers are emptied, not just let go of.)
+            self.request.headers.clear()
+            self.response.headers.clear()
             self.request = self.response = None  # type: ignore[assignment]
 
     def send_now(self, data: bytes) -> bool:

@@ -71,3 +71,38 @@ async def test_a_waiting_get_wakes_for_a_queued_frame_and_for_close() -> None:
     outbox.close()
     done, _ = await asyncio.wait({closing}, timeout=5)
     assert done and closing.exception() is not None
+
+
+def test_flush_writes_queued_frames_in_order_until_the_socket_refuses() -> None:
+    outbox, socket = Outbox(max_bytes=10_000), Socket()
+    outbox.direct = socket
+    socket.open = False  # the transport paused
+    for frame in (b"a", b"b", b"c"):
+        outbox.put(frame, "chunk", "t1")
+    assert outbox.flush() and socket.sent == []  # still paused: nothing taken, nothing lost
+    taken = iter([True, True, False])
+    outbox.direct = lambda data: next(taken) and socket.sent.append(data) is None
+    assert outbox.flush()
+    assert socket.sent == [b"a", b"b"] and len(outbox) == 1 and outbox.queued_bytes == 1
+    outbox.direct = socket
+    socket.open = True
+    assert outbox.flush() and socket.sent == [b"a", b"b", b"c"] and len(outbox) == 0
+    outbox.put(b"d", "chunk", "t1")  # drained: direct again
+    assert socket.sent[-1] == b"d"
+
+
+def test_flush_skips_coalesced_invalidations_and_reports_an_overflow() -> None:
+    outbox, socket = Outbox(max_bytes=10_000), Socket()
+    outbox.direct = socket
+    socket.open = False
+    outbox.put(b"v1", "invalidate", "t1", 1)
+    outbox.put(b"v2", "invalidate", "t1", 2)  # replaces v1
+    socket.open = True
+    assert outbox.flush() and socket.sent == [b"v2"]
+
+    small = Outbox(max_bytes=10)
+    small.direct = Socket()
+    small.direct.open = False  # type: ignore[attr-defined]
+    small.put(b"x" * 100, "chunk", "t1")
+    small.put(b"x" * 100, "chunk", "t1")  # over the hard limit: overflowed
+    assert small.overflowed and not small.flush()

@@ -70,3 +70,16 @@ async def test_inbox_is_first_in_first_out_and_wakes_its_getter() -> None:
     assert await asyncio.wait_for(getter, 5) == 1
     assert not inbox.empty()
     assert await inbox.get() == 2 and inbox.empty()
+
+
+def test_inbox_forwards_what_was_queued_then_everything_after() -> None:
+    inbox: Inbox[int] = Inbox()
+    inbox.put_nowait(1)
+    inbox.put_nowait(2)
+    seen: list[int] = []
+    inbox.forward_to(seen.append)
+    inbox.put_nowait(3)
+    assert seen == [1, 2, 3] and inbox.empty()
+    inbox.forward_to(None)  # detached: items queue again
+    inbox.put_nowait(4)
+    assert seen == [1, 2, 3] and not inbox.empty()

@@ -1,0 +1,155 @@
+"""The gateway's two wires (server/wire.py) under a real uvicorn, in this process.
+
+`threadline serve` runs uvicorn with `server.wsprotocol.WebSocketProtocol`, whose wire calls the
+gateway back; any other ASGI server gets `AsgiWire` (tasks over `receive`/`send`). Both must
+carry the same protocol: commands answered in the order sent even when pipelined, a stream in
+order, a close code for an oversize frame. With the protocol's wire an idle subscribed
+connection holds one task (uvicorn's ASGI call), none of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from server.app import create_app
+from server.settings import Settings
+from server.wsprotocol import WebSocketProtocol
+from tests.e2e import harness
+
+TIMEOUT = 10.0
+WIRES = {"protocol": WebSocketProtocol, "asgi": "websockets-sansio"}
+
+
+class Served:
+    def __init__(self, server: uvicorn.Server, port: int, token: str) -> None:
+        self.server, self.port, self.token = server, port, token
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def connect(self) -> ClientConnection:
+        return await connect(
+            f"ws://127.0.0.1:{self.port}/v1/ws?token={self.token}",
+            open_timeout=TIMEOUT, close_timeout=2, max_size=2**22,
+        )
+
+    async def new_thread(self) -> str:
+        async with httpx.AsyncClient(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=TIMEOUT
+        ) as http:
+            response = await http.post("/v1/threads", json={})
+            return str(response.json()["thread"]["id"])
+
+
+@pytest.fixture(params=list(WIRES))
+async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
+    env = harness.server_env(harness.sqlite_url(tmp_path))
+    token = harness.create_token(env, "wire", "user", "wire")
+    settings = Settings(database_url=env["THREADLINE_DATABASE_URL"], demo_delay_ms=0,
+                        ws_max_frame_bytes=4096)
+    port = harness.free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, ws=WIRES[request.param],
+        log_level="warning", lifespan="on", ws_per_message_deflate=False,
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while not server.started:
+                await asyncio.sleep(0.02)
+        yield Served(server, port, token)
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(TIMEOUT):
+                await serving
+
+
+async def frames_until(ws: ClientConnection, done: Any) -> list[dict[str, Any]]:
+    frames = []
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            frames.append(dict(orjson.loads(await ws.recv())))
+            if done(frames[-1]):
+                return frames
+
+
+async def test_pipelined_commands_are_answered_in_order_and_a_run_streams(
+    served: Served,
+) -> None:
+    thread_id = await served.new_thread()
+    async with await served.connect() as ws:
+        # Sent back to back before any answer: fed one at a time, answered in order.
+        await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 0}))
+        for index in range(1, 6):
+            await ws.send(orjson.dumps({"type": "ping", "id": index}))
+        await ws.send(orjson.dumps(
+            {"type": "message.send", "thread_id": thread_id, "text": "hello wire", "id": 6}
+        ))
+        frames = await frames_until(
+            ws, lambda f: f["type"] == "chunk" and f["chunk"]["type"] == "step-finish"
+        )
+    answers = [f["id"] for f in frames if "id" in f]
+    assert answers == list(range(7)), frames
+    chunks = [f for f in frames if f["type"] == "chunk"]
+    assert [f["seq"] for f in chunks] == list(range(len(chunks)))
+    text = "".join(f["chunk"].get("delta", "") for f in chunks)
+    assert "hello wire" in text
+
+
+async def test_an_oversize_frame_closes_1009_and_the_gateway_keeps_serving(
+    served: Served,
+) -> None:
+    async with await served.connect() as ws:
+        await ws.send("x" * 5000)
+        with pytest.raises(ConnectionClosed) as closed:
+            async with asyncio.timeout(TIMEOUT):
+                while True:
+                    await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    thread_id = await served.new_thread()
+    async with await served.connect() as ws:
+        await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 1}))
+        assert (await frames_until(ws, lambda f: f.get("id") == 1))[-1]["type"] == "subscribed"
+
+
+def client_side(task: asyncio.Task[Any]) -> bool:
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and "/websockets/asyncio/" in code.co_filename
+
+
+@pytest.mark.parametrize("served", ["protocol"], indirect=True)
+async def test_an_idle_subscribed_connection_holds_no_task_of_its_own(served: Served) -> None:
+    thread_id = await served.new_thread()
+    # The first subscriber starts what the gateway keeps one of (per process or per thread:
+    # token and slot keepers, the thread's presence room); the next 20 add only themselves.
+    sockets = [await served.connect()]
+    await sockets[0].send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 0}))
+    await frames_until(sockets[0], lambda f: f.get("id") == 0)
+    await asyncio.sleep(0.3)
+    before = asyncio.all_tasks()
+    sockets += [await served.connect() for _ in range(20)]
+    try:
+        for index, ws in enumerate(sockets[1:], start=1):
+            await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": index}))
+            await frames_until(ws, lambda f, index=index: f.get("id") == index)
+        await asyncio.sleep(0.3)  # presence rereads and the like finish
+        # One per connection: uvicorn's ASGI call. (The clients' tasks are not the server's.)
+        added = [t for t in asyncio.all_tasks() - before if not client_side(t)]
+        assert len(added) == 20, sorted(repr(t.get_coro()) for t in added)
+    finally:
+        for ws in sockets:
+            await ws.close()
