@@ -1,14 +1,17 @@
-"""Helpers shared by the benchmarks: percentiles, throwaway servers, a database of their own."""
+"""Helpers shared by the benchmarks: percentiles, throwaway servers, a database of their own,
+a deployment of `threadline serve` processes."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.e2e import harness
 from tests.servers import own_postgres_server, own_redis_server
 from tests.services import own_postgres_database
 
@@ -36,3 +39,37 @@ def servers(postgres: str | None, redis: str | None) -> Iterator[tuple[str, str]
             print("starting a throwaway redis-server for this run", file=sys.stderr)
             redis = stack.enter_context(own_redis_server())
         yield postgres, redis
+
+
+@contextmanager
+def deployment(
+    database_url: str,
+    redis_url: str,
+    roles: Sequence[str],
+    extra: Mapping[str, str] | None = None,
+) -> Iterator[list[harness.ServerHandle]]:
+    """`threadline serve --role <role>` for each of `roles`, in that order (the first applies the
+    migrations, so it should be a gateway), on the given database and Redis, polling every 0.2 s,
+    with no cap on one token's websockets (`extra`: more environment); all stopped on the way
+    out, whatever happened."""
+    env = harness.server_env(
+        database_url,
+        {
+            "THREADLINE_REDIS_URL": redis_url,
+            "THREADLINE_POLL_INTERVAL": "0.2",
+            # One token opens every websocket: the benches measure the servers, not these caps.
+            "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
+            "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
+            **(extra or {}),
+        },
+    )
+    log_dir = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
+    started: list[harness.ServerHandle] = []
+    try:
+        for role in roles:
+            started.append(harness.start(role, env, log_dir=log_dir))
+        yield started
+    finally:
+        for handle in started:
+            with suppress(Exception):
+                handle.stop()

@@ -53,7 +53,6 @@ import re
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -101,31 +100,11 @@ def processes(
 ) -> Iterator[list[harness.ServerHandle]]:
     """Gateway 1, gateway 2, worker (`extra`: more environment); all stopped on the way out,
     whatever happened."""
-    env = harness.server_env(
-        database_url,
-        {
-            "THREADLINE_REDIS_URL": redis_url,
-            "THREADLINE_POLL_INTERVAL": "0.2",
-            # One token opens every subscriber: this measures fan-out, not the connection caps.
-            "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
-            "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
-            **(extra or {}),
-        },
-    )
-    log_dir = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
-    started: list[harness.ServerHandle] = []
-    try:
-        # The first one applies the migrations; the others start side by side after it.
-        started.append(harness.start("gateway", env, log_dir=log_dir))
-        for role in ("gateway", "worker"):
-            started.append(harness.start(role, env, log_dir=log_dir))
+    roles = ("gateway", "gateway", "worker")
+    with common.deployment(database_url, redis_url, roles, extra) as started:
         for handle in started:  # this process may be pinned off a core: they are not
             compare.pin(handle.process.pid, compare.cores())
         yield started
-    finally:
-        for handle in started:
-            with contextlib.suppress(Exception):
-                handle.stop()
 
 
 # --- subscribers ----------------------------------------------------------------------

@@ -41,7 +41,6 @@ import contextlib
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -68,14 +67,12 @@ DRAIN = 30.0  # seconds to wait for the last runs to reach every watcher
 @contextlib.contextmanager
 def deployment(database_url: str, redis_url: str) -> Iterator[list[harness.ServerHandle]]:
     """Two gateways then two workers; all stopped on the way out."""
-    env = harness.server_env(
+    with common.deployment(
         database_url,
+        redis_url,
+        ("gateway", "gateway", "worker", "worker"),
         {
-            "THREADLINE_REDIS_URL": redis_url,
-            "THREADLINE_POLL_INTERVAL": "0.2",
             # One token drives the whole load: this measures the bus, not the quotas.
-            "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
-            "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
             "THREADLINE_TOKEN_RATE": "100000",
             "THREADLINE_TOKEN_BURST": "100000",
             "THREADLINE_SCOPE_RATE": "100000",
@@ -87,18 +84,8 @@ def deployment(database_url: str, redis_url: str) -> Iterator[list[harness.Serve
             "THREADLINE_WS_PING_INTERVAL": "60",
             "THREADLINE_WS_PING_TIMEOUT": "120",
         },
-    )
-    log_dir = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
-    started: list[harness.ServerHandle] = []
-    try:
-        started.append(harness.start("gateway", env, log_dir=log_dir))  # applies migrations
-        for role in ("gateway", "worker", "worker"):
-            started.append(harness.start(role, env, log_dir=log_dir))
+    ) as started:
         yield started
-    finally:
-        for handle in started:
-            with contextlib.suppress(Exception):
-                handle.stop()
 
 
 @dataclass

@@ -63,6 +63,12 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def check_message(data: bytes) -> None:
+    """A bus message is bytes; anything else is refused alike by every backend."""
+    if not isinstance(data, bytes):
+        raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+
+
 def check_replay_bounds(limit: int, max_bytes: int | None) -> None:
     """The arguments of `Bus.append_replay` every backend refuses alike."""
     if limit < 1:
@@ -164,6 +170,49 @@ class LocalSubscriptions(Generic[K]):
             for subscription in subscriptions:
                 subscription.close()
         self._by_key.clear()
+
+
+class ConfirmationWaiters:
+    """Callers waiting for the server to confirm a channel's subscription.
+
+    `wait` returns once the channel is confirmed (`confirm`), when every waiter is released
+    (`release_all`: the connection was lost or the bus closed), or after `timeout` seconds.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: dict[bytes, list[asyncio.Future[None]]] = {}
+
+    async def wait(self, key: bytes, timeout: float) -> bool:
+        """False if `timeout` passed first (the caller decides whether to go on anyway)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(key, [])
+        waiters.append(future)
+        try:
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that races the
+            # confirmation, leaving a cancelled caller running.
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            return False
+        finally:
+            if future in waiters:
+                waiters.remove(future)
+            if not waiters:
+                self._waiters.pop(key, None)
+        return True
+
+    def confirm(self, key: bytes) -> None:
+        for future in self._waiters.pop(key, ()):
+            if not future.done():
+                future.set_result(None)
+
+    def release_all(self) -> None:
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+        self._waiters.clear()
+
 
 class ReconnectListeners:
     """Callbacks run after a bus re-established its connection (sync or async, errors logged)."""

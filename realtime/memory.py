@@ -15,6 +15,7 @@ from realtime.base import (
     QueueSubscription,
     ReconnectListener,
     ReconnectListeners,
+    check_message,
     check_replay_bounds,
 )
 from realtime.errors import BusClosedError
@@ -85,8 +86,7 @@ class MemoryBus(AsyncResource):
 
     async def publish(self, channel: str, data: bytes) -> None:
         self._require_open()
-        if not isinstance(data, bytes):
-            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        check_message(data)
         self._subscriptions.push(channel, data)
 
     @asynccontextmanager
@@ -106,8 +106,7 @@ class MemoryBus(AsyncResource):
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
     ) -> None:
         for _, data in messages:
-            if not isinstance(data, bytes):
-                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+            check_message(data)
         for channel, data in messages:
             await self.publish(channel, data)
         if clear_key is not None:
@@ -116,8 +115,7 @@ class MemoryBus(AsyncResource):
     async def publish_replayed(
         self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
     ) -> None:
-        if not isinstance(data, bytes):
-            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        check_message(data)
         await self.append_replay(key, data, limit, max_bytes)
         await self.publish(channel, data)
 

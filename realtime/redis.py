@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import random
-import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
-from typing import Any, cast
+from collections.abc import Sequence
+from contextlib import suppress
+from typing import Any, Unpack
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -17,24 +15,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
-from realtime.base import (
-    DEFAULT_MAX_QUEUE,
-    AsyncResource,
-    BusState,
-    LocalSubscriptions,
-    QueueSubscription,
-    ReconnectListener,
-    ReconnectListeners,
-    cancel_and_wait,
-    check_replay_bounds,
-    redact_url,
-)
+from realtime.base import BusState, check_message, check_replay_bounds, redact_url
 from realtime.errors import BusClosedError, BusUnavailableError
-from realtime.telemetry import RECONNECTS, safe_add
+from realtime.redis_common import DEFAULT_REPLAY_TTL as DEFAULT_REPLAY_TTL
+from realtime.redis_common import RedisBusCommon, RedisBusOptions
 
 log = logging.getLogger(__name__)
-
-DEFAULT_REPLAY_TTL = 3600
 
 # KEYS: the replay list, its byte total. ARGV: entry, max entries, max bytes (0: none), TTL
 # (and, for `publish_replayed`, the channel). A list of one entry is new (or was cleared or
@@ -69,16 +55,6 @@ SPUBLISH_REPLAYED = _APPEND + "return redis.call('SPUBLISH', ARGV[5], ARGV[1])\n
 _PUBLISH_REPLAYED_SHA = hashlib.sha1(_PUBLISH_REPLAYED.encode()).hexdigest()
 
 
-def replay_script_keys(full_key: str) -> list[str]:
-    """KEYS of the replay scripts: the list and its byte total (one hash tag, one slot)."""
-    return [full_key, full_key + ":bytes"]
-
-
-def replay_script_args(data: bytes, limit: int, max_bytes: int | None, ttl: int) -> list[Any]:
-    """The first ARGV of the replay scripts: entry, max entries, max bytes (0: none), TTL."""
-    return [data, int(limit), 0 if max_bytes is None else int(max_bytes), ttl]
-
-
 async def _close_quietly(pubsub: PubSub) -> None:
     with suppress(Exception):
         await pubsub.aclose()
@@ -92,7 +68,7 @@ return 0
 """
 _PUBLISH_ALL_SHA = hashlib.sha1(_PUBLISH_ALL.encode()).hexdigest()
 
-class RedisBus(AsyncResource):
+class RedisBus(RedisBusCommon[Redis]):
     """Implements `realtime.bus.Bus` on Redis pub/sub (redis-py asyncio).
 
     A single pub/sub connection carries every channel this process listens to: a channel is
@@ -104,69 +80,18 @@ class RedisBus(AsyncResource):
     is gone). Both connections are named `<name>-pubsub` / `<name>-cmd` (CLIENT SETNAME).
     """
 
+    _log = log
+    _backend = "Redis"
+    _subscribe_command = "SUBSCRIBE"
+
     def __init__(
-        self,
-        url: str,
-        prefix: str = "threadline:",
-        *,
-        name: str | None = None,
-        max_queue: int = DEFAULT_MAX_QUEUE,
-        replay_ttl: int = DEFAULT_REPLAY_TTL,
-        min_backoff: float = 0.05,
-        max_backoff: float = 2.0,
-        ping_interval: float = 5.0,
-        subscribe_timeout: float = 5.0,
-        connect_timeout: float = 2.0,
-        command_timeout: float = 5.0,
+        self, url: str, prefix: str = "threadline:", **options: Unpack[RedisBusOptions]
     ) -> None:
-        self._url = url
-        self.prefix = prefix
-        self._prefix_bytes = prefix.encode()
-        self.name = name or f"threadline-{uuid.uuid4().hex[:8]}"
-        self._replay_ttl = replay_ttl
-        self._min_backoff = min_backoff
-        self._max_backoff = max_backoff
-        self._ping_interval = ping_interval
-        self._subscribe_timeout = subscribe_timeout
-        self._connect_timeout = connect_timeout
-        self._command_timeout = command_timeout
-        self._state = BusState.NEW
-        self._healthy = False
-        self._client: Redis | None = None
+        super().__init__(url, prefix, **options)
         self._pubsub_client: Redis | None = None
         self._pubsub: PubSub | None = None
-        self._reader: asyncio.Task[None] | None = None
-        # Serialises changes of the pub/sub connection and the SUBSCRIBE/UNSUBSCRIBE commands
-        # sent on it, so a reconnect never races a channel change. Reading holds no lock.
-        self._lock = asyncio.Lock()
-        self._subscriptions: LocalSubscriptions[bytes] = LocalSubscriptions(max_queue)
         self._remote: set[bytes] = set()  # SUBSCRIBE sent on the current connection
         self._confirmed: set[bytes] = set()  # ... and confirmed by Redis
-        self._waiters: dict[bytes, list[asyncio.Future[None]]] = {}
-        self._listeners = ReconnectListeners()
-
-    @property
-    def pubsub_client_name(self) -> str:
-        return f"{self.name}-pubsub"
-
-    @property
-    def command_client_name(self) -> str:
-        return f"{self.name}-cmd"
-
-    @property
-    def healthy(self) -> bool:
-        return self._healthy
-
-    def add_reconnect_listener(self, callback: ReconnectListener) -> None:
-        """Run `callback()` (sync or async) after every successful reconnect and resubscribe."""
-        self._listeners.add(callback)
-
-    def remove_reconnect_listener(self, callback: ReconnectListener) -> None:
-        self._listeners.remove(callback)
-
-    def subscriber_count(self, channel: str) -> int:
-        """Local subscriptions of `channel` in this process (Redis sees at most one)."""
-        return self._subscriptions.count(self._prefix_bytes + channel.encode())
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -205,23 +130,7 @@ class RedisBus(AsyncResource):
             raise BusUnavailableError(
                 f"cannot reach Redis at {redact_url(self._url)}: {exc}"
             ) from exc
-        self._state = BusState.OPEN
-        self._healthy = True
-        self._reader = asyncio.create_task(self._read_forever(), name=f"{self.name}-reader")
-
-    async def close(self) -> None:
-        """Ordered shutdown: reader task, pub/sub connection, local subscriptions, clients."""
-        if self._state is BusState.CLOSED:
-            return
-        self._state = BusState.CLOSED
-        self._healthy = False
-        if self._reader is not None:
-            await cancel_and_wait(self._reader)
-            self._reader = None
-        await self._drop_pubsub()
-        self._subscriptions.close_all()
-        self._release_waiters()
-        await self._close_clients()
+        self._opened()
 
     async def _close_clients(self) -> None:
         for client in (self._client, self._pubsub_client):
@@ -230,26 +139,10 @@ class RedisBus(AsyncResource):
                     await client.aclose()
         self._client = self._pubsub_client = None
 
-    def _require_open(self) -> Redis:
-        if self._state is not BusState.OPEN or self._client is None:
-            raise BusClosedError(f"RedisBus is {self._state.value}, not open")
-        return self._client
-
     # -- publishing and replay -------------------------------------------------------------
 
-    @asynccontextmanager
-    async def _command(self, what: str) -> AsyncIterator[Redis]:
-        """The command client, with our deadline and Redis failures as `BusUnavailableError`."""
-        client = self._require_open()
-        try:
-            async with asyncio.timeout(self._command_timeout):
-                yield client
-        except (RedisError, OSError) as exc:  # TimeoutError is an OSError
-            raise BusUnavailableError(f"{what} failed ({type(exc).__name__}: {exc})") from exc
-
     async def publish(self, channel: str, data: bytes) -> None:
-        if not isinstance(data, bytes):
-            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        check_message(data)
         async with self._command(f"publish to {channel!r}") as client:
             await client.publish(self.prefix + channel, data)
 
@@ -268,19 +161,12 @@ class RedisBus(AsyncResource):
                 self._append_args(data, limit, max_bytes),
             )
 
-    def _replay_keys(self, key: str) -> list[str]:
-        return replay_script_keys(self.prefix + key)
-
-    def _append_args(self, data: bytes, limit: int, max_bytes: int | None) -> list[Any]:
-        return replay_script_args(data, limit, max_bytes, self._replay_ttl)
-
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
     ) -> None:
         args: list[Any] = []
         for channel, data in messages:
-            if not isinstance(data, bytes):
-                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+            check_message(data)
             args += (self.prefix + channel, data)
         keys = [] if clear_key is None else [self.prefix + clear_key]
         async with self._command(f"publish of {len(messages)} messages") as client:
@@ -298,8 +184,7 @@ class RedisBus(AsyncResource):
     async def publish_replayed(
         self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
     ) -> None:
-        if not isinstance(data, bytes):
-            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        check_message(data)
         check_replay_bounds(limit, max_bytes)
         args = [*self._append_args(data, limit, max_bytes), self.prefix + channel]
         async with self._command(f"publish to {channel!r} with replay {key!r}") as client:
@@ -307,31 +192,7 @@ class RedisBus(AsyncResource):
                 client, _PUBLISH_REPLAYED, _PUBLISH_REPLAYED_SHA, self._replay_keys(key), args
             )
 
-    async def read_replay(self, key: str) -> list[bytes]:
-        async with self._command(f"read of replay {key!r}") as client:
-            items = await client.lrange(self.prefix + key, 0, -1)
-        return cast(list[bytes], items)  # no decode_responses: always bytes
-
-    async def clear_replay(self, key: str) -> None:
-        async with self._command(f"clear of replay {key!r}") as client:
-            await client.delete(self.prefix + key)
-
     # -- subscriptions ---------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[QueueSubscription]:
-        """Works while Redis is down too: the channel is subscribed when the connection is back."""
-        self._require_open()
-        key = self._prefix_bytes + channel.encode()
-        subscription = self._subscriptions.add(key, channel)
-        try:
-            await self._sync_channels()
-            await self._wait_confirmed(key)
-            yield subscription
-        finally:
-            self._subscriptions.remove(key, subscription)
-            if self._state is BusState.OPEN:
-                await self._sync_channels()
 
     async def _sync_channels(self) -> None:
         """Make the connection's channels match the local subscriptions."""
@@ -358,33 +219,8 @@ class RedisBus(AsyncResource):
             # path resubscribes everything; we never keep a half-subscribed connection.
             await _close_quietly(broken)
 
-    async def _wait_confirmed(self, key: bytes) -> None:
-        # Only a confirmed SUBSCRIBE guarantees that a publish made right after `subscribe()`
-        # returns reaches us: publishers use other connections.
-        if self._pubsub is None or key in self._confirmed:
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._waiters.setdefault(key, [])
-        waiters.append(future)
-        try:
-            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that races the
-            # confirmation, leaving a cancelled caller running.
-            async with asyncio.timeout(self._subscribe_timeout):
-                await future
-        except TimeoutError:
-            log.warning("no SUBSCRIBE confirmation for %r yet; continuing", key)
-        finally:
-            if future in waiters:
-                waiters.remove(future)
-            if not waiters:
-                self._waiters.pop(key, None)
-
-    def _release_waiters(self) -> None:
-        for waiters in self._waiters.values():
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
-        self._waiters.clear()
+    def _is_confirmed(self, key: bytes) -> bool:
+        return key in self._confirmed
 
     # -- the pub/sub connection ------------------------------------------------------------
 
@@ -405,7 +241,16 @@ class RedisBus(AsyncResource):
             self._confirmed = set()
             return pubsub
 
-    async def _drop_pubsub(self) -> None:
+    def _connected(self) -> bool:
+        return self._pubsub is not None
+
+    async def _reconnect(self) -> None:
+        await self._await_confirmations(await self._connect_pubsub())
+
+    def _resubscribed(self) -> str:
+        return f"{len(self._remote)} channels resubscribed"
+
+    async def _disconnect(self) -> None:
         async with self._lock:
             pubsub, self._pubsub = self._pubsub, None
             self._remote.clear()
@@ -420,63 +265,11 @@ class RedisBus(AsyncResource):
             if message is not None:
                 self._handle(message)
 
-    async def _read_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        delay = self._min_backoff
-        pubsub = self._pubsub
-        connected_at = loop.time()
-        while True:
-            if pubsub is None:
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter spreads a herd
-                delay = min(delay * 2, self._max_backoff)
-                try:
-                    async with asyncio.timeout(self._connect_timeout + self._subscribe_timeout):
-                        pubsub = await self._connect_pubsub()
-                        await self._await_confirmations(pubsub)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.debug("Redis reconnect failed: %s", exc)
-                    await self._drop_pubsub()
-                    pubsub = None
-                    continue
-                connected_at = loop.time()
-                self._healthy = True
-                safe_add(RECONNECTS, 1)
-                log.info("Redis pub/sub reconnected; %d channels resubscribed", len(self._remote))
-                await self._listeners.notify()
-            try:
-                await self._read(pubsub)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # Any failure, even an unexpected one, is handled as a lost connection: a dead
-                # reader would silently stop all live delivery of this process.
-                log.warning("Redis pub/sub connection lost (%s: %s)", type(exc).__name__, exc)
-                self._healthy = False
-                self._release_waiters()
-                await self._drop_pubsub()
-                pubsub = None
-                if loop.time() - connected_at >= self._max_backoff:
-                    delay = self._min_backoff  # a long-lived connection: start over quickly
-
-    async def _read(self, pubsub: PubSub) -> None:
-        """Dispatch messages until the connection fails; a PING probes a silent connection."""
-        loop = asyncio.get_running_loop()
-        last_seen = loop.time()
-        ping_sent: float | None = None
-        while True:
-            message = await pubsub.get_message(timeout=self._ping_interval)
-            now = loop.time()
-            if message is not None:
-                last_seen, ping_sent = now, None
-                self._handle(message)
-            elif ping_sent is not None:
-                if now - ping_sent >= self._ping_interval:
-                    raise TimeoutError("Redis did not answer PING on the pub/sub connection")
-            elif now - last_seen >= self._ping_interval:
-                await pubsub.ping()
-                ping_sent = now
+    async def _read_connected(self) -> None:
+        assert self._pubsub is not None
+        await self._read_pinging(
+            self._pubsub, self._handle, "Redis did not answer PING on the pub/sub connection"
+        )
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -486,8 +279,6 @@ class RedisBus(AsyncResource):
             self._subscriptions.push(channel, data)
         elif kind == "subscribe":
             self._confirmed.add(channel)
-            for future in self._waiters.pop(channel, ()):
-                if not future.done():
-                    future.set_result(None)
+            self._waiters.confirm(channel)
         elif kind == "unsubscribe":
             self._confirmed.discard(channel)

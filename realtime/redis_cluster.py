@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import random
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
-from typing import Any, cast
+from collections.abc import Sequence
+from contextlib import suppress
+from typing import Any, Unpack, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -19,26 +18,11 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from realtime.base import (
-    DEFAULT_MAX_QUEUE,
-    AsyncResource,
-    BusState,
-    LocalSubscriptions,
-    QueueSubscription,
-    ReconnectListener,
-    ReconnectListeners,
-    cancel_and_wait,
-    check_replay_bounds,
-)
+from realtime.base import BusState, cancel_and_wait, check_message, check_replay_bounds
 from realtime.errors import BusClosedError, BusUnavailableError
-from realtime.redis import (
-    APPEND_REPLAY,
-    SPUBLISH_REPLAYED,
-    replay_script_args,
-    replay_script_keys,
-)
+from realtime.redis import APPEND_REPLAY, SPUBLISH_REPLAYED
+from realtime.redis_common import RedisBusCommon, RedisBusOptions
 from realtime.redis_urls import cluster_client, describe, parse_cluster_url
-from realtime.telemetry import RECONNECTS, safe_add
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +52,7 @@ class _Shard:
             await self.client.aclose()
 
 
-class RedisClusterBus(AsyncResource):
+class RedisClusterBus(RedisBusCommon[RedisCluster]):
     """Implements `realtime.bus.Bus` on a Redis Cluster with sharded pub/sub (Redis 7).
 
     A channel lives on the shard owning its hash slot (`channels` puts a thread's hash tag in
@@ -83,66 +67,19 @@ class RedisClusterBus(AsyncResource):
     slot their name hashes to.
     """
 
+    _log = log
+    _backend = "Redis Cluster"
+    _subscribe_command = "SSUBSCRIBE"
+
     def __init__(
-        self,
-        url: str,
-        prefix: str = "threadline:",
-        *,
-        name: str | None = None,
-        max_queue: int = DEFAULT_MAX_QUEUE,
-        replay_ttl: int = 3600,
-        min_backoff: float = 0.05,
-        max_backoff: float = 2.0,
-        ping_interval: float = 5.0,
-        subscribe_timeout: float = 5.0,
-        connect_timeout: float = 2.0,
-        command_timeout: float = 5.0,
+        self, url: str, prefix: str = "threadline:", **options: Unpack[RedisBusOptions]
     ) -> None:
         self._address = parse_cluster_url(url)
-        self._url = url
-        self.prefix = prefix
-        self._prefix_bytes = prefix.encode()
-        self.name = name or f"threadline-{uuid.uuid4().hex[:8]}"
-        self._replay_ttl = replay_ttl
-        self._min_backoff = min_backoff
-        self._max_backoff = max_backoff
-        self._ping_interval = ping_interval
-        self._subscribe_timeout = subscribe_timeout
-        self._connect_timeout = connect_timeout
-        self._command_timeout = command_timeout
-        self._state = BusState.NEW
-        self._healthy = False
-        self._client: RedisCluster | None = None
+        super().__init__(url, prefix, **options)
         self._slots: list[Node] = []
         self._shards: dict[Node, _Shard] | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()  # serialises (re)connects and SSUBSCRIBE/SUNSUBSCRIBE
-        self._subscriptions: LocalSubscriptions[bytes] = LocalSubscriptions(max_queue)
-        self._waiters: dict[bytes, list[asyncio.Future[None]]] = {}
-        self._listeners = ReconnectListeners()
         self._append: Any = None
         self._publish_replayed: Any = None
-
-    @property
-    def pubsub_client_name(self) -> str:
-        return f"{self.name}-pubsub"
-
-    @property
-    def command_client_name(self) -> str:
-        return f"{self.name}-cmd"
-
-    @property
-    def healthy(self) -> bool:
-        return self._healthy
-
-    def add_reconnect_listener(self, callback: ReconnectListener) -> None:
-        self._listeners.add(callback)
-
-    def remove_reconnect_listener(self, callback: ReconnectListener) -> None:
-        self._listeners.remove(callback)
-
-    def subscriber_count(self, channel: str) -> int:
-        return self._subscriptions.count(self._prefix_bytes + channel.encode())
 
     def shard_of(self, channel: str) -> Node:
         """The master whose pub/sub carries `channel` (per the last slot map loaded)."""
@@ -170,29 +107,14 @@ class RedisClusterBus(AsyncResource):
                 await self._connect()
                 await self._await_confirmations()
         except (RedisError, OSError) as exc:
-            await self._drop_shards()
-            await self._close_client()
+            await self._disconnect()
+            await self._close_clients()
             raise BusUnavailableError(
                 f"cannot reach the Redis Cluster at {describe(self._url)}: {exc}"
             ) from exc
-        self._state = BusState.OPEN
-        self._healthy = True
-        self._reader = asyncio.create_task(self._read_forever(), name=f"{self.name}-reader")
+        self._opened()
 
-    async def close(self) -> None:
-        if self._state is BusState.CLOSED:
-            return
-        self._state = BusState.CLOSED
-        self._healthy = False
-        if self._reader is not None:
-            await cancel_and_wait(self._reader)
-            self._reader = None
-        await self._drop_shards()
-        self._subscriptions.close_all()
-        self._release_waiters()
-        await self._close_client()
-
-    async def _close_client(self) -> None:
+    async def _close_clients(self) -> None:
         if self._client is not None:
             with suppress(RedisError, OSError):
                 await self._client.aclose()
@@ -200,19 +122,8 @@ class RedisClusterBus(AsyncResource):
 
     # -- publishing and replay -------------------------------------------------------------
 
-    @asynccontextmanager
-    async def _command(self, what: str) -> AsyncIterator[RedisCluster]:
-        if self._state is not BusState.OPEN or self._client is None:
-            raise BusClosedError(f"RedisClusterBus is {self._state.value}, not open")
-        try:
-            async with asyncio.timeout(self._command_timeout):
-                yield self._client
-        except (RedisError, OSError) as exc:
-            raise BusUnavailableError(f"{what} failed ({type(exc).__name__}: {exc})") from exc
-
     async def publish(self, channel: str, data: bytes) -> None:
-        if not isinstance(data, bytes):
-            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        check_message(data)
         async with self._command(f"publish to {channel!r}") as client:
             await client.spublish(self.prefix + channel, data)
 
@@ -228,8 +139,7 @@ class RedisClusterBus(AsyncResource):
     async def publish_replayed(
         self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
     ) -> None:
-        if not isinstance(data, bytes):
-            raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        check_message(data)
         check_replay_bounds(limit, max_bytes)
         args = [*self._append_args(data, limit, max_bytes), self.prefix + channel]
         async with self._command(f"publish to {channel!r} with replay {key!r}"):
@@ -241,45 +151,13 @@ class RedisClusterBus(AsyncResource):
         """In order, one sharded publish each (their channels may live on different shards),
         then the replay cleared."""
         for _, data in messages:
-            if not isinstance(data, bytes):
-                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+            check_message(data)
         for channel, data in messages:
             await self.publish(channel, data)
         if clear_key is not None:
             await self.clear_replay(clear_key)
 
-    def _replay_keys(self, key: str) -> list[str]:
-        return replay_script_keys(self.prefix + key)
-
-    def _append_args(self, data: bytes, limit: int, max_bytes: int | None) -> list[Any]:
-        return replay_script_args(data, limit, max_bytes, self._replay_ttl)
-
-    async def read_replay(self, key: str) -> list[bytes]:
-        async with self._command(f"read of replay {key!r}") as client:
-            items = await client.lrange(self.prefix + key, 0, -1)
-        return cast(list[bytes], items)
-
-    async def clear_replay(self, key: str) -> None:
-        async with self._command(f"clear of replay {key!r}") as client:
-            await client.delete(self.prefix + key)
-
-    # -- subscriptions ---------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[QueueSubscription]:
-        """Works while a shard is down too: the channel is subscribed when it is back."""
-        if self._state is not BusState.OPEN:
-            raise BusClosedError(f"RedisClusterBus is {self._state.value}, not open")
-        key = self._prefix_bytes + channel.encode()
-        subscription = self._subscriptions.add(key, channel)
-        try:
-            await self._sync_channels()
-            await self._wait_confirmed(key)
-            yield subscription
-        finally:
-            self._subscriptions.remove(key, subscription)
-            if self._state is BusState.OPEN:
-                await self._sync_channels()
+    # -- subscriptions (`subscribe` itself: RedisBusCommon) ---------------------------------
 
     async def _sync_channels(self) -> None:
         """Make each shard's channels match the local subscriptions."""
@@ -319,30 +197,9 @@ class RedisClusterBus(AsyncResource):
             grouped.setdefault(self._slots[key_slot(channel)], set()).add(channel)
         return grouped
 
-    async def _wait_confirmed(self, key: bytes) -> None:
+    def _is_confirmed(self, key: bytes) -> bool:
         shards = self._shards
-        if shards is None or any(key in shard.confirmed for shard in shards.values()):
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._waiters.setdefault(key, [])
-        waiters.append(future)
-        try:
-            async with asyncio.timeout(self._subscribe_timeout):
-                await future
-        except TimeoutError:
-            log.warning("no SSUBSCRIBE confirmation for %r yet; continuing", key)
-        finally:
-            if future in waiters:
-                waiters.remove(future)
-            if not waiters:
-                self._waiters.pop(key, None)
-
-    def _release_waiters(self) -> None:
-        for waiters in self._waiters.values():
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
-        self._waiters.clear()
+        return shards is not None and any(key in shard.confirmed for shard in shards.values())
 
     # -- the pub/sub connections -----------------------------------------------------------
 
@@ -383,7 +240,17 @@ class RedisClusterBus(AsyncResource):
                 raise
             self._shards = shards
 
-    async def _drop_shards(self) -> None:
+    def _connected(self) -> bool:
+        return self._shards is not None
+
+    async def _reconnect(self) -> None:
+        await self._connect()
+        await self._await_confirmations()
+
+    def _resubscribed(self) -> str:
+        return f"{len(self._shards or {})} masters"
+
+    async def _disconnect(self) -> None:
         async with self._lock:
             shards, self._shards = self._shards, None
         for shard in (shards or {}).values():
@@ -396,42 +263,8 @@ class RedisClusterBus(AsyncResource):
                 if message is not None:
                     self._handle(shard, message)
 
-    async def _read_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        delay = self._min_backoff
-        connected_at = loop.time()
-        while True:
-            shards = self._shards
-            if shards is None:
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, self._max_backoff)
-                try:
-                    async with asyncio.timeout(self._connect_timeout + self._subscribe_timeout):
-                        await self._connect()
-                        await self._await_confirmations()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.debug("Redis Cluster reconnect failed: %s", exc)
-                    await self._drop_shards()
-                    continue
-                shards = self._shards or {}
-                connected_at = loop.time()
-                self._healthy = True
-                safe_add(RECONNECTS, 1)
-                log.info("Redis Cluster pub/sub reconnected to %d masters", len(shards))
-                await self._listeners.notify()
-            try:
-                await self._read_all(list(shards.values()))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("Redis Cluster pub/sub lost (%s: %s)", type(exc).__name__, exc)
-                self._healthy = False
-                self._release_waiters()
-                await self._drop_shards()
-                if loop.time() - connected_at >= self._max_backoff:
-                    delay = self._min_backoff
+    async def _read_connected(self) -> None:
+        await self._read_all(list((self._shards or {}).values()))
 
     async def _read_all(self, shards: list[_Shard]) -> None:
         """Read every shard until one fails; that failure is raised."""
@@ -446,21 +279,8 @@ class RedisClusterBus(AsyncResource):
                 await cancel_and_wait(task)
 
     async def _read(self, shard: _Shard) -> None:
-        loop = asyncio.get_running_loop()
-        last_seen = loop.time()
-        ping_sent: float | None = None
-        while True:
-            message = await shard.pubsub.get_message(timeout=self._ping_interval)
-            now = loop.time()
-            if message is not None:
-                last_seen, ping_sent = now, None
-                self._handle(shard, message)
-            elif ping_sent is not None:
-                if now - ping_sent >= self._ping_interval:
-                    raise TimeoutError(f"shard {shard.node} did not answer PING")
-            elif now - last_seen >= self._ping_interval:
-                await shard.pubsub.ping()
-                ping_sent = now
+        handle = functools.partial(self._handle, shard)
+        await self._read_pinging(shard.pubsub, handle, f"shard {shard.node} did not answer PING")
 
     def _handle(self, shard: _Shard, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -469,9 +289,7 @@ class RedisClusterBus(AsyncResource):
             self._subscriptions.push(channel, message["data"])
         elif kind == "ssubscribe":
             shard.confirmed.add(channel)
-            for future in self._waiters.pop(channel, ()):
-                if not future.done():
-                    future.set_result(None)
+            self._waiters.confirm(channel)
         elif kind == "sunsubscribe":
             shard.confirmed.discard(channel)
             if shard.leaving[channel] > 0:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel
 
+from threadline_client.base import AsyncClosing
 from threadline_client.errors import error_of_response
 from threadline_client.models import (
     Admission,
@@ -48,7 +48,7 @@ def payload_dict(payload: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
     return dict(payload)
 
 
-class ThreadlineClient:
+class ThreadlineClient(AsyncClosing):
     """An async client bound to one server and one bearer token.
 
     ```
@@ -79,17 +79,6 @@ class ThreadlineClient:
             timeout=timeout,
             transport=transport,
         )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         await self.http.aclose()

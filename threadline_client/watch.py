@@ -10,13 +10,13 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from threadline_client.base import AsyncClosing
 from threadline_client.convergence import Refetch, ThreadState
 from threadline_client.errors import ThreadlineError, Unauthorized, error_from
 from threadline_client.models import PendingAction
@@ -92,7 +92,7 @@ class _Socket:
         return True
 
 
-class _LiveView:
+class _LiveView(AsyncClosing):
     """Reconnecting websocket loop shared by the thread watch and the actions watch."""
 
     def __init__(self, client: ThreadlineClient, backoff: Backoff | None) -> None:
@@ -106,17 +106,8 @@ class _LiveView:
         self._closed = False
         self._socket: _Socket | None = None
 
-    async def __aenter__(self) -> Self:
+    def _enter(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"threadline-{type(self).__name__}")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         self._closed = True
