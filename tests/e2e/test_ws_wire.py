@@ -67,9 +67,11 @@ async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
     try:
-        async with asyncio.timeout(TIMEOUT):
-            while not server.started:
-                await asyncio.sleep(0.02)
+        for _ in range(int(TIMEOUT / 0.02)):  # uvicorn sets a flag, it has no event
+            if server.started or serving.done():
+                break
+            await asyncio.sleep(0.02)
+        assert server.started, "uvicorn did not start"
         yield Served(server, port, token)
     finally:
         server.should_exit = True
