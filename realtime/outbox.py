@@ -159,6 +159,7 @@ class Outbox:
             self._forget(entry)
             self._evaluate()
             return entry.data
+        self._entries = None  # drained: an idle connection keeps no queue
         return None
 
     def flush(self) -> bool:
@@ -174,6 +175,8 @@ class Outbox:
                     break
                 self._forget(entry)
             entries.popleft()
+        if not entries:
+            self._entries = None  # drained: an idle connection keeps no queue
         return self._evaluate()
 
     async def get(self) -> bytes:
