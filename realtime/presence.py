@@ -31,7 +31,9 @@ class PresenceStore(Protocol):
     async def put(self, thread_id: str, member_id: str, entry: dict[str, Any]) -> None: ...
     async def put_many(self, entries: list[tuple[str, str, dict[str, Any]]]) -> None: ...
     async def remove(self, thread_id: str, member_id: str) -> None: ...
-    async def read(self, thread_id: str) -> dict[str, dict[str, Any]]: ...
+    async def read(self, thread_id: str, skip: str = "") -> dict[str, dict[str, Any]]:
+        """Live entries by member id, without those whose id starts with `skip` (if given)."""
+        ...
 
 
 def _live(entries: dict[str, dict[str, Any]], now: float) -> dict[str, dict[str, Any]]:
@@ -64,12 +66,14 @@ class MemoryPresence:
             if not members:
                 del self._threads[thread_id]
 
-    async def read(self, thread_id: str) -> dict[str, dict[str, Any]]:
+    async def read(self, thread_id: str, skip: str = "") -> dict[str, dict[str, Any]]:
         live = _live(self._threads.get(thread_id, {}), time.time())
         if live:
             self._threads[thread_id] = dict(live)
         else:
             self._threads.pop(thread_id, None)
+        if skip:
+            return {k: v for k, v in live.items() if not k.startswith(skip)}
         return live
 
 
@@ -117,10 +121,14 @@ class RedisPresence:
         if not entries:
             return
         try:
+            # One HSET and one EXPIRE per thread, however many of its members are written
+            # (a refresh writes every member of this gateway).
+            by_key: dict[str, dict[str, bytes]] = {}
+            for thread_id, member_id, entry in entries:
+                by_key.setdefault(self._key(thread_id), {})[member_id] = orjson.dumps(entry)
             async with self._gate, self._client.pipeline(transaction=False) as pipe:
-                for thread_id, member_id, entry in entries:
-                    key = self._key(thread_id)
-                    pipe.hset(key, member_id, orjson.dumps(entry))
+                for key, fields in by_key.items():
+                    pipe.hset(key, mapping=fields)
                     pipe.expire(key, self.key_ttl)
                 await pipe.execute()
         except Exception as exc:
@@ -133,17 +141,22 @@ class RedisPresence:
         except Exception as exc:
             raise BusError(f"presence delete failed: {exc}") from exc
 
-    async def read(self, thread_id: str) -> dict[str, dict[str, Any]]:
+    async def read(self, thread_id: str, skip: str = "") -> dict[str, dict[str, Any]]:
         try:
             async with self._gate:
                 raw = await self._client.hgetall(self._key(thread_id))
         except Exception as exc:
             raise BusError(f"presence read failed: {exc}") from exc
         entries: dict[str, dict[str, Any]] = {}
+        skipped = skip.encode()
         for member_id, data in raw.items():
+            if skipped and member_id.startswith(skipped):
+                continue
             try:
-                entries[member_id.decode()] = dict(orjson.loads(data))
-            except (orjson.JSONDecodeError, TypeError, ValueError, UnicodeDecodeError):
+                entry = orjson.loads(data)
+                if isinstance(entry, dict):
+                    entries[member_id.decode()] = entry
+            except (orjson.JSONDecodeError, UnicodeDecodeError):
                 continue
         live = _live(entries, time.time())
         expired = [member_id for member_id in entries if member_id not in live]

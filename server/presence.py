@@ -131,6 +131,10 @@ class _Room:
     primed: bool = False  # `sent` was read from the store at least once
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Joined members whose entries are not written yet, and the task writing them (batched:
+    # a burst of joins is a few store writes and announcements, not one of each per join).
+    joining: list[Member] = field(default_factory=list)
+    writer: asyncio.Task[None] | None = None
 
 
 class PresenceHub:
@@ -178,7 +182,6 @@ class PresenceHub:
         member = Member(f"{self._gateway}-{next(self._ids)}", thread_id, principal, deliver)
         room = await self._room(thread_id)
         member.last_write = time.monotonic()
-        await self._store.put(thread_id, member.id, member.entry(self.ttl))
         async with room.lock:
             if not room.primed:
                 await self._reread(room)
@@ -187,9 +190,26 @@ class PresenceHub:
             frame = {"type": "presence", "thread_id": thread_id,
                      "members": list(room.sent.values())}
             self._send(member, orjson.dumps(frame))
-        room.dirty.set()
-        await self._announce(thread_id)
+        room.dirty.set()  # this gateway's own members are seen here without the store
+        room.joining.append(member)
+        if room.writer is None or room.writer.done():
+            room.writer = asyncio.create_task(self._write_joins(room), name="presence-joins")
         return member
+
+    async def _write_joins(self, room: _Room) -> None:
+        """Write the entries of every member joined meanwhile in one batch; announce once."""
+        while room.joining:
+            joined, room.joining = room.joining, []
+            entries = [
+                (room.thread_id, m.id, m.entry(self.ttl))
+                for m in joined
+                if m.id in room.members  # left before its entry was written: nothing to undo
+            ]
+            try:
+                await self._store.put_many(entries)
+            except Exception as exc:  # the periodic refresh writes them again
+                log.warning("presence join of %d members failed: %s", len(entries), exc)
+            await self._announce(room.thread_id)
 
     async def leave(self, member: Member) -> None:
         room = self._rooms.get(member.thread_id)
@@ -197,6 +217,10 @@ class PresenceHub:
             member.flush.cancel()
         if room is None or room.members.pop(member.id, None) is None:
             return
+        writer = room.writer
+        if writer is not None and not writer.done() and member not in room.joining:
+            # Its entry may be being written right now: remove it after that write.
+            await asyncio.wait({writer})
         try:
             await self._store.remove(member.thread_id, member.id)
             await self._announce(member.thread_id)
@@ -248,8 +272,9 @@ class PresenceHub:
         return room
 
     async def _stop(self, room: _Room) -> None:
-        for task in room.tasks:
-            await cancel_and_wait(task)
+        for task in (*room.tasks, room.writer):
+            if task is not None:
+                await cancel_and_wait(task)
 
     async def _listen(self, room: _Room) -> None:
         try:
@@ -275,7 +300,8 @@ class PresenceHub:
             await asyncio.sleep(MIN_REREAD_INTERVAL)
 
     async def _reread(self, room: _Room) -> None:
-        entries = await self._store.read(room.thread_id)
+        # This gateway's own entries are taken from its members below, not parsed.
+        entries = await self._store.read(room.thread_id, skip=self._gateway + "-")
         # This gateway's own connections are present while they are open, whatever the store
         # says: on a busy gateway a refresh can come after the entries' expiry, and they must
         # not flap here (a leave, then a join again, to every member: with 600 connections

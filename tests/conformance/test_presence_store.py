@@ -52,3 +52,11 @@ async def test_a_burst_beyond_the_connection_pool_waits_instead_of_failing(
         asyncio.gather(*(presence.read(f"th-burst-{i}") for i in range(burst))), timeout=30
     )
     assert replies == [{}] * burst
+
+
+async def test_a_read_leaves_out_the_entries_it_is_told_to_skip(presence: RedisPresence) -> None:
+    live = {"expires_at": time.time() + 30, "name": "ada"}
+    await presence.put_many([("th-skip", "gw1-1", live), ("th-skip", "gw1-2", live),
+                             ("th-skip", "gw2-1", live)])
+    assert await presence.read("th-skip", skip="gw1-") == {"gw2-1": live}
+    assert set(await presence.read("th-skip")) == {"gw1-1", "gw1-2", "gw2-1"}
