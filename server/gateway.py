@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -202,6 +203,11 @@ class Gateway:
         self._checker: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._closing = False
+        # One Principal per token among its open connections (a user's tabs share a token):
+        # what a token authenticates as never changes while it is valid.
+        self._principals: weakref.WeakValueDictionary[str, Principal] = (
+            weakref.WeakValueDictionary()
+        )
 
     async def revoke(self, key: str) -> int:
         """Close every connection of the token `key` names (token_key) with 4403."""
@@ -264,8 +270,10 @@ class Gateway:
             log.exception("websocket authentication failed")
             await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
             return
+        token_hash = hash_token(token or "")
+        principal = self._principals.setdefault(token_hash, principal)
         try:
-            expires_at = await self._expiry(hash_token(token or ""))
+            expires_at = await self._expiry(token_hash)
         except Exception:
             log.exception("token expiry lookup failed")
             await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
@@ -280,7 +288,7 @@ class Gateway:
             self._slots.add(slot)
             self._keep_slots()
         try:
-            await self._serve(websocket, principal, hash_token(token or ""), expires_at)
+            await self._serve(websocket, principal, token_hash, expires_at)
         finally:
             if slot is not None and self.limiter is not None:
                 self._slots.discard(slot)
