@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from server.app import create_app
+from server.commands import BY_NAME
 from server.frames import CLIENT_FRAME_TYPES, ClientFrame
 from server.settings import Settings
 from tests.e2e.conftest import Api
@@ -41,10 +42,17 @@ ERROR_CODES = {
     # docs/protocol.md, "Limits": a fuzzer sending commands fast meets the rate limits.
     "token_rate_limited", "scope_rate_limited", "queue_full", "scope_runs_exceeded",
 }
-ANSWER_OF = {"ping": "pong", "subscribe": "subscribed", "unsubscribe": "unsubscribed"}
+# The answer type of each frame with a reply of its own (the command table's); the rest: ack.
+ANSWER_OF = {
+    name: command.reply.model_fields["type"].default
+    for name, command in BY_NAME.items()
+    if command.reply is not None
+}
 LIVE = {"chunk", "invalidate", "resync"}
 # What a subscriber is told about who else is in the thread (docs/protocol.md, "Presence").
 PRESENCE = {"presence", "presence.join", "presence.update", "presence.leave"}
+# What an `actions.subscribe` connection is pushed about its scopes (docs/protocol.md, "Inbox").
+INBOX = {"action.pending", "action.resolved", "actions.resync"}
 FIELDS = (
     "thread_id", "action_id", "run_id", "message_id", "item_id", "text", "payload", "output",
     "error", "expected_version", "client_request_id", "policy", "client_tools", "visibility",
@@ -354,7 +362,7 @@ def _send_and_collect(
             received = orjson.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
             if received == {"type": "pong", "id": sentinel}:
                 return None, answers
-            if received["type"] not in LIVE | PRESENCE:  # live frames of a subscribed thread
+            if received["type"] not in LIVE | PRESENCE | INBOX:  # pushed, not answers
                 answers.append(received)
     except ConnectionClosed as exc:
         return Closed(exc.rcvd.code if exc.rcvd else None), answers
