@@ -52,6 +52,7 @@ POSTGRES = Dialect(
     # Two-key form: the first key keeps these locks apart from the migration lock; a hash
     # collision between scopes only makes them wait for each other.
     scope_lock=f"SELECT pg_advisory_xact_lock({_SCOPE_LOCK_CLASS}, hashtext($1))",
+    writing_ctes=True,
 )
 
 
