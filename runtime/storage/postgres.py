@@ -57,19 +57,44 @@ POSTGRES = Dialect(
 
 
 class _PgConn(Conn):
-    def __init__(self, connection: asyncpg.Connection) -> None:
+    """`begin`: a BEGIN not sent yet. It goes with the transaction's first statement: in the
+    same round trip when that statement is `first_statement`'s, else just before it. (BEGIN
+    alone takes no snapshot and no lock: sending it later changes nothing but round trips.)"""
+
+    def __init__(self, connection: asyncpg.Connection, begin: str | None = None) -> None:
         super().__init__(POSTGRES)
         self._connection = connection
+        self._begin = begin
+
+    @property
+    def begun(self) -> bool:
+        return self._begin is None
+
+    async def _ensure_begun(self) -> None:
+        if self._begin is not None:
+            begin, self._begin = self._begin, None
+            await self._connection.execute(begin)
 
     async def execute(self, sql: str, *args: Any) -> None:
+        await self._ensure_begun()
         await self._connection.execute(sql, *args)
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        await self._ensure_begun()
         return [dict(record) for record in await self._connection.fetch(sql, *args)]
 
     async def run_script(self, script: str) -> None:
+        await self._ensure_begun()
         # Without arguments asyncpg uses the simple protocol, which accepts many statements.
         await self._connection.execute(script)
+
+    async def first_statement(self, sql: str) -> str | None:
+        if self._begin is None:
+            return None
+        begin, self._begin = self._begin, None
+        # The simple protocol: BEGIN and the statement in one round trip; the explicit BEGIN
+        # keeps the transaction open after it. The status is the last statement's.
+        return str(await self._connection.execute(f"{begin}; {sql}"))
 
 
 class _Connection(asyncpg.Connection):  # type: ignore[misc]
@@ -121,11 +146,23 @@ class PostgresPool:
         if pool is None:
             raise RuntimeError("PostgresStore is not open")
         async with pool.acquire() as connection:
-            transaction = connection.transaction(
-                isolation="read_committed" if write else "repeatable_read", readonly=not write
-            )
-            async with transaction:
-                yield _PgConn(connection)
+            if not write:
+                transaction = connection.transaction(isolation="repeatable_read", readonly=True)
+                async with transaction:
+                    yield _PgConn(connection)
+                return
+            # A write's BEGIN goes with its first statement (`_PgConn`): the key claim
+            # (`sql_keys.claim`) in the same round trip. COMMIT or ROLLBACK as asyncpg's
+            # `Transaction` would (a failing ROLLBACK raises, chained to the cause).
+            conn = _PgConn(connection, "BEGIN ISOLATION LEVEL READ COMMITTED")
+            try:
+                yield conn
+            except BaseException:
+                if conn.begun:
+                    await connection.execute("ROLLBACK;")
+                raise
+            if conn.begun:
+                await connection.execute("COMMIT;")
 
 
     @asynccontextmanager

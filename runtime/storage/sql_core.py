@@ -62,6 +62,12 @@ class Conn(abc.ABC):
     async def run_script(self, script: str) -> None:
         """Run several `;`-separated statements (migrations) inside the current transaction."""
 
+    async def first_statement(self, sql: str) -> str | None:
+        """Run `sql` (no parameters) as the transaction's first statement, in one round trip
+        with its BEGIN, and return its command status (`INSERT 0 1`), where the backend sends
+        BEGIN lazily and nothing ran yet; None otherwise (nothing ran: use `fetch`)."""
+        return None
+
     async def fetchrow(self, sql: str, *args: Any) -> Row | None:
         rows = await self.fetch(sql, *args)
         return rows[0] if rows else None
