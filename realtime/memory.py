@@ -121,6 +121,20 @@ class MemoryBus(AsyncResource):
         await self.append_replay(key, data, limit, max_bytes)
         await self.publish(channel, data)
 
+    async def publish_replayed_many(
+        self,
+        channel: str,
+        key: str,
+        items: Sequence[bytes],
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> None:
+        for data in items:
+            if not isinstance(data, bytes):
+                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        for data in items:
+            await self.publish_replayed(channel, key, data, limit, max_bytes)
+
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None
     ) -> None:

@@ -235,6 +235,21 @@ class RedisClusterBus(AsyncResource):
         async with self._command(f"publish to {channel!r} with replay {key!r}"):
             await self._publish_replayed(keys=self._replay_keys(key), args=args)
 
+    async def publish_replayed_many(
+        self,
+        channel: str,
+        key: str,
+        items: Sequence[bytes],
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> None:
+        """One `publish_replayed` each, in order."""
+        for data in items:
+            if not isinstance(data, bytes):
+                raise TypeError(f"bus messages are bytes, got {type(data).__name__}")
+        for data in items:
+            await self.publish_replayed(channel, key, data, limit, max_bytes)
+
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
     ) -> None:

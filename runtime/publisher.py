@@ -71,6 +71,27 @@ class Publisher:
         )
         return await self._attempt("chunk", operation, also=("replay",))
 
+    def chunk_data(
+        self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any], episode: int = 0
+    ) -> bytes:
+        """A live chunk's envelope as published by `chunks`."""
+        return encode_chunk(thread_id, run_id, seq, episode, chunk)
+
+    async def chunks(self, thread_id: str, chunks: Sequence[bytes]) -> bool:
+        """Keep encoded chunks (`chunk_data`, in seq order) in the thread's replay buffer and
+        publish them, each in turn, in one bus operation (one round trip on Redis). Counted
+        per chunk, as `chunk` counts them."""
+        if not chunks:
+            return True
+        operation = self._bus.publish_replayed_many(
+            thread_channel(thread_id),
+            replay_key(thread_id),
+            chunks,
+            self._replay_limit,
+            self._replay_max_bytes,
+        )
+        return await self._attempt("chunk", operation, also=("replay",), count=len(chunks))
+
     async def invalidate(self, thread_id: str, version: int) -> bool:
         published = await self._publish(
             thread_channel(thread_id),
@@ -127,19 +148,20 @@ class Publisher:
         return await self._attempt(kind, self._bus.publish(channel, encode(envelope)))
 
     async def _attempt(
-        self, kind: str, operation: Awaitable[None], also: Sequence[str] = ()
+        self, kind: str, operation: Awaitable[None], also: Sequence[str] = (), count: int = 1
     ) -> bool:
-        """`also`: more kinds the operation published (counted once it succeeded)."""
+        """`also`: more kinds the operation published (counted once it succeeded); `count`:
+        how many messages of each kind it held."""
         try:
             await operation
         except Exception as exc:
-            safe_add(PUBLISH_ERRORS, 1, {"kind": kind})
+            safe_add(PUBLISH_ERRORS, count, {"kind": kind})
             if not self._failing:
                 log.warning("realtime %s failed (best effort, continuing): %s", kind, exc)
             self._failing = True
             return False
         for published in (kind, *also):
-            safe_add(PUBLISHED, 1, {"kind": published})
+            safe_add(PUBLISHED, count, {"kind": published})
         if self._failing:
             log.info("realtime publishing works again")
             self._failing = False
