@@ -341,11 +341,38 @@ async def test_publisher_control_signals(bus: Bus) -> None:
     ]
 
 
+async def test_publisher_invalidate_with_signals(bus: Bus) -> None:
+    """The invalidation, its scope's announcement, then the stop and the wakeup, in order."""
+
+    async def scope_of(thread_id: str) -> str:
+        return "acme"
+
+    publisher = Publisher(bus, scope_of=scope_of)
+    async with bus.subscribe(thread_channel("t5")) as live, bus.subscribe(
+        scope_channel("acme")
+    ) as scope, bus.subscribe(CONTROL_CHANNEL) as control:
+        assert await publisher.invalidate("t5", 3, stop="run-1", wakeup="run-2")
+        assert await publisher.invalidate("t5", 4, wakeup="run-3")
+        assert [decode_thread_message(f) for f in await take(live, 2)] == [
+            InvalidateEnvelope(thread_id="t5", version=3),
+            InvalidateEnvelope(thread_id="t5", version=4),
+        ]
+        assert [orjson.loads(f)["version"] for f in await take(scope, 2)] == [3, 4]
+        signals = [decode_control(data) for data in await take(control, 3)]
+    assert [(m.type, m.run_id) for m in signals] == [
+        ("stop", "run-1"),
+        ("wakeup", "run-2"),
+        ("wakeup", "run-3"),
+    ]
+
+
 async def test_publisher_never_raises_bus_failures(bus: Bus) -> None:
     publisher = Publisher(bus)
     await bus.close()
     assert not await publisher.chunk("t", "r", 0, {"type": "text-delta", "delta": "x"})
     assert not await publisher.invalidate("t", 1)
+    assert not await publisher.invalidate("t", 1, stop="r", wakeup="r")
+    assert not await publisher.chunks("t", [b"x"])
     assert not await publisher.clear_replay("t")
     assert not await publisher.wakeup()
     assert not await publisher.stop("r")
