@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -172,6 +172,10 @@ class PostgresPool:
             raise RuntimeError("PostgresStore is not open")
         async with pool.acquire() as connection:
             yield _PgConn(connection)
+
+    def autocommit(self) -> AbstractAsyncContextManager[Conn]:
+        # One statement outside BEGIN … COMMIT commits on its own: one round trip, not three.
+        return self.statements()
 
 
 class PostgresStore(SqlStore):

@@ -81,7 +81,8 @@ T = TypeVar("T")
 
 class SqlStore(AsyncResource):
     """Every `Store` method, written once: check the input, then run one transaction function
-    through `_run`. What differs per backend is in `dialect` and `pool`, never in a subclass."""
+    through `_run` (one idempotent statement: `_write_statement`). What differs per backend is
+    in `dialect` and `pool`, never in a subclass."""
 
     # Long enough to ride out a Postgres restart or failover (seconds), short enough that a
     # request still gets its 503 in bounded time: backoff 20 ms doubling to 2 s, plus jitter,
@@ -205,6 +206,20 @@ class SqlStore(AsyncResource):
 
     async def _write(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         return await self._run(fn, write=True)
+
+    async def _write_statement(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """A write of one statement that is atomic and idempotent by itself (running it again
+        after an unknown outcome changes nothing): no idempotency key, and on Postgres no
+        BEGIN and COMMIT either (`Pool.autocommit`)."""
+
+        async def attempt() -> T:
+            async with self.pool.autocommit() as conn:
+                result = await fn(conn)
+            for callback in conn.after_commit:
+                callback()
+            return result
+
+        return await self._retry(attempt)
 
     # --- threads and snapshots ----------------------------------------------------------
 
@@ -383,7 +398,8 @@ class SqlStore(AsyncResource):
         return await self._write(lambda conn: sql_leases.renew_lease(conn, lease, ttl))
 
     async def release_lease(self, lease: Lease) -> None:
-        await self._write(lambda conn: sql_leases.release_lease(conn, lease))
+        # One DELETE of this token's row: a retry after it went through deletes nothing.
+        await self._write_statement(lambda conn: sql_leases.release_lease(conn, lease))
 
     # --- pending actions and history rewrites -------------------------------------------
 

@@ -116,6 +116,11 @@ class Pool(Protocol):
         """A connection outside any transaction, for reads whose statements are each
         consistent on their own (no BEGIN and COMMIT round trips)."""
         ...
+    def autocommit(self) -> AbstractAsyncContextManager[Conn]:
+        """A connection for one write statement that is atomic and idempotent on its own: it
+        commits by itself where that saves round trips (Postgres), else in a write
+        transaction."""
+        ...
 
 
 TxFn = Callable[[Conn], Awaitable[T]]
