@@ -62,6 +62,17 @@ class Conn(abc.ABC):
     async def run_script(self, script: str) -> None:
         """Run several `;`-separated statements (migrations) inside the current transaction."""
 
+    async def execute_later(self, sql: str, *args: Any) -> None:
+        """A write whose outcome nothing in between depends on: run now here. A backend may
+        hold it until just before the transaction's next statement (so every later statement
+        sees it) or send it inside `fetch_with_pending`'s statement: fewer round trips."""
+        await self.execute(sql, *args)
+
+    async def fetch_with_pending(self, sql: str, *args: Any) -> list[Row]:
+        """`fetch`, carrying the writes `execute_later` holds, where the backend holds any, in
+        the same round trip. `sql` must read none of the rows those writes change."""
+        return await self.fetch(sql, *args)
+
     async def first_statement(self, sql: str) -> str | None:
         """Run `sql` (no parameters) as the transaction's first statement, in one round trip
         with its BEGIN, and return its command status (`INSERT 0 1`), where the backend sends
@@ -288,11 +299,13 @@ async def bump(conn: Conn, thread_id: str) -> int:
     """+1 on the thread's version, at most once per transaction; returns the new version."""
     if thread_id in conn.bumped:
         return conn.bumped[thread_id]
-    version = await conn.fetchval(
+    # Writes held by `execute_later` (the step's message, the run's row) go with it.
+    rows = await conn.fetch_with_pending(
         "UPDATE threads SET version = version + 1, updated_at = $2 WHERE id = $1 RETURNING version",
         thread_id,
         await conn.now(),
     )
+    version = rows[0]["version"] if rows else None
     if version is None:
         raise NotFound(f"thread {thread_id} not found")
     conn.bumped[thread_id] = int(version)

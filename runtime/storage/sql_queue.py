@@ -237,7 +237,7 @@ async def append_message(
     check_append(None if tail is None else tail["id"], decode_parts(tail["parts"]) if tail else ())
     position = 0 if tail is None else int(tail["position"]) + 1
     message_id = message_id or new_id("msg")
-    await conn.execute(
+    await conn.execute_later(
         "INSERT INTO messages (id, thread_id, position, role, parts, visibility, run_id,"
         " client_request_id, created_at, updated_at)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
@@ -265,7 +265,7 @@ async def create_run(
 ) -> str:
     version = await bump(conn, thread_id)
     run_id = new_id("run")
-    await conn.execute(
+    await conn.execute_later(
         "INSERT INTO runs (id, thread_id, status, trigger, started_by, input_message_id,"
         " episode, next_seq, stop_requested, error, client_tools, created_version,"
         " created_at, updated_at)"

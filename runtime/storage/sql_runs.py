@@ -158,7 +158,7 @@ async def _start(conn: Conn, lease: Lease, thread: Row, run: Row) -> tuple[Run, 
         # Ended (e.g. stopped while queued) after the lease was taken: nothing to run.
         return run_from_row(run), version
     now = await conn.now()
-    await conn.execute(
+    await conn.execute_later(
         "UPDATE runs SET episode = episode + 1, status = $2, updated_at = $3 WHERE id = $1",
         lease.resource_id,
         target.value,
@@ -217,7 +217,9 @@ async def commit(
         terminal = step.run.status.is_terminal
         changed = await _transition(conn, thread_id, run_id, step.run, known) or changed
     if next_seq_changes(int(run["next_seq"]), step.next_seq):
-        await conn.execute("UPDATE runs SET next_seq = $2 WHERE id = $1", run_id, step.next_seq)
+        await conn.execute_later(
+            "UPDATE runs SET next_seq = $2 WHERE id = $1", run_id, step.next_seq
+        )
         changed = True
     if terminal and step.admit_next:
         await admit_next(conn, thread_id, fenced.queued)
@@ -298,7 +300,7 @@ async def _transition(
         await _write_parts(conn, tail["id"], encode_parts(plan.tail_parts))
     if not plan.apply_status:
         return False
-    await conn.execute(
+    await conn.execute_later(
         "UPDATE runs SET status = $2, error = $3,"
         " stop_requested = CASE WHEN $4 THEN FALSE ELSE stop_requested END,"
         " updated_at = $5 WHERE id = $1",
@@ -312,7 +314,7 @@ async def _transition(
 
 
 async def _write_parts(conn: Conn, message_id: str, parts_json: str) -> None:
-    await conn.execute(
+    await conn.execute_later(
         "UPDATE messages SET parts = $2, updated_at = $3 WHERE id = $1",
         message_id,
         parts_json,
