@@ -34,11 +34,17 @@ def lease_event(event: str, kind: LeaseKind) -> None:
 
 
 async def acquire_run_lease(conn: Conn, run_id: str, owner: str, ttl: float) -> Lease | None:
-    thread_id = await conn.fetchval("SELECT thread_id FROM runs WHERE id = $1", run_id)
-    if thread_id is None:
+    # The thread lock orders this against admin leases, stops and resolutions. The run's
+    # thread is found in the same statement: a run never changes threads, so the subquery's
+    # snapshot (taken before any wait for the lock) cannot be stale.
+    thread = await conn.fetchrow(
+        "SELECT * FROM threads WHERE id = (SELECT thread_id FROM runs WHERE id = $1)"
+        + conn.dialect.thread_lock,
+        run_id,
+    )
+    if thread is None:
         raise NotFound(f"run {run_id} not found")
-    # The thread lock orders this against admin leases, stops and resolutions.
-    thread = await lock_thread(conn, thread_id)
+    thread_id = str(thread["id"])
     # One statement after the lock: the run, the clock, the thread's admin lease and the run's
     # lease (every one of them written only under the thread lock).
     run = await conn.fetchrow(
