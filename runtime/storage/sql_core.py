@@ -6,9 +6,11 @@ import abc
 import asyncio
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol, TypeVar
 
@@ -51,6 +53,9 @@ class Conn(abc.ABC):
         self._now: float | None = None
         self.bumped: dict[str, int] = {}
         self.after_commit: list[Callable[[], None]] = []
+        # The thread whose row lock the transaction's first round trip took already (with its
+        # BEGIN and key claim, `sql_keys.claim`); None: the transaction takes it itself.
+        self.locked: str | None = None
 
     @abc.abstractmethod
     async def execute(self, sql: str, *args: Any) -> None: ...
@@ -288,6 +293,37 @@ async def thread_row(
     if row is None:
         raise NotFound(f"thread {thread_id} not found")
     return row
+
+
+# Ids and scopes that are safe inside a SQL string literal as they are.
+LITERAL = re.compile(r"[A-Za-z0-9_:.\-]+")
+
+
+@dataclass(frozen=True)
+class ThreadLock:
+    """The thread lock a write transaction starts with: the thread, and the scopes it must be
+    in (None: any)."""
+
+    thread_id: str
+    scopes: tuple[str, ...] | None = None
+
+    def sql(self, dialect: Dialect) -> str | None:
+        """The lock alone, without parameters (to go with BEGIN in one round trip), or None
+        where the dialect locks no row or a value would need escaping."""
+        values = [self.thread_id, *(self.scopes or ())]
+        if not dialect.thread_lock or not all(LITERAL.fullmatch(v) for v in values):
+            return None
+        sql = f"SELECT 1 FROM threads WHERE id = '{self.thread_id}'"
+        if self.scopes is not None:
+            scopes = ", ".join(f"'{scope}'" for scope in self.scopes)
+            sql += f" AND scope IN ({scopes})" if scopes else " AND 1 = 0"
+        return sql + dialect.thread_lock
+
+
+def prelocked(conn: Conn, thread_id: str) -> bool:
+    """Whether the transaction holds the thread's row lock from its first round trip (its row
+    is then read by the next statement, which sees everything committed before the lock)."""
+    return conn.locked == thread_id
 
 
 async def lock_thread(conn: Conn, thread_id: str, scopes: Collection[str] | None = None) -> Row:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,17 +16,20 @@ from runtime.storage.decisions import (
     lease_holds,
     run_leasable,
 )
-from runtime.storage.sql_core import NOW_COLUMN, Conn, lock_thread
+from runtime.storage.sql_core import NOW_COLUMN, Conn, lock_thread, prelocked
 from runtime.storage.sql_rows import Row, lease_from_row
 from runtime.storage.sql_threads import (
     QUEUED_PREFIX,
     TAIL_PREFIX,
+    THREAD_PREFIX,
     first_queued_columns,
     first_queued_from,
     first_queued_join,
     tail_columns,
     tail_from,
     tail_join,
+    thread_columns,
+    thread_from,
 )
 
 
@@ -196,7 +200,7 @@ async def _grant(
 
 
 # Columns of the fence's statement that are not the run's.
-_NOT_RUN = ("lease_", TAIL_PREFIX, QUEUED_PREFIX, NOW_COLUMN)
+_NOT_RUN = ("lease_", THREAD_PREFIX, TAIL_PREFIX, QUEUED_PREFIX, NOW_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -227,32 +231,39 @@ async def fence(
     would.
     """
     check_lease_kind(lease, kind)
-    try:
-        thread: Row | None = await lock_thread(conn, lease.thread_id)
-    except NotFound:
-        thread = None
+    # The thread row is read by the statement below, after the lock: taken here, or with the
+    # transaction's BEGIN (`Conn.locked`), or (SQLite) by the write transaction itself.
+    if conn.dialect.thread_lock and not prelocked(conn, lease.thread_id):
+        # No row: the statement below finds none either.
+        with contextlib.suppress(NotFound):
+            await lock_thread(conn, lease.thread_id)
     columns = (
-        "l.thread_id AS lease_thread_, l.token AS lease_token_, l.expires_at AS lease_expires_"
+        f"{thread_columns()}, l.thread_id AS lease_thread_, l.token AS lease_token_,"
+        " l.expires_at AS lease_expires_"
     )
     joins = ""
     if kind is LeaseKind.RUN:
         columns += ", r.*"
-        joins += " LEFT JOIN runs r ON r.id = l.resource_id AND r.thread_id = $3"
+        joins += " LEFT JOIN runs r ON r.id = l.resource_id AND r.thread_id = t.id"
     if tail:
         columns += tail_columns()
-        joins += tail_join("$3")
+        joins += tail_join("t.id")
     if queued:
         columns += first_queued_columns()
-        joins += first_queued_join("$3")
+        joins += first_queued_join("t.id")
     # Reads the clock too (after the thread lock, as `now()` would).
-    stored = await conn.fetchrow(
-        f"SELECT {columns}{conn.now_column()} FROM leases l{joins}"
-        " WHERE l.kind = $1 AND l.resource_id = $2",
+    found = await conn.fetchrow(
+        f"SELECT {columns}{conn.now_column()} FROM threads t"
+        " LEFT JOIN leases l ON l.kind = $1 AND l.resource_id = $2"
+        f"{joins} WHERE t.id = $3",
         lease.kind.value,
         lease.resource_id,
-        *((lease.thread_id,) if joins else ()),
+        lease.thread_id,
     )
-    conn.take_now(stored)
+    thread: Row | None = None if found is None else thread_from(found)
+    # The lease's columns (all NULL: no lease row).
+    stored = None if found is None or found["lease_token_"] is None else found
+    conn.take_now(found)
     held = thread is not None and lease_holds(
         lease,
         None

@@ -17,7 +17,7 @@ from runtime.domain import (
 from runtime.errors import Conflict, NotFound, QueueFull, RunActive, ScopeRunsExceeded
 from runtime.storage.base import AdmissionLimits
 from runtime.storage.decisions import AdmissionAction, admission_action, check_append
-from runtime.storage.sql_core import Conn, bump, lock_thread
+from runtime.storage.sql_core import Conn, bump, lock_thread, prelocked, scope_clause
 from runtime.storage.sql_rows import Row, decode_parts, new_id, text_parts
 from runtime.storage.sql_threads import (
     ACTIVE_STATUSES,
@@ -25,6 +25,8 @@ from runtime.storage.sql_threads import (
     tail_from,
     tail_join,
     tail_row,
+    thread_columns,
+    thread_from,
 )
 
 
@@ -44,19 +46,28 @@ async def submit_input(
     tools_json: str,
     limits: AdmissionLimits | None = None,
 ) -> Admission:
-    thread = await lock_thread(conn, thread_id, scopes)
+    # The thread lock, and the scope check, come first. Taken with the transaction's BEGIN
+    # (`Conn.locked`) or by SQLite's write transaction, they are the statement below's, unless
+    # the duplicate check must run before it.
+    locked = prelocked(conn, thread_id) or not conn.dialect.thread_lock
+    if client_request_id is not None or not locked:
+        await lock_thread(conn, thread_id, scopes)
     if client_request_id is not None:
         duplicate = await _duplicate(conn, thread_id, client_request_id)
         if duplicate is not None:
             return duplicate
-    # One statement: the active run, the tail and the clock (all after the thread lock).
+    # One statement: the thread, the active run, the tail and the clock (after the lock).
+    clause, values = scope_clause("t.scope", scopes, 2)
     row = await conn.fetchrow(
-        f"SELECT r.id AS active_id_{tail_columns()}{conn.now_column()} FROM threads t"
-        f" LEFT JOIN runs r ON r.thread_id = t.id AND r.status IN {ACTIVE_STATUSES}"
-        f"{tail_join('t.id')} WHERE t.id = $1",
+        f"SELECT {thread_columns()}, r.id AS active_id_{tail_columns()}{conn.now_column()}"
+        f" FROM threads t LEFT JOIN runs r ON r.thread_id = t.id AND r.status IN"
+        f" {ACTIVE_STATUSES}{tail_join('t.id')} WHERE t.id = $1 AND {clause}",
         thread_id,
+        *values,
     )
-    assert row is not None  # the thread is locked
+    if row is None:
+        raise NotFound(f"thread {thread_id} not found")
+    thread = thread_from(row)
     conn.take_now(row)
     active_id: str | None = row["active_id_"]
     action = admission_action(active_id, policy)

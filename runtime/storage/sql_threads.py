@@ -181,6 +181,23 @@ async def read_history(
     return int(rows[0]["history_epoch_"]), messages
 
 
+# The columns of a threads row, read prefixed beside other rows (`thread_columns`).
+THREAD_COLUMNS = (
+    "id", "scope", "title", "version", "metadata", "private_metadata", "created_at",
+    "updated_at", "history_epoch",
+)
+THREAD_PREFIX = "thread__"
+
+
+def thread_columns(alias: str = "t") -> str:
+    """`t.id AS thread__id, …`: a threads row's columns for a SELECT list (no leading comma)."""
+    return ", ".join(f"{alias}.{c} AS {THREAD_PREFIX}{c}" for c in THREAD_COLUMNS)
+
+
+def thread_from(row: Row) -> Row:
+    return {c: row[f"{THREAD_PREFIX}{c}"] for c in THREAD_COLUMNS}
+
+
 # The columns of a messages row, read prefixed beside other rows (`tail_columns`).
 MESSAGE_COLUMNS = (
     "id", "thread_id", "position", "role", "parts", "visibility", "run_id",
