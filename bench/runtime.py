@@ -5,7 +5,7 @@ Prints its figures; asserts nothing.
     python bench/runtime.py [--quick] [--chunks 400] [--runs 240] [--threads 8]
                             [--seq-runs 40] [--lengths 10,200,2000]
                             [--postgres ADMIN_DSN] [--redis URL] [--scale-out]
-                            [--profile FILE]
+                            [--profile FILE] [--profile-scale-out FILE]
 
 With --postgres the benchmark creates a database of its own through ADMIN_DSN and drops it after.
 --scale-out adds the Postgres + Redis column on a throwaway cluster and redis-server of the
@@ -15,7 +15,8 @@ Every figure is measured side by side in one run for the embedded default (SQLit
 bus) and, when given, for Postgres + Redis, so ratios are comparable on a noisy machine.
 CPU is this process's (worker, service and the driving client in one process; for Postgres +
 Redis the servers' own CPU is not included). --profile FILE writes a cProfile of the
-sequential runs on the 200-message thread (embedded; the first length without 200) to FILE.
+sequential runs on the 200-message thread (embedded; the first length without 200) to FILE;
+--profile-scale-out FILE does the same for the Postgres + Redis runs.
 """
 
 from __future__ import annotations
@@ -236,6 +237,9 @@ async def main() -> None:
         "--scale-out", action="store_true", help="own Postgres/Redis for the scale-out column"
     )
     parser.add_argument("--profile", help="write a cProfile of the embedded 200-message runs")
+    parser.add_argument(
+        "--profile-scale-out", help="write a cProfile of the Postgres + Redis 200-message runs"
+    )
     args = parser.parse_args()
     if args.quick:
         args.chunks, args.runs, args.seq_runs = 60, 24, 10
@@ -251,7 +255,13 @@ async def main() -> None:
         if args.postgres:
             dsn = await stack.enter_async_context(common.own_database(args.postgres))
             setups.append(("postgres+redis", dsn, args.redis))
-        profile = cProfile.Profile() if args.profile else None
+        profiles = {
+            "sqlite+memory": (args.profile, cProfile.Profile() if args.profile else None),
+            "postgres+redis": (
+                args.profile_scale_out,
+                cProfile.Profile() if args.profile_scale_out else None,
+            ),
+        }
         throughput: list[str] = []
         scaling: dict[str, list[Sequential]] = {}
         for name, store_url, redis_url in setups:
@@ -266,8 +276,7 @@ async def main() -> None:
                 f" {args.threads} threads)"
             )
             scaling[name] = await sequential_runs(
-                store_url, redis_url, args.lengths, args.seq_runs,
-                profile if name == "sqlite+memory" else None,
+                store_url, redis_url, args.lengths, args.seq_runs, profiles[name][1]
             )
         print(f"{'setup':16} {'chunk p50 µs':>13} {'chunk p99 µs':>13} {'runs/s':>9}"
               f" {'CPU ms/run':>12}")
@@ -281,9 +290,10 @@ async def main() -> None:
                 f"{scaling[n][i].cpu_ms:20.2f} {scaling[n][i].wall_ms:20.2f}" for n in names
             )
             print(f"{length:8d} {cells}")
-        if profile is not None:
-            profile.dump_stats(args.profile)
-            print(f"\nprofile written to {args.profile}", file=sys.stderr)
+        for path, profile in profiles.values():
+            if path and profile is not None:
+                profile.dump_stats(path)
+                print(f"\nprofile written to {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,19 @@ class Bus(Protocol):
         then reads the replay buffer misses nothing."""
         ...
 
+    async def publish_replayed_many(
+        self,
+        channel: str,
+        key: str,
+        items: Sequence[bytes],
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> None:
+        """`publish_replayed` of each of `items` in turn, as one operation (one round trip on
+        Redis): what subscribers and the replay buffer see is exactly what those calls, one
+        after the other, would leave."""
+        ...
+
     @property
     def healthy(self) -> bool:
         """False while the connection to the bus is lost (gateways then poll versions)."""

@@ -119,6 +119,19 @@ class MemoryBus(AsyncResource):
         await self.append_replay(key, data, limit, max_bytes)
         await self.publish(channel, data)
 
+    async def publish_replayed_many(
+        self,
+        channel: str,
+        key: str,
+        items: Sequence[bytes],
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> None:
+        for data in items:
+            check_message(data)
+        for data in items:
+            await self.publish_replayed(channel, key, data, limit, max_bytes)
+
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None
     ) -> None:

@@ -53,6 +53,32 @@ _PUBLISH_REPLAYED = _APPEND + "return redis.call('PUBLISH', ARGV[5], ARGV[1])\n"
 # The same on a cluster: a sharded publish, to the channel on the replay's slot (hash tag).
 SPUBLISH_REPLAYED = _APPEND + "return redis.call('SPUBLISH', ARGV[5], ARGV[1])\n"
 _PUBLISH_REPLAYED_SHA = hashlib.sha1(_PUBLISH_REPLAYED.encode()).hexdigest()
+# `publish_replayed_many`: the append and the publish above for each entry in turn, in one
+# script. ARGV: max entries, max bytes (0: none), TTL, channel, then the entries.
+_PUBLISH_REPLAYED_MANY = """
+local limit = tonumber(ARGV[1])
+local max_bytes = tonumber(ARGV[2])
+for i = 5, #ARGV do
+  local entry = ARGV[i]
+  local count = redis.call('RPUSH', KEYS[1], entry)
+  local size
+  if count == 1 then
+    size = string.len(entry)
+    redis.call('SET', KEYS[2], size)
+  else
+    size = redis.call('INCRBY', KEYS[2], string.len(entry))
+  end
+  while count > 1 and (count > limit or (max_bytes > 0 and size > max_bytes)) do
+    size = redis.call('DECRBY', KEYS[2], string.len(redis.call('LPOP', KEYS[1])))
+    count = count - 1
+  end
+  redis.call('PUBLISH', ARGV[4], entry)
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 0
+"""
+_PUBLISH_REPLAYED_MANY_SHA = hashlib.sha1(_PUBLISH_REPLAYED_MANY.encode()).hexdigest()
 
 
 async def _close_quietly(pubsub: PubSub) -> None:
@@ -190,6 +216,30 @@ class RedisBus(RedisBusCommon[Redis]):
         async with self._command(f"publish to {channel!r} with replay {key!r}") as client:
             await self._script(
                 client, _PUBLISH_REPLAYED, _PUBLISH_REPLAYED_SHA, self._replay_keys(key), args
+            )
+
+    async def publish_replayed_many(
+        self,
+        channel: str,
+        key: str,
+        items: Sequence[bytes],
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> None:
+        for data in items:
+            check_message(data)
+        check_replay_bounds(limit, max_bytes)
+        if not items:
+            return
+        limits = self._append_args(b"", limit, max_bytes)[1:]
+        args = [*limits, self.prefix + channel, *items]
+        async with self._command(f"publish of {len(items)} to {channel!r} with replay") as client:
+            await self._script(
+                client,
+                _PUBLISH_REPLAYED_MANY,
+                _PUBLISH_REPLAYED_MANY_SHA,
+                self._replay_keys(key),
+                args,
             )
 
     # -- subscriptions ---------------------------------------------------------------------

@@ -145,6 +145,20 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
         async with self._command(f"publish to {channel!r} with replay {key!r}"):
             await self._publish_replayed(keys=self._replay_keys(key), args=args)
 
+    async def publish_replayed_many(
+        self,
+        channel: str,
+        key: str,
+        items: Sequence[bytes],
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> None:
+        """One `publish_replayed` each, in order."""
+        for data in items:
+            check_message(data)
+        for data in items:
+            await self.publish_replayed(channel, key, data, limit, max_bytes)
+
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
     ) -> None:

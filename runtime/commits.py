@@ -40,6 +40,8 @@ async def _commit(
     deps: EpisodeDeps, state: EpisodeState, change: StepCommit, then: Phase | None
 ) -> int:
     change = change.model_copy(update={"next_seq": state.sink.seq})
+    # Every chunk emitted so far is published before the commit that holds it.
+    await state.sink.drain()
     version = await deps.store.commit(deps.lease, change)
     # Recorded in the same uninterrupted task as the write, before anything can observe it.
     state.anchor += len(change.append)

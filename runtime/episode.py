@@ -95,7 +95,12 @@ class Episode:
         with telemetry.span(
             "threadline.episode", run_id=self.run_id, thread_id=self.thread_id
         ) as span:
-            outcome = await self._run()
+            try:
+                outcome = await self._run()
+            finally:
+                # Chunks still queued (an episode that lost its lease commits nothing more).
+                if self.state is not None:
+                    await self.state.sink.drain()
             # Errors are handled inside (the run fails, it does not raise): the span says so.
             if outcome is not None:
                 span.set_attribute("threadline.run.outcome", outcome.value)

@@ -71,15 +71,57 @@ class Publisher:
         )
         return await self._attempt("chunk", operation, also=("replay",))
 
-    async def invalidate(self, thread_id: str, version: int) -> bool:
-        published = await self._publish(
+    def chunk_data(
+        self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any], episode: int = 0
+    ) -> bytes:
+        """A live chunk's envelope as published by `chunks`."""
+        return encode_chunk(thread_id, run_id, seq, episode, chunk)
+
+    async def chunks(self, thread_id: str, chunks: Sequence[bytes]) -> bool:
+        """Keep encoded chunks (`chunk_data`, in seq order) in the thread's replay buffer and
+        publish them, each in turn, in one bus operation (one round trip on Redis). Counted
+        per chunk, as `chunk` counts them."""
+        if not chunks:
+            return True
+        operation = self._bus.publish_replayed_many(
             thread_channel(thread_id),
-            "invalidate",
-            InvalidateEnvelope(thread_id=thread_id, version=version),
+            replay_key(thread_id),
+            chunks,
+            self._replay_limit,
+            self._replay_max_bytes,
         )
-        if self._scope_of is None:
-            return published
-        return await self._announce(thread_id, version) and published
+        return await self._attempt("chunk", operation, also=("replay",), count=len(chunks))
+
+    async def invalidate(
+        self,
+        thread_id: str,
+        version: int,
+        *,
+        stop: str | None = None,
+        wakeup: str | None = None,
+    ) -> bool:
+        """The invalidation (and its scope's announcement), then a `stop(stop)` and a
+        `wakeup(wakeup)` signal when given, in that order, as one bus operation (one round
+        trip on Redis instead of one per message)."""
+        invalidate = InvalidateEnvelope(thread_id=thread_id, version=version)
+        messages = [(thread_channel(thread_id), encode(invalidate))]
+        kinds = ["invalidate"]
+        scope, known = await self._scope(thread_id)
+        if scope is not None:
+            envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
+            messages.append((scope_channel(scope), encode(envelope)))
+            kinds.append("scope_invalidate")
+        if stop is not None:
+            messages.append((CONTROL_CHANNEL, encode(StopEnvelope(run_id=stop))))
+            kinds.append("stop")
+        if wakeup is not None:
+            messages.append((CONTROL_CHANNEL, encode(WakeupEnvelope(run_id=wakeup))))
+            kinds.append("wakeup")
+        if len(messages) == 1:
+            operation = self._bus.publish(*messages[0])
+        else:
+            operation = self._bus.publish_all(messages)
+        return await self._attempt(kinds[0], operation, also=kinds[1:]) and known
 
     async def committed(self, thread_id: str, version: int) -> bool:
         """After a runtime commit: `invalidate`, then `clear_replay` (the commit holds every
@@ -106,13 +148,6 @@ class Publisher:
             log.warning("scope of thread %s unknown, not announced: %s", thread_id, exc)
             return None, False
 
-    async def _announce(self, thread_id: str, version: int) -> bool:
-        scope, known = await self._scope(thread_id)
-        if scope is None:
-            return known
-        envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
-        return await self._publish(scope_channel(scope), "scope_invalidate", envelope)
-
     async def clear_replay(self, thread_id: str) -> bool:
         """Called after a step commit: its chunks are in the snapshot from now on."""
         return await self._attempt("clear_replay", self._bus.clear_replay(replay_key(thread_id)))
@@ -127,19 +162,20 @@ class Publisher:
         return await self._attempt(kind, self._bus.publish(channel, encode(envelope)))
 
     async def _attempt(
-        self, kind: str, operation: Awaitable[None], also: Sequence[str] = ()
+        self, kind: str, operation: Awaitable[None], also: Sequence[str] = (), count: int = 1
     ) -> bool:
-        """`also`: more kinds the operation published (counted once it succeeded)."""
+        """`also`: more kinds the operation published (counted once it succeeded); `count`:
+        how many messages of each kind it held."""
         try:
             await operation
         except Exception as exc:
-            safe_add(PUBLISH_ERRORS, 1, {"kind": kind})
+            safe_add(PUBLISH_ERRORS, count, {"kind": kind})
             if not self._failing:
                 log.warning("realtime %s failed (best effort, continuing): %s", kind, exc)
             self._failing = True
             return False
         for published in (kind, *also):
-            safe_add(PUBLISHED, 1, {"kind": published})
+            safe_add(PUBLISHED, count, {"kind": published})
         if self._failing:
             log.info("realtime publishing works again")
             self._failing = False

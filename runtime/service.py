@@ -199,11 +199,12 @@ class ThreadService:
         )
         if admission.duplicate:
             return admission
-        await self.publisher.invalidate(thread_id, admission.version)
-        if admission.interrupted_run_id:
-            await self.publisher.stop(admission.interrupted_run_id)
-        if admission.run_id:
-            await self.publisher.wakeup(admission.run_id)
+        await self.publisher.invalidate(
+            thread_id,
+            admission.version,
+            stop=admission.interrupted_run_id or None,
+            wakeup=admission.run_id or None,
+        )
         return admission
 
     async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int:
@@ -251,9 +252,11 @@ class ThreadService:
         result = await self.store.resolve_action(
             thread_id, principal.scopes, action_id, resolution, expected_version
         )
-        await self.publisher.invalidate(thread_id, result.version)
-        if result.run_resumed and result.run_id:
-            await self.publisher.wakeup(result.run_id)
+        await self.publisher.invalidate(
+            thread_id,
+            result.version,
+            wakeup=result.run_id if result.run_resumed and result.run_id else None,
+        )
         return result
 
     async def _pending_part(

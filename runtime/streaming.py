@@ -14,7 +14,6 @@ from runtime.modeltrace import ModelCallTrace
 from runtime.providers.base import Model, ModelDelta, ModelRequest, TextDelta, UsageDelta
 from runtime.providers.parts import StepAssembler
 from runtime.publisher import Publisher
-from runtime.shielding import uncancellable
 
 # A step's text commits in full up to this bound (docs/architecture.md, "Long replies"), split
 # into text parts of at most MAX_TEXT_CHARS; the marker ends a step whose text would exceed it.
@@ -42,7 +41,17 @@ class StepOutput:
 
 class ChunkSink:
     """Assigns gap-free `seq` numbers per run and publishes canonical chunks live, each marked
-    with the episode (fencing token) that streamed it."""
+    with the episode (fencing token) that streamed it.
+
+    `emit` queues the encoded chunk; one flusher task publishes what is queued, in seq order,
+    one bus operation per batch (`Publisher.chunks`): a chunk emitted while a batch is on the
+    wire goes with the next one, so chunks produced back to back cost one round trip together
+    and a lone chunk goes out at once. `drain` waits until every emitted chunk is published:
+    each commit drains first, so, as before, every chunk is published before the commit that
+    holds it (and before the commit's invalidation and replay clear)."""
+
+    # Chunks queued beyond this make `emit` wait for the flusher (backpressure).
+    MAX_PENDING = 64
 
     def __init__(
         self,
@@ -57,22 +66,39 @@ class ChunkSink:
         self.run_id = run_id
         self.seq = next_seq
         self.episode = episode
-        # Parallel tools emit concurrently; one publish at a time keeps seq order on the wire.
-        self._lock = asyncio.Lock()
+        self._pending: list[bytes] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     async def emit(self, chunk: StreamChunk) -> None:
-        """Publish `chunk` with the next seq. Uncancellable: a stop that cancels the step
-        mid-publish must not leave a seq taken (the commit's `next_seq` counts it) but the chunk
-        unpublished, nor a chunk published after the stop's commit cleared the replay buffer."""
-        await uncancellable(self._emit(chunk.model_dump(mode="json")))
+        """Queue `chunk` with the next seq for publishing. The seq is taken and the chunk
+        queued in one step, with no await in between: a stop that cancels the step never leaves
+        a seq taken (the commit's `next_seq` counts it) but the chunk unpublished, and parallel
+        tools emitting concurrently keep seq order on the wire. Once a stop's commit has
+        drained the queue and cleared the replay buffer, nothing emitted before is left to
+        publish."""
+        data = self.publisher.chunk_data(
+            self.thread_id, self.run_id, self.seq, chunk.model_dump(mode="json"), self.episode
+        )
+        self.seq += 1
+        self._pending.append(data)
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+        if len(self._pending) >= self.MAX_PENDING:
+            await self.drain()
 
-    async def _emit(self, payload: dict[str, Any]) -> None:
-        async with self._lock:
-            seq = self.seq
-            self.seq += 1
-            await self.publisher.chunk(
-                self.thread_id, self.run_id, seq, payload, episode=self.episode
-            )
+    async def drain(self) -> None:
+        """Wait until every chunk emitted so far is published (or its publish failed: best
+        effort, as every publish). A cancelled caller leaves the flusher running."""
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await self.publisher.chunks(self.thread_id, batch)
+        finally:
+            self._flusher = None
 
 
 async def primed(stream: AsyncIterator[ModelDelta]) -> AsyncIterator[ModelDelta]:
@@ -170,8 +196,9 @@ async def run_stream(
                 output.text += chunk.delta
             elif isinstance(chunk, ToolCallChunk):
                 output.tool_calls.append(chunk)
-            # `output` first: the emit is uncancellable, so once a stop cancels the step, every
-            # published chunk is in `output` (which the stop then commits), and no other is.
+            # `output` first: the emit queues the chunk before its first await, so once a stop
+            # cancels the step, every emitted chunk (published before the stop's commit) is in
+            # `output` (which the stop then commits), and no other is.
             await sink.emit(chunk)
     finally:
         aclose = getattr(stream, "aclose", None)

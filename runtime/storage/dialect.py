@@ -49,6 +49,10 @@ class Dialect:
     # The clock `now_sql` reads, readable in-process without a round trip (None: ask the
     # database). An SQLite file is local: its clock is this machine's wall clock.
     local_clock: Callable[[], float] | None = None
+    # Whether a statement may carry data-modifying `WITH` clauses (Postgres), so that writes
+    # whose results do not decide anything in between go in one round trip; SQLite has no
+    # such clauses (and no round trips: its statements are local calls).
+    writing_ctes: bool = False
 
 
 __all__ = ["Dialect"]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -18,6 +19,24 @@ from runtime.storage.sql_rows import Row
 _MIGRATION_LOCK_KEY = 0x7468_726C_6D69
 # The class key of the per-scope admission locks (an int4, like hashtext's result).
 _SCOPE_LOCK_CLASS = 0x746C_7363
+
+# A `$n` parameter of the shared SQL.
+_PARAMETER = re.compile(r"\$(\d+)")
+
+
+
+# The table a write changes (`INSERT INTO t`, `UPDATE t`, `DELETE FROM t`); None: unknown.
+_WRITE = re.compile(r"\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
+
+
+def _table(sql: str) -> str | None:
+    match = _WRITE.match(sql)
+    return match.group(1).lower() if match else None
+
+
+def _renumber(sql: str, offset: int) -> str:
+    return _PARAMETER.sub(lambda match: f"${int(match.group(1)) + offset}", sql)
+
 
 _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,  # class 08: connection exceptions
@@ -52,23 +71,103 @@ POSTGRES = Dialect(
     # Two-key form: the first key keeps these locks apart from the migration lock; a hash
     # collision between scopes only makes them wait for each other.
     scope_lock=f"SELECT pg_advisory_xact_lock({_SCOPE_LOCK_CLASS}, hashtext($1))",
+    writing_ctes=True,
 )
 
 
 class _PgConn(Conn):
-    def __init__(self, connection: asyncpg.Connection) -> None:
+    """`begin`: a BEGIN not sent yet. It goes with the transaction's first statement: in the
+    same round trip when that statement is `first_statement`'s, else just before it. (BEGIN
+    alone takes no snapshot and no lock: sending it later changes nothing but round trips.)"""
+
+    def __init__(self, connection: asyncpg.Connection, begin: str | None = None) -> None:
         super().__init__(POSTGRES)
         self._connection = connection
+        self._begin = begin
+        # Writes held by `execute_later`, in order: sent before the next statement, or inside
+        # `fetch_with_pending`'s as data-modifying WITH clauses.
+        self._pending: list[tuple[str, tuple[Any, ...]]] = []
+        self._flushing = False
+
+    @property
+    def begun(self) -> bool:
+        return self._begin is None
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    async def _ensure_begun(self) -> None:
+        if self._begin is not None:
+            begin, self._begin = self._begin, None
+            await self._connection.execute(begin)
+
+    async def flush(self) -> None:
+        """Send the held writes, in order, each through `execute` (before any other
+        statement, and before COMMIT)."""
+        await self._ensure_begun()
+        if self._flushing:
+            return
+        self._flushing = True
+        try:
+            while self._pending:
+                sql, args = self._pending.pop(0)
+                await self.execute(sql, *args)
+        finally:
+            self._flushing = False
 
     async def execute(self, sql: str, *args: Any) -> None:
+        await self.flush()
         await self._connection.execute(sql, *args)
 
     async def fetch(self, sql: str, *args: Any) -> list[Row]:
+        await self.flush()
         return [dict(record) for record in await self._connection.fetch(sql, *args)]
 
     async def run_script(self, script: str) -> None:
+        await self.flush()
         # Without arguments asyncpg uses the simple protocol, which accepts many statements.
         await self._connection.execute(script)
+
+    async def execute_later(self, sql: str, *args: Any) -> None:
+        # One statement must not change a row twice (Postgres would keep one of the changes):
+        # a write to a table a held write changes sends what is held first; a write whose
+        # table is not plain to see is not held.
+        table = _table(sql)
+        if table is None:
+            await self.execute(sql, *args)
+            return
+        if table in self._pending_tables():
+            await self.flush()
+        self._pending.append((sql, args))
+
+    def _pending_tables(self) -> set[str | None]:
+        return {_table(held) for held, _ in self._pending}
+
+    async def fetch_with_pending(self, sql: str, *args: Any) -> list[Row]:
+        table = _table(sql)
+        if not self._pending or table is None or table in self._pending_tables():
+            return await self.fetch(sql, *args)
+        await self._ensure_begun()
+        # One statement: each held write as a data-modifying WITH clause (all run to
+        # completion; none reads what another writes, nor does `sql`), its parameters
+        # renumbered after `sql`'s.
+        clauses, values = [], list(args)
+        for index, (held, held_args) in enumerate(self._pending):
+            renumbered = _renumber(held, len(values))
+            clauses.append(f"held_{index} AS ({renumbered})")
+            values += held_args
+        self._pending.clear()
+        statement = f"WITH {', '.join(clauses)} {sql}"
+        return [dict(record) for record in await self._connection.fetch(statement, *values)]
+
+    async def first_statement(self, sql: str) -> str | None:
+        if self._begin is None or self._pending:
+            return None
+        begin, self._begin = self._begin, None
+        # The simple protocol: BEGIN and the statement in one round trip; the explicit BEGIN
+        # keeps the transaction open after it. The status is the last statement's.
+        return str(await self._connection.execute(f"{begin}; {sql}"))
 
 
 class _Connection(asyncpg.Connection):  # type: ignore[misc]
@@ -120,11 +219,25 @@ class PostgresPool:
         if pool is None:
             raise RuntimeError("PostgresStore is not open")
         async with pool.acquire() as connection:
-            transaction = connection.transaction(
-                isolation="read_committed" if write else "repeatable_read", readonly=not write
-            )
-            async with transaction:
-                yield _PgConn(connection)
+            if not write:
+                transaction = connection.transaction(isolation="repeatable_read", readonly=True)
+                async with transaction:
+                    yield _PgConn(connection)
+                return
+            # A write's BEGIN goes with its first statement (`_PgConn`): the key claim
+            # (`sql_keys.claim`) in the same round trip. COMMIT or ROLLBACK as asyncpg's
+            # `Transaction` would (a failing ROLLBACK raises, chained to the cause).
+            conn = _PgConn(connection, "BEGIN ISOLATION LEVEL READ COMMITTED")
+            try:
+                yield conn
+                if conn.has_pending:
+                    await conn.flush()
+            except BaseException:
+                if conn.begun:
+                    await connection.execute("ROLLBACK;")
+                raise
+            if conn.begun:
+                await connection.execute("COMMIT;")
 
 
     @asynccontextmanager
@@ -133,7 +246,13 @@ class PostgresPool:
         if pool is None:
             raise RuntimeError("PostgresStore is not open")
         async with pool.acquire() as connection:
-            yield _PgConn(connection)
+            conn = _PgConn(connection)
+            yield conn
+            await conn.flush()
+
+    def autocommit(self) -> AbstractAsyncContextManager[Conn]:
+        # One statement outside BEGIN … COMMIT commits on its own: one round trip, not three.
+        return self.statements()
 
 
 class PostgresStore(SqlStore):

@@ -61,6 +61,7 @@ from runtime.storage.inputs import (
 from runtime.storage.sql_core import (
     Conn,
     Pool,
+    ThreadLock,
     applied_migrations,
     apply_migrations,
     migration_scripts,
@@ -81,7 +82,8 @@ T = TypeVar("T")
 
 class SqlStore(AsyncResource):
     """Every `Store` method, written once: check the input, then run one transaction function
-    through `_run`. What differs per backend is in `dialect` and `pool`, never in a subclass."""
+    through `_run` (one idempotent statement: `_write_statement`). What differs per backend is
+    in `dialect` and `pool`, never in a subclass."""
 
     # Long enough to ride out a Postgres restart or failover (seconds), short enough that a
     # request still gets its 503 in bounded time: backoff 20 ms doubling to 2 s, plus jitter,
@@ -144,7 +146,12 @@ class SqlStore(AsyncResource):
         )
 
     async def _run(
-        self, fn: Callable[[Conn], Awaitable[T]], *, write: bool, key: str | None = None
+        self,
+        fn: Callable[[Conn], Awaitable[T]],
+        *,
+        write: bool,
+        key: str | None = None,
+        lock: ThreadLock | None = None,
     ) -> T:
         """Run `fn` in one transaction, retried as a whole on transient errors (a retry re-reads
         everything it decides on).
@@ -155,7 +162,9 @@ class SqlStore(AsyncResource):
         write first claims an idempotency key inside its own transaction (`sql_keys.claim`);
         a retry that finds its key claimed knows the earlier attempt committed and returns
         that attempt's result, without running `fn` again. The key is one per call (`key`
-        names it for the log and the table; a random suffix keeps it unique per call)."""
+        names it for the log and the table; a random suffix keeps it unique per call).
+        `lock`: the thread lock `fn` starts with, taken with the claim where that saves a round
+        trip (`sql_keys.claim`)."""
         if not write:
             return await self._retry(lambda: self._attempt(fn, write=False))
         key = new_id("tx") if key is None else f"{key}:{new_id('tx')}"
@@ -163,7 +172,7 @@ class SqlStore(AsyncResource):
         done: list[tuple[T, list[Callable[[], None]]]] = []
 
         async def keyed(conn: Conn) -> T:
-            if not await sql_keys.claim(conn, key):
+            if not await sql_keys.claim(conn, key, lock):
                 if not done:
                     raise InvariantViolation(f"transaction {key} committed without a result")
                 return done[0][0]
@@ -205,6 +214,20 @@ class SqlStore(AsyncResource):
 
     async def _write(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         return await self._run(fn, write=True)
+
+    async def _write_statement(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """A write of one statement that is atomic and idempotent by itself (running it again
+        after an unknown outcome changes nothing): no idempotency key, and on Postgres no
+        BEGIN and COMMIT either (`Pool.autocommit`)."""
+
+        async def attempt() -> T:
+            async with self.pool.autocommit() as conn:
+                result = await fn(conn)
+            for callback in conn.after_commit:
+                callback()
+            return result
+
+        return await self._retry(attempt)
 
     # --- threads and snapshots ----------------------------------------------------------
 
@@ -289,7 +312,7 @@ class SqlStore(AsyncResource):
         text = check_text(text)
         policy = check_submit(submitted_by, client_request_id, policy)
         tools_json = encode_client_tools(client_tools)
-        return await self._write(
+        return await self._run(
             lambda conn: sql_queue.submit_input(
                 conn,
                 thread_id,
@@ -300,7 +323,9 @@ class SqlStore(AsyncResource):
                 policy=policy,
                 tools_json=tools_json,
                 limits=limits,
-            )
+            ),
+            write=True,
+            lock=ThreadLock(thread_id, normalize_scopes(scopes)),
         )
 
     async def cancel_queued_item(
@@ -339,7 +364,11 @@ class SqlStore(AsyncResource):
         return await self._write(lambda conn: sql_runs.start_episode(conn, lease))
 
     async def begin_episode(self, lease: Lease, history_from: int = 0) -> EpisodeStart:
-        return await self._write(lambda conn: sql_runs.begin_episode(conn, lease, history_from))
+        return await self._run(
+            lambda conn: sql_runs.begin_episode(conn, lease, history_from),
+            write=True,
+            lock=ThreadLock(lease.thread_id),
+        )
 
     async def commit(self, lease: Lease, commit: StepCommit) -> int:
         # Validate (and serialise) everything before taking any lock.
@@ -352,6 +381,7 @@ class SqlStore(AsyncResource):
             lambda conn: sql_runs.commit(conn, lease, commit, tail_parts, appends),
             write=True,
             key=f"commit:{lease.resource_id}:{lease.token}",
+            lock=ThreadLock(lease.thread_id),
         )
 
     # --- leases -------------------------------------------------------------------------
@@ -383,7 +413,8 @@ class SqlStore(AsyncResource):
         return await self._write(lambda conn: sql_leases.renew_lease(conn, lease, ttl))
 
     async def release_lease(self, lease: Lease) -> None:
-        await self._write(lambda conn: sql_leases.release_lease(conn, lease))
+        # One DELETE of this token's row: a retry after it went through deletes nothing.
+        await self._write_statement(lambda conn: sql_leases.release_lease(conn, lease))
 
     # --- pending actions and history rewrites -------------------------------------------
 

@@ -6,9 +6,11 @@ import abc
 import asyncio
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol, TypeVar
 
@@ -51,6 +53,9 @@ class Conn(abc.ABC):
         self._now: float | None = None
         self.bumped: dict[str, int] = {}
         self.after_commit: list[Callable[[], None]] = []
+        # The thread whose row lock the transaction's first round trip took already (with its
+        # BEGIN and key claim, `sql_keys.claim`); None: the transaction takes it itself.
+        self.locked: str | None = None
 
     @abc.abstractmethod
     async def execute(self, sql: str, *args: Any) -> None: ...
@@ -61,6 +66,23 @@ class Conn(abc.ABC):
     @abc.abstractmethod
     async def run_script(self, script: str) -> None:
         """Run several `;`-separated statements (migrations) inside the current transaction."""
+
+    async def execute_later(self, sql: str, *args: Any) -> None:
+        """A write whose outcome nothing in between depends on: run now here. A backend may
+        hold it until just before the transaction's next statement (so every later statement
+        sees it) or send it inside `fetch_with_pending`'s statement: fewer round trips."""
+        await self.execute(sql, *args)
+
+    async def fetch_with_pending(self, sql: str, *args: Any) -> list[Row]:
+        """`fetch`, carrying the writes `execute_later` holds, where the backend holds any, in
+        the same round trip. `sql` must read none of the rows those writes change."""
+        return await self.fetch(sql, *args)
+
+    async def first_statement(self, sql: str) -> str | None:
+        """Run `sql` (no parameters) as the transaction's first statement, in one round trip
+        with its BEGIN, and return its command status (`INSERT 0 1`), where the backend sends
+        BEGIN lazily and nothing ran yet; None otherwise (nothing ran: use `fetch`)."""
+        return None
 
     async def fetchrow(self, sql: str, *args: Any) -> Row | None:
         rows = await self.fetch(sql, *args)
@@ -109,6 +131,11 @@ class Pool(Protocol):
     def statements(self) -> AbstractAsyncContextManager[Conn]:
         """A connection outside any transaction, for reads whose statements are each
         consistent on their own (no BEGIN and COMMIT round trips)."""
+        ...
+    def autocommit(self) -> AbstractAsyncContextManager[Conn]:
+        """A connection for one write statement that is atomic and idempotent on its own: it
+        commits by itself where that saves round trips (Postgres), else in a write
+        transaction."""
         ...
 
 
@@ -268,6 +295,37 @@ async def thread_row(
     return row
 
 
+# Ids and scopes that are safe inside a SQL string literal as they are.
+LITERAL = re.compile(r"[A-Za-z0-9_:.\-]+")
+
+
+@dataclass(frozen=True)
+class ThreadLock:
+    """The thread lock a write transaction starts with: the thread, and the scopes it must be
+    in (None: any)."""
+
+    thread_id: str
+    scopes: tuple[str, ...] | None = None
+
+    def sql(self, dialect: Dialect) -> str | None:
+        """The lock alone, without parameters (to go with BEGIN in one round trip), or None
+        where the dialect locks no row or a value would need escaping."""
+        values = [self.thread_id, *(self.scopes or ())]
+        if not dialect.thread_lock or not all(LITERAL.fullmatch(v) for v in values):
+            return None
+        sql = f"SELECT 1 FROM threads WHERE id = '{self.thread_id}'"
+        if self.scopes is not None:
+            scopes = ", ".join(f"'{scope}'" for scope in self.scopes)
+            sql += f" AND scope IN ({scopes})" if scopes else " AND 1 = 0"
+        return sql + dialect.thread_lock
+
+
+def prelocked(conn: Conn, thread_id: str) -> bool:
+    """Whether the transaction holds the thread's row lock from its first round trip (its row
+    is then read by the next statement, which sees everything committed before the lock)."""
+    return conn.locked == thread_id
+
+
 async def lock_thread(conn: Conn, thread_id: str, scopes: Collection[str] | None = None) -> Row:
     """First statement of every write that touches a thread: it orders them per thread."""
     return await thread_row(conn, thread_id, scopes, lock=True)
@@ -277,11 +335,13 @@ async def bump(conn: Conn, thread_id: str) -> int:
     """+1 on the thread's version, at most once per transaction; returns the new version."""
     if thread_id in conn.bumped:
         return conn.bumped[thread_id]
-    version = await conn.fetchval(
+    # Writes held by `execute_later` (the step's message, the run's row) go with it.
+    rows = await conn.fetch_with_pending(
         "UPDATE threads SET version = version + 1, updated_at = $2 WHERE id = $1 RETURNING version",
         thread_id,
         await conn.now(),
     )
+    version = rows[0]["version"] if rows else None
     if version is None:
         raise NotFound(f"thread {thread_id} not found")
     conn.bumped[thread_id] = int(version)

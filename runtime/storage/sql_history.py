@@ -29,7 +29,7 @@ async def rewrite_history(
     public: dict[str, Any],
     private: dict[str, Any],
 ) -> RewriteResult:
-    thread, _ = await fence(conn, lease, LeaseKind.ADMIN)
+    thread = (await fence(conn, lease, LeaseKind.ADMIN)).thread
     thread_id = lease.thread_id
     # Checked on the locked row: nothing can change the thread between this and the commit.
     check_expected_version(thread_id, int(thread["version"]), op.expected_version)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
 from runtime import telemetry
 from runtime.domain import Lease, LeaseKind, RunStatus
 from runtime.errors import LeaseLost, NotFound
@@ -12,9 +16,21 @@ from runtime.storage.decisions import (
     lease_holds,
     run_leasable,
 )
-from runtime.storage.sql_core import Conn, lock_thread
+from runtime.storage.sql_core import NOW_COLUMN, Conn, lock_thread, prelocked
 from runtime.storage.sql_rows import Row, lease_from_row
-from runtime.storage.sql_threads import run_row
+from runtime.storage.sql_threads import (
+    QUEUED_PREFIX,
+    TAIL_PREFIX,
+    THREAD_PREFIX,
+    first_queued_columns,
+    first_queued_from,
+    first_queued_join,
+    tail_columns,
+    tail_from,
+    tail_join,
+    thread_columns,
+    thread_from,
+)
 
 
 def lease_event(event: str, kind: LeaseKind) -> None:
@@ -22,34 +38,48 @@ def lease_event(event: str, kind: LeaseKind) -> None:
 
 
 async def acquire_run_lease(conn: Conn, run_id: str, owner: str, ttl: float) -> Lease | None:
-    thread_id = await conn.fetchval("SELECT thread_id FROM runs WHERE id = $1", run_id)
-    if thread_id is None:
+    # The thread lock orders this against admin leases, stops and resolutions. The run's
+    # thread is found in the same statement: a run never changes threads, so the subquery's
+    # snapshot (taken before any wait for the lock) cannot be stale.
+    thread = await conn.fetchrow(
+        "SELECT * FROM threads WHERE id = (SELECT thread_id FROM runs WHERE id = $1)"
+        + conn.dialect.thread_lock,
+        run_id,
+    )
+    if thread is None:
         raise NotFound(f"run {run_id} not found")
-    # The thread lock orders this against admin leases, stops and resolutions.
-    thread = await lock_thread(conn, thread_id)
+    thread_id = str(thread["id"])
+    # One statement after the lock: the run, the clock, the thread's admin lease and the run's
+    # lease (every one of them written only under the thread lock).
     run = await conn.fetchrow(
-        f"SELECT status, stop_requested{conn.now_column()} FROM runs WHERE id = $1", run_id
+        "SELECT r.status, r.stop_requested, admin.expires_at AS admin_expires_,"
+        f" held.expires_at AS held_expires_{conn.now_column()} FROM runs r"
+        " LEFT JOIN leases admin ON admin.kind = 'admin' AND admin.resource_id = r.thread_id"
+        " LEFT JOIN leases held ON held.kind = 'run' AND held.resource_id = r.id"
+        " WHERE r.id = $1",
+        run_id,
     )
     assert run is not None
     conn.take_now(run)
     if not run_leasable(RunStatus(run["status"]), bool(run["stop_requested"])):
         return None
-    if await live_lease(conn, LeaseKind.ADMIN, thread_id) is not None:
-        return None
-    lease = await _grant(conn, LeaseKind.RUN, run_id, thread_id, owner, ttl)
-    if lease is not None:
-        await _served(conn, str(thread["scope"]))
-    return lease
-
-
-async def _served(conn: Conn, scope: str) -> None:
-    """Note that a worker just took a run of `scope`: the round robin's tie-break."""
-    await conn.execute(
-        "INSERT INTO scope_turns (scope, served_at) VALUES ($1, $2)"
-        " ON CONFLICT (scope) DO UPDATE SET served_at = excluded.served_at",
-        scope,
-        await conn.now(),
+    now = await conn.now()
+    if not lease_free(_expiry(run["admin_expires_"]), now):
+        return None  # a live admin lease (a history rewrite) holds the thread
+    return await _grant(
+        conn,
+        LeaseKind.RUN,
+        run_id,
+        thread_id,
+        owner,
+        ttl,
+        (run["held_expires_"] is not None, _expiry(run["held_expires_"])),
+        served=str(thread["scope"]),
     )
+
+
+def _expiry(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 async def acquire_admin_lease(conn: Conn, thread_id: str, owner: str, ttl: float) -> Lease | None:
@@ -100,68 +130,157 @@ async def live_lease(conn: Conn, kind: LeaseKind, resource_id: str) -> Row | Non
 
 
 async def _grant(
-    conn: Conn, kind: LeaseKind, resource_id: str, thread_id: str, owner: str, ttl: float
+    conn: Conn,
+    kind: LeaseKind,
+    resource_id: str,
+    thread_id: str,
+    owner: str,
+    ttl: float,
+    existing: tuple[bool, float | None] | None = None,
+    *,
+    served: str | None = None,
 ) -> Lease | None:
-    existing = await conn.fetchrow(
-        "SELECT expires_at FROM leases WHERE kind = $1 AND resource_id = $2",
-        kind.value,
-        resource_id,
-    )
+    """Grant the lease unless a live one holds the resource. `existing`: (a lease row exists,
+    its expiry) when the caller read it already. `served`: the scope to note in `scope_turns`
+    (a worker just took a run of it: the round robin's tie-break)."""
+    if existing is None:
+        row = await conn.fetchrow(
+            "SELECT expires_at FROM leases WHERE kind = $1 AND resource_id = $2",
+            kind.value,
+            resource_id,
+        )
+        existing = (row is not None, None if row is None else float(row["expires_at"]))
     now = await conn.now()
-    if not lease_free(None if existing is None else float(existing["expires_at"]), now):
+    if not lease_free(existing[1], now):
         return None
-    token = await conn.fetchval(
-        "UPDATE fencing_counter SET value = value + 1 WHERE id = 1 RETURNING value"
-    )
-    row = await conn.fetchrow(
-        "INSERT INTO leases (kind, resource_id, thread_id, owner, token, expires_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (kind, resource_id) DO UPDATE SET"
+    args: list[Any] = [kind.value, resource_id, thread_id, owner, now + ttl]
+    upsert = (
+        " ON CONFLICT (kind, resource_id) DO UPDATE SET"
         " thread_id = excluded.thread_id, owner = excluded.owner, token = excluded.token,"
-        " expires_at = excluded.expires_at RETURNING *",
-        kind.value,
-        resource_id,
-        thread_id,
-        owner,
-        int(token),
-        now + ttl,
+        " expires_at = excluded.expires_at RETURNING *"
     )
+    if conn.dialect.writing_ctes:
+        # One statement: the next fencing token, the lease and the scope's turn.
+        turn = ""
+        if served is not None:
+            turn = (
+                ", turn AS (INSERT INTO scope_turns (scope, served_at) VALUES ($6, $7)"
+                " ON CONFLICT (scope) DO UPDATE SET served_at = excluded.served_at)"
+            )
+            args += [served, now]
+        row = await conn.fetchrow(
+            "WITH token AS (UPDATE fencing_counter SET value = value + 1 WHERE id = 1"
+            f" RETURNING value){turn}"
+            " INSERT INTO leases (kind, resource_id, thread_id, owner, token, expires_at)"
+            " SELECT $1::text, $2::text, $3::text, $4::text, token.value,"
+            f" $5::double precision FROM token{upsert}",
+            *args,
+        )
+    else:
+        token = await conn.fetchval(
+            "UPDATE fencing_counter SET value = value + 1 WHERE id = 1 RETURNING value"
+        )
+        row = await conn.fetchrow(
+            "INSERT INTO leases (kind, resource_id, thread_id, owner, token, expires_at)"
+            f" VALUES ($1, $2, $3, $4, $6, $5){upsert}",
+            *args,
+            int(token),
+        )
+        if served is not None:
+            await conn.execute(
+                "INSERT INTO scope_turns (scope, served_at) VALUES ($1, $2)"
+                " ON CONFLICT (scope) DO UPDATE SET served_at = excluded.served_at",
+                served,
+                now,
+            )
     assert row is not None
-    event = "taken_over" if existing is not None else "acquired"
+    event = "taken_over" if existing[0] else "acquired"
     conn.on_commit(lambda: lease_event(event, kind))
     return lease_from_row(row)
 
 
-async def fence(conn: Conn, lease: Lease, kind: LeaseKind) -> tuple[Row, Row | None]:
+# Columns of the fence's statement that are not the run's.
+_NOT_RUN = ("lease_", THREAD_PREFIX, TAIL_PREFIX, QUEUED_PREFIX, NOW_COLUMN)
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """What `fence` read under the thread lock: the thread row, the run row (run leases) and,
+    when asked for, the thread's tail message row (`tail_read`; `tail` None: no message)."""
+
+    thread: Row
+    run: Row | None
+    tail: Row | None = None
+    tail_read: bool = False
+    # With `queued`: the thread's first queued item (None: nothing queued).
+    queued: Row | Literal["unread"] | None = "unread"
+
+
+async def fence(
+    conn: Conn, lease: Lease, kind: LeaseKind, *, tail: bool = False, queued: bool = False
+) -> Fenced:
     """Lock the lease's thread and check the lease, in the caller's write transaction.
 
-    Returns the locked thread row and, for run leases, the run row. Raises LeaseLost (nothing
-    has been written yet) unless the stored lease still holds this token and has not expired
-    by the database clock.
+    Returns the locked thread row, for run leases the run row, with `tail` the tail message
+    row and with `queued` the first queued item's. Raises LeaseLost (nothing has been written
+    yet) unless the stored lease still holds this token and has not expired by the database
+    clock.
+
+    After the lock, one statement reads the lease, the clock, the run, the tail and the queue:
+    every row it reads is written only under the thread lock, so it sees what separate reads
+    would.
     """
     check_lease_kind(lease, kind)
-    try:
-        thread: Row | None = await lock_thread(conn, lease.thread_id)
-    except NotFound:
-        thread = None
+    # The thread row is read by the statement below, after the lock: taken here, or with the
+    # transaction's BEGIN (`Conn.locked`), or (SQLite) by the write transaction itself.
+    if conn.dialect.thread_lock and not prelocked(conn, lease.thread_id):
+        # No row: the statement below finds none either.
+        with contextlib.suppress(NotFound):
+            await lock_thread(conn, lease.thread_id)
+    columns = (
+        f"{thread_columns()}, l.thread_id AS lease_thread_, l.token AS lease_token_,"
+        " l.expires_at AS lease_expires_"
+    )
+    joins = ""
+    if kind is LeaseKind.RUN:
+        columns += ", r.*"
+        joins += " LEFT JOIN runs r ON r.id = l.resource_id AND r.thread_id = t.id"
+    if tail:
+        columns += tail_columns()
+        joins += tail_join("t.id")
+    if queued:
+        columns += first_queued_columns()
+        joins += first_queued_join("t.id")
     # Reads the clock too (after the thread lock, as `now()` would).
-    stored = await conn.fetchrow(
-        f"SELECT thread_id, token, expires_at{conn.now_column()} FROM leases"
-        " WHERE kind = $1 AND resource_id = $2",
+    found = await conn.fetchrow(
+        f"SELECT {columns}{conn.now_column()} FROM threads t"
+        " LEFT JOIN leases l ON l.kind = $1 AND l.resource_id = $2"
+        f"{joins} WHERE t.id = $3",
         lease.kind.value,
         lease.resource_id,
+        lease.thread_id,
     )
-    conn.take_now(stored)
+    thread: Row | None = None if found is None else thread_from(found)
+    # The lease's columns (all NULL: no lease row).
+    stored = None if found is None or found["lease_token_"] is None else found
+    conn.take_now(found)
     held = thread is not None and lease_holds(
         lease,
         None
         if stored is None
-        else StoredLease(stored["thread_id"], int(stored["token"]), float(stored["expires_at"])),
+        else StoredLease(
+            stored["lease_thread_"], int(stored["lease_token_"]), float(stored["lease_expires_"])
+        ),
         await conn.now(),
     )
     run = None
     if held and kind is LeaseKind.RUN:
-        run = await run_row(conn, lease.resource_id, lease.thread_id)
-        held = run is not None
+        assert stored is not None and thread is not None
+        held = stored["id"] is not None
+        if held:
+            # The runs row's own columns, and its thread's scope (as `run_row` returns it).
+            run = {k: v for k, v in stored.items() if not k.startswith(_NOT_RUN)}
+            run["scope"] = thread["scope"]
     if not held or thread is None:
         lease_event("lost", lease.kind)
         raise LeaseLost(
@@ -169,4 +288,11 @@ async def fence(conn: Conn, lease: Lease, kind: LeaseKind) -> tuple[Row, Row | N
             " nothing was written",
             token=lease.token,
         )
-    return thread, run
+    assert stored is not None
+    return Fenced(
+        thread,
+        run,
+        tail_from(stored) if tail else None,
+        tail,
+        first_queued_from(stored) if queued else "unread",
+    )

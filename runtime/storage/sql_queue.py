@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Literal
 
 from runtime import telemetry
 from runtime.domain import (
@@ -16,9 +17,17 @@ from runtime.domain import (
 from runtime.errors import Conflict, NotFound, QueueFull, RunActive, ScopeRunsExceeded
 from runtime.storage.base import AdmissionLimits
 from runtime.storage.decisions import AdmissionAction, admission_action, check_append
-from runtime.storage.sql_core import Conn, bump, lock_thread
-from runtime.storage.sql_rows import decode_parts, new_id, text_parts
-from runtime.storage.sql_threads import active_run_row, tail_row
+from runtime.storage.sql_core import Conn, bump, lock_thread, prelocked, scope_clause
+from runtime.storage.sql_rows import Row, decode_parts, new_id, text_parts
+from runtime.storage.sql_threads import (
+    ACTIVE_STATUSES,
+    tail_columns,
+    tail_from,
+    tail_join,
+    tail_row,
+    thread_columns,
+    thread_from,
+)
 
 
 def _queue_event(conn: Conn, event: str) -> None:
@@ -37,17 +46,35 @@ async def submit_input(
     tools_json: str,
     limits: AdmissionLimits | None = None,
 ) -> Admission:
-    thread = await lock_thread(conn, thread_id, scopes)
+    # The thread lock, and the scope check, come first. Taken with the transaction's BEGIN
+    # (`Conn.locked`) or by SQLite's write transaction, they are the statement below's, unless
+    # the duplicate check must run before it.
+    locked = prelocked(conn, thread_id) or not conn.dialect.thread_lock
+    if client_request_id is not None or not locked:
+        await lock_thread(conn, thread_id, scopes)
     if client_request_id is not None:
         duplicate = await _duplicate(conn, thread_id, client_request_id)
         if duplicate is not None:
             return duplicate
-    active = await active_run_row(conn, thread_id)
-    action = admission_action(None if active is None else active["id"], policy)
+    # One statement: the thread, the active run, the tail and the clock (after the lock).
+    clause, values = scope_clause("t.scope", scopes, 2)
+    row = await conn.fetchrow(
+        f"SELECT {thread_columns()}, r.id AS active_id_{tail_columns()}{conn.now_column()}"
+        f" FROM threads t LEFT JOIN runs r ON r.thread_id = t.id AND r.status IN"
+        f" {ACTIVE_STATUSES}{tail_join('t.id')} WHERE t.id = $1 AND {clause}",
+        thread_id,
+        *values,
+    )
+    if row is None:
+        raise NotFound(f"thread {thread_id} not found")
+    thread = thread_from(row)
+    conn.take_now(row)
+    active_id: str | None = row["active_id_"]
+    action = admission_action(active_id, policy)
     if action is AdmissionAction.REJECT:
-        assert active is not None
+        assert active_id is not None
         telemetry.safe_add(telemetry.QUEUE_EVENTS, 1, {"event": "rejected"})
-        raise RunActive(f"thread {thread_id} has an active run", run_id=active["id"])
+        raise RunActive(f"thread {thread_id} has an active run", run_id=active_id)
     if action is AdmissionAction.START_RUN:
         if limits is not None:
             await _check_scope_runs(conn, str(thread["scope"]), limits)
@@ -57,6 +84,7 @@ async def submit_input(
             role=MessageRole.USER,
             parts_json=text_parts(text),
             client_request_id=client_request_id,
+            tail=tail_from(row),
         )
         run_id = await create_run(
             conn,
@@ -73,7 +101,7 @@ async def submit_input(
             run_id=run_id,
             message_id=message_id,
         )
-    assert active is not None
+    assert active_id is not None
     if limits is not None:
         await _check_queue(conn, thread_id, text, limits)
     item_id = await _enqueue(
@@ -87,7 +115,7 @@ async def submit_input(
     )
     interrupted = None
     if action is AdmissionAction.INTERRUPT:
-        interrupted = active["id"]
+        interrupted = active_id
         await conn.execute(
             "UPDATE runs SET stop_requested = TRUE, updated_at = $2 WHERE id = $1",
             interrupted,
@@ -211,13 +239,16 @@ async def append_message(
     client_request_id: str | None = None,
     run_id: str | None = None,
     message_id: str | None = None,
+    tail: Row | Literal["unread"] | None = "unread",
 ) -> str:
-    """Append after the tail; refused while the tail still holds a pending action."""
-    tail = await tail_row(conn, thread_id)
+    """Append after the tail; refused while the tail still holds a pending action. `tail`:
+    the tail row when the caller read it already in this transaction (None: no message)."""
+    if isinstance(tail, str):
+        tail = await tail_row(conn, thread_id)
     check_append(None if tail is None else tail["id"], decode_parts(tail["parts"]) if tail else ())
     position = 0 if tail is None else int(tail["position"]) + 1
     message_id = message_id or new_id("msg")
-    await conn.execute(
+    await conn.execute_later(
         "INSERT INTO messages (id, thread_id, position, role, parts, visibility, run_id,"
         " client_request_id, created_at, updated_at)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
@@ -245,7 +276,7 @@ async def create_run(
 ) -> str:
     version = await bump(conn, thread_id)
     run_id = new_id("run")
-    await conn.execute(
+    await conn.execute_later(
         "INSERT INTO runs (id, thread_id, status, trigger, started_by, input_message_id,"
         " episode, next_seq, stop_requested, error, client_tools, created_version,"
         " created_at, updated_at)"
@@ -294,17 +325,22 @@ async def _enqueue(
     return item_id
 
 
-async def admit_next(conn: Conn, thread_id: str) -> str | None:
+async def admit_next(
+    conn: Conn, thread_id: str, first: Row | Literal["unread"] | None = "unread"
+) -> str | None:
     """Turn the thread's first queued item into a user message and a queued run.
 
     Called in the same transaction that ended the previous run, so the thread is never
-    observed idle with input waiting.
+    observed idle with input waiting. `first`: that item's row when the caller read it already
+    under the thread lock (None: nothing is queued).
     """
-    item = await conn.fetchrow(
-        "SELECT * FROM queued_items WHERE thread_id = $1 AND status = 'queued'"
-        " ORDER BY position LIMIT 1",
-        thread_id,
-    )
+    item = first
+    if isinstance(item, str):
+        item = await conn.fetchrow(
+            "SELECT * FROM queued_items WHERE thread_id = $1 AND status = 'queued'"
+            " ORDER BY position LIMIT 1",
+            thread_id,
+        )
     if item is None:
         return None
     await conn.execute("UPDATE queued_items SET status = 'admitted' WHERE id = $1", item["id"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from runtime.domain import (
     Lease,
@@ -27,7 +28,7 @@ from runtime.storage.decisions import (
 )
 from runtime.storage.sql_actions import index_actions
 from runtime.storage.sql_core import Conn, bump, lock_thread
-from runtime.storage.sql_leases import fence, live_lease
+from runtime.storage.sql_leases import Fenced, fence, live_lease
 from runtime.storage.sql_queue import admit_next, append_message
 from runtime.storage.sql_rows import (
     Row,
@@ -66,25 +67,32 @@ async def find_runnable_runs(conn: Conn, limit: int) -> list[Run]:
     fewer. Of equal turns, the scope a worker served longest ago (`scope_turns`, written when
     a run lease is granted; never served counts as longest) goes first, then the oldest run.
     """
+    args: list[Any] = [int(limit)]
+    clock, now = "", "$2"
+    if conn.dialect.local_clock is None:
+        # The database clock, read by the query itself, once (one round trip, not two).
+        clock = f"WITH clock_ AS (SELECT {conn.dialect.now_sql} AS now_) "
+        now = "(SELECT now_ FROM clock_)"
+    else:
+        args.append(await conn.now())
     rows = await conn.fetch(
-        "SELECT runnable.* FROM ("
+        f"{clock}SELECT runnable.* FROM ("
         "  SELECT r.*, t.scope, held.resource_id AS held_by_worker,"
         "   ROW_NUMBER() OVER (PARTITION BY t.scope"
         "    ORDER BY CASE WHEN held.resource_id IS NULL THEN 1 ELSE 0 END, r.created_at, r.id)"
         "    AS turn"
         "  FROM runs r JOIN threads t ON t.id = r.thread_id"
         "  LEFT JOIN leases held ON held.kind = 'run' AND held.resource_id = r.id"
-        "   AND held.expires_at > $1"
+        f"   AND held.expires_at > {now}"
         f" WHERE r.status IN {ACTIVE_STATUSES}"
         "  AND (r.status <> 'waiting' OR r.stop_requested = TRUE)"
         ") AS runnable LEFT JOIN scope_turns s ON s.scope = runnable.scope"
         " WHERE runnable.held_by_worker IS NULL"
         "  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'admin'"
-        "   AND l.resource_id = runnable.thread_id AND l.expires_at > $1)"
+        f"   AND l.resource_id = runnable.thread_id AND l.expires_at > {now})"
         " ORDER BY runnable.turn, COALESCE(s.served_at, 0), runnable.created_at, runnable.id"
-        " LIMIT $2",
-        await conn.now(),
-        int(limit),
+        " LIMIT $1",
+        *args,
     )
     return [run_from_row(row) for row in rows]
 
@@ -121,13 +129,14 @@ async def request_stop(
 
 
 async def start_episode(conn: Conn, lease: Lease) -> tuple[Run, int]:
-    thread, run = await fence(conn, lease, LeaseKind.RUN)
-    assert run is not None
-    return await _start(conn, lease, thread, run)
+    fenced = await fence(conn, lease, LeaseKind.RUN)
+    assert fenced.run is not None
+    return await _start(conn, lease, fenced.thread, fenced.run)
 
 
 async def begin_episode(conn: Conn, lease: Lease, history_from: int) -> EpisodeStart:
-    thread, before = await fence(conn, lease, LeaseKind.RUN)
+    fenced = await fence(conn, lease, LeaseKind.RUN)
+    thread, before = fenced.thread, fenced.run
     assert before is not None
     run, version = await _start(conn, lease, thread, before)
     epoch, messages = await read_history(conn, lease.thread_id, history_from)
@@ -149,7 +158,7 @@ async def _start(conn: Conn, lease: Lease, thread: Row, run: Row) -> tuple[Run, 
         # Ended (e.g. stopped while queued) after the lease was taken: nothing to run.
         return run_from_row(run), version
     now = await conn.now()
-    await conn.execute(
+    await conn.execute_later(
         "UPDATE runs SET episode = episode + 1, status = $2, updated_at = $3 WHERE id = $1",
         lease.resource_id,
         target.value,
@@ -172,36 +181,64 @@ async def commit(
 ) -> int:
     """The step commit, in the order `StepCommit` documents; `tail_parts` and `appends` are
     validated and encoded before the transaction."""
-    thread, run = await fence(conn, lease, LeaseKind.RUN)
+    ending = step.run is not None and (
+        step.run.status is RunStatus.WAITING or step.run.status.is_terminal
+    )
+    admitting = step.admit_next and step.run is not None and step.run.status.is_terminal
+    # The tail and the first queued item, read with the fence when a write below needs them
+    # (a statement fewer each; both change only under the thread lock, held since).
+    fenced = await fence(
+        conn,
+        lease,
+        LeaseKind.RUN,
+        tail=step.update_tail is not None or bool(appends) or ending,
+        queued=admitting,
+    )
+    thread, run = fenced.thread, fenced.run
     assert run is not None
+    # Valid until the first write to the thread's messages; then each write reads its own.
+    known: Fenced | None = fenced
     run_id = lease.resource_id
     thread_id = lease.thread_id
     status = RunStatus(run["status"])
     check_commit(run_id, status)
     changed = False
     if step.update_tail is not None and tail_parts is not None:
-        await _update_tail(conn, thread_id, step.update_tail.message_id, tail_parts)
+        await _update_tail(conn, thread_id, step.update_tail.message_id, tail_parts, known)
+        known = None
         changed = True
     for message, parts_json in appends:
-        await _append_run_message(conn, thread_id, run_id, message, parts_json)
+        await _append_run_message(conn, thread_id, run_id, message, parts_json, known)
+        known = None
         changed = True
     terminal = False
     if step.run is not None:
         check_run_transition(status, step.run.status)
         terminal = step.run.status.is_terminal
-        changed = await _transition(conn, thread_id, run_id, step.run) or changed
+        changed = await _transition(conn, thread_id, run_id, step.run, known) or changed
     if next_seq_changes(int(run["next_seq"]), step.next_seq):
-        await conn.execute("UPDATE runs SET next_seq = $2 WHERE id = $1", run_id, step.next_seq)
+        await conn.execute_later(
+            "UPDATE runs SET next_seq = $2 WHERE id = $1", run_id, step.next_seq
+        )
         changed = True
     if terminal and step.admit_next:
-        await admit_next(conn, thread_id)
+        await admit_next(conn, thread_id, fenced.queued)
     if not changed:
         return int(thread["version"])
     return await bump(conn, thread_id)
 
 
-async def _update_tail(conn: Conn, thread_id: str, message_id: str, parts: list[Part]) -> None:
-    tail = await tail_row(conn, thread_id)
+async def _tail(conn: Conn, thread_id: str, known: Fenced | None) -> Row | None:
+    """The thread's tail row: the one the fence read when still valid, else read now."""
+    if known is not None and known.tail_read:
+        return known.tail
+    return await tail_row(conn, thread_id)
+
+
+async def _update_tail(
+    conn: Conn, thread_id: str, message_id: str, parts: list[Part], known: Fenced | None
+) -> None:
+    tail = await _tail(conn, thread_id, known)
     check_tail_update(
         thread_id,
         message_id,
@@ -214,7 +251,12 @@ async def _update_tail(conn: Conn, thread_id: str, message_id: str, parts: list[
 
 
 async def _append_run_message(
-    conn: Conn, thread_id: str, run_id: str, message: NewMessage, parts_json: str
+    conn: Conn,
+    thread_id: str,
+    run_id: str,
+    message: NewMessage,
+    parts_json: str,
+    known: Fenced | None,
 ) -> None:
     check_run_message(run_id, message.run_id)
     if message.id is not None and await conn.fetchval(
@@ -235,16 +277,19 @@ async def _append_run_message(
         client_request_id=message.client_request_id,
         run_id=run_id,
         message_id=message.id,
+        tail=await _tail(conn, thread_id, known),
     )
     await index_actions(conn, thread_id, message_id, message.parts)
 
 
-async def _transition(conn: Conn, thread_id: str, run_id: str, change: RunChange) -> bool:
+async def _transition(
+    conn: Conn, thread_id: str, run_id: str, change: RunChange, known: Fenced | None
+) -> bool:
     """Apply a run transition as `plan_run_target` decides; False: the status stays."""
     target = change.status
     tail = None
     if target is RunStatus.WAITING or target.is_terminal:
-        tail = await tail_row(conn, thread_id)
+        tail = await _tail(conn, thread_id, known)
     plan = plan_run_target(
         run_id,
         target,
@@ -255,7 +300,7 @@ async def _transition(conn: Conn, thread_id: str, run_id: str, change: RunChange
         await _write_parts(conn, tail["id"], encode_parts(plan.tail_parts))
     if not plan.apply_status:
         return False
-    await conn.execute(
+    await conn.execute_later(
         "UPDATE runs SET status = $2, error = $3,"
         " stop_requested = CASE WHEN $4 THEN FALSE ELSE stop_requested END,"
         " updated_at = $5 WHERE id = $1",
@@ -269,7 +314,7 @@ async def _transition(conn: Conn, thread_id: str, run_id: str, change: RunChange
 
 
 async def _write_parts(conn: Conn, message_id: str, parts_json: str) -> None:
-    await conn.execute(
+    await conn.execute_later(
         "UPDATE messages SET parts = $2, updated_at = $3 WHERE id = $1",
         message_id,
         parts_json,

@@ -180,6 +180,10 @@ class SqlitePool:
         # Local: a read transaction costs no round trip, and keeps the lock discipline.
         return self.transaction(write=False)
 
+    def autocommit(self) -> AbstractAsyncContextManager[Conn]:
+        # A write takes the lock up front (BEGIN IMMEDIATE), as every write here does.
+        return self.transaction(write=True)
+
     async def _begin(self, db: sqlite3.Connection, begin: str) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.busy_timeout_ms / 1000

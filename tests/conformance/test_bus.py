@@ -235,6 +235,31 @@ async def test_publish_replayed_appends_then_publishes(bus: Bus) -> None:
         await bus.publish_replayed(thread_channel("pr"), key, "text", limit=3)  # type: ignore[arg-type]
 
 
+async def test_publish_replayed_many_is_publish_replayed_in_turn(bus: Bus) -> None:
+    """A batch leaves what one `publish_replayed` per entry would: every entry published in
+    order, the buffer trimmed by count and by bytes after each append, the newest kept."""
+    key, channel = replay_key("prm"), thread_channel("prm")
+    # The same entries one by one, on another thread (a cluster keeps a thread on one slot).
+    key_one, channel_one = replay_key("prm1"), thread_channel("prm1")
+    entries = [b"a" * 4, b"b" * 4, b"c" * 9, b"d" * 2, b"e" * 3]
+    async with bus.subscribe(channel) as subscription, bus.subscribe(channel_one) as one:
+        await bus.publish_replayed_many(channel, key, entries[:2], limit=3, max_bytes=10)
+        await bus.publish_replayed_many(channel, key, entries[2:], limit=3, max_bytes=10)
+        await bus.publish_replayed_many(channel, key, [], limit=3, max_bytes=10)
+        assert await take(subscription, 5) == entries
+        for entry in entries:
+            await bus.publish_replayed(channel_one, key_one, entry, limit=3, max_bytes=10)
+        assert await take(one, 5) == entries
+    assert await bus.read_replay(key) == await bus.read_replay(key_one) == [b"d" * 2, b"e" * 3]
+    await bus.publish_replayed_many(channel, key, [b"f", b"g"], limit=3)
+    assert await bus.read_replay(key) == [b"e" * 3, b"f", b"g"]
+    with pytest.raises(ValueError):
+        await bus.publish_replayed_many(channel, key, [b"x"], limit=0)
+    with pytest.raises(TypeError):
+        await bus.publish_replayed_many(channel, key, [b"x", "text"], limit=3)  # type: ignore[list-item]
+    assert await bus.read_replay(key) == [b"e" * 3, b"f", b"g"]
+
+
 async def test_publish_all_publishes_in_order_then_clears(bus: Bus) -> None:
     key = replay_key("pa")
     await bus.append_replay(key, b"old", limit=5)
@@ -316,11 +341,38 @@ async def test_publisher_control_signals(bus: Bus) -> None:
     ]
 
 
+async def test_publisher_invalidate_with_signals(bus: Bus) -> None:
+    """The invalidation, its scope's announcement, then the stop and the wakeup, in order."""
+
+    async def scope_of(thread_id: str) -> str:
+        return "acme"
+
+    publisher = Publisher(bus, scope_of=scope_of)
+    async with bus.subscribe(thread_channel("t5")) as live, bus.subscribe(
+        scope_channel("acme")
+    ) as scope, bus.subscribe(CONTROL_CHANNEL) as control:
+        assert await publisher.invalidate("t5", 3, stop="run-1", wakeup="run-2")
+        assert await publisher.invalidate("t5", 4, wakeup="run-3")
+        assert [decode_thread_message(f) for f in await take(live, 2)] == [
+            InvalidateEnvelope(thread_id="t5", version=3),
+            InvalidateEnvelope(thread_id="t5", version=4),
+        ]
+        assert [orjson.loads(f)["version"] for f in await take(scope, 2)] == [3, 4]
+        signals = [decode_control(data) for data in await take(control, 3)]
+    assert [(m.type, m.run_id) for m in signals] == [
+        ("stop", "run-1"),
+        ("wakeup", "run-2"),
+        ("wakeup", "run-3"),
+    ]
+
+
 async def test_publisher_never_raises_bus_failures(bus: Bus) -> None:
     publisher = Publisher(bus)
     await bus.close()
     assert not await publisher.chunk("t", "r", 0, {"type": "text-delta", "delta": "x"})
     assert not await publisher.invalidate("t", 1)
+    assert not await publisher.invalidate("t", 1, stop="r", wakeup="r")
+    assert not await publisher.chunks("t", [b"x"])
     assert not await publisher.clear_replay("t")
     assert not await publisher.wakeup()
     assert not await publisher.stop("r")
@@ -396,7 +448,11 @@ async def test_redis_publish_replayed_reloads_its_script(redis_bus: RedisBus) ->
             await admin.script_flush()
         await redis_bus.publish_all([(thread_channel("flushed"), b"c")])
         assert await take(subscription, 1) == [b"c"]
-    assert await redis_bus.read_replay(key) == [b"a", b"b"]
+        async with admin_redis() as admin:
+            await admin.script_flush()
+        await redis_bus.publish_replayed_many(thread_channel("flushed"), key, [b"d"], limit=5)
+        assert await take(subscription, 1) == [b"d"]
+    assert await redis_bus.read_replay(key) == [b"a", b"b", b"d"]
 
 
 async def test_redis_subscribes_a_channel_once_per_process(redis_bus: RedisBus) -> None:
