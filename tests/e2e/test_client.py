@@ -182,8 +182,12 @@ async def test_retry_restarts_a_stopped_run_and_history_pages_back(setup: Setup)
         thread_id = (await tl.create_thread("retry and pages")).thread.id
         async with tl.watch(thread_id) as watch:
             for word in ("one", "two", "three"):
-                await tl.send(thread_id, word)
-                await watch.until(done, RUN_TIMEOUT)
+                sent = await tl.send(thread_id, word)
+                # Done at or after the send's version: the watch may not have seen it yet, and
+                # the previous run's completion must not pass for this one's.
+                await watch.until(
+                    lambda w, at=sent.version: done(w) and w.snapshot.version >= at, RUN_TIMEOUT
+                )
             with pytest.raises(Conflict):  # a completed run is not retried
                 await tl.retry(thread_id)
             long = " ".join(f"w{i}" for i in range(300))  # 300 chunks: seconds to stream
