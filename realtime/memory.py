@@ -17,6 +17,7 @@ from realtime.base import (
     ReconnectListeners,
     check_message,
     check_replay_bounds,
+    publish_each_replayed,
 )
 from realtime.errors import BusClosedError
 
@@ -127,10 +128,7 @@ class MemoryBus(AsyncResource):
         limit: int,
         max_bytes: int | None = None,
     ) -> None:
-        for data in items:
-            check_message(data)
-        for data in items:
-            await self.publish_replayed(channel, key, data, limit, max_bytes)
+        await publish_each_replayed(self, channel, key, items, limit, max_bytes)
 
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None

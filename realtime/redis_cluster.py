@@ -18,7 +18,13 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from realtime.base import BusState, cancel_and_wait, check_message, check_replay_bounds
+from realtime.base import (
+    BusState,
+    cancel_and_wait,
+    check_message,
+    check_replay_bounds,
+    publish_each_replayed,
+)
 from realtime.errors import BusClosedError, BusUnavailableError
 from realtime.redis import APPEND_REPLAY, SPUBLISH_REPLAYED
 from realtime.redis_common import RedisBusCommon, RedisBusOptions
@@ -154,10 +160,7 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
         max_bytes: int | None = None,
     ) -> None:
         """One `publish_replayed` each, in order."""
-        for data in items:
-            check_message(data)
-        for data in items:
-            await self.publish_replayed(channel, key, data, limit, max_bytes)
+        await publish_each_replayed(self, channel, key, items, limit, max_bytes)
 
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None

@@ -103,14 +103,7 @@ class Publisher:
         """The invalidation (and its scope's announcement), then a `stop(stop)` and a
         `wakeup(wakeup)` signal when given, in that order, as one bus operation (one round
         trip on Redis instead of one per message)."""
-        invalidate = InvalidateEnvelope(thread_id=thread_id, version=version)
-        messages = [(thread_channel(thread_id), encode(invalidate))]
-        kinds = ["invalidate"]
-        scope, known = await self._scope(thread_id)
-        if scope is not None:
-            envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
-            messages.append((scope_channel(scope), encode(envelope)))
-            kinds.append("scope_invalidate")
+        messages, kinds, known = await self._invalidation(thread_id, version)
         if stop is not None:
             messages.append((CONTROL_CHANNEL, encode(StopEnvelope(run_id=stop))))
             kinds.append("stop")
@@ -123,9 +116,11 @@ class Publisher:
             operation = self._bus.publish_all(messages)
         return await self._attempt(kinds[0], operation, also=kinds[1:]) and known
 
-    async def committed(self, thread_id: str, version: int) -> bool:
-        """After a runtime commit: `invalidate`, then `clear_replay` (the commit holds every
-        chunk so far: late joiners get the snapshot, not a replay), as one bus operation."""
+    async def _invalidation(
+        self, thread_id: str, version: int
+    ) -> tuple[list[tuple[str, bytes]], list[str], bool]:
+        """The thread's invalidation and, where its scope is known, the scope's announcement:
+        (channel, message) pairs, their kinds for telemetry, and whether the scope was known."""
         invalidate = InvalidateEnvelope(thread_id=thread_id, version=version)
         messages = [(thread_channel(thread_id), encode(invalidate))]
         kinds = ["invalidate"]
@@ -134,6 +129,12 @@ class Publisher:
             envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
             messages.append((scope_channel(scope), encode(envelope)))
             kinds.append("scope_invalidate")
+        return messages, kinds, known
+
+    async def committed(self, thread_id: str, version: int) -> bool:
+        """After a runtime commit: `invalidate`, then `clear_replay` (the commit holds every
+        chunk so far: late joiners get the snapshot, not a replay), as one bus operation."""
+        messages, kinds, known = await self._invalidation(thread_id, version)
         kinds.append("clear_replay")
         operation = self._bus.publish_all(messages, replay_key(thread_id))
         return await self._attempt(kinds[0], operation, also=kinds[1:]) and known
