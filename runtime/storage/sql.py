@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from typing import Any
 
-from realtime.base import AsyncResource
 from runtime.domain import (
     Admission,
     InboxEntry,
@@ -22,12 +20,11 @@ from runtime.domain import (
     Snapshot,
     Thread,
 )
-from runtime.errors import InvalidInput, InvariantViolation
+from runtime.errors import InvalidInput
 from runtime.storage import (
     sql_actions,
     sql_history,
     sql_inbox,
-    sql_keys,
     sql_leases,
     sql_queue,
     sql_runs,
@@ -46,7 +43,6 @@ from runtime.storage.base import (
     StopResult,
     Truncate,
 )
-from runtime.storage.dialect import Dialect
 from runtime.storage.inputs import (
     check_display_name,
     check_owner,
@@ -60,13 +56,11 @@ from runtime.storage.inputs import (
 )
 from runtime.storage.sql_core import (
     Conn,
-    Pool,
     ThreadLock,
     applied_migrations,
     apply_migrations,
     migration_scripts,
     normalize_scopes,
-    retry_call,
 )
 from runtime.storage.sql_rows import (
     dumps,
@@ -76,32 +70,13 @@ from runtime.storage.sql_rows import (
     new_id,
     validate_parts,
 )
+from runtime.storage.sql_transactions import SqlTransactions
 
-T = TypeVar("T")
 
-
-class SqlStore(AsyncResource):
+class SqlStore(SqlTransactions):
     """Every `Store` method, written once: check the input, then run one transaction function
-    through `_run` (one idempotent statement: `_write_statement`). What differs per backend is
-    in `dialect` and `pool`, never in a subclass."""
-
-    # Long enough to ride out a Postgres restart or failover (seconds), short enough that a
-    # request still gets its 503 in bounded time: backoff 20 ms doubling to 2 s, plus jitter,
-    # for at most 20 s after the first attempt (docs/operations.md, "Postgres is down").
-    # Retrying that long is safe because writes are keyed (`_run`): a retry never repeats one.
-    retry_attempts: int = 40
-    retry_initial_wait: float = 0.02
-    retry_max_wait: float = 2.0
-    retry_budget: float = 20.0
-
-    def __init__(self, dialect: Dialect, pool: Pool) -> None:
-        self.dialect = dialect
-        self.pool = pool
-        self._writes = 0
-
-    @property
-    def backend(self) -> str:
-        return self.dialect.name
+    through `_run` (`SqlTransactions`). What differs per backend is in `dialect` and `pool`,
+    never in a subclass."""
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -128,106 +103,6 @@ class SqlStore(AsyncResource):
 
     async def applied_migrations(self) -> list[str]:
         return await self._read(applied_migrations)
-
-    # --- the one path of every transaction ----------------------------------------------
-
-    def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
-        return self.pool.transaction(write=write)
-
-    async def _retry(self, fn: Callable[[], Awaitable[T]]) -> T:
-        return await retry_call(
-            fn,
-            backend=self.backend,
-            is_transient=self.dialect.is_transient,
-            attempts=self.retry_attempts,
-            initial_wait=self.retry_initial_wait,
-            max_wait=self.retry_max_wait,
-            budget=self.retry_budget,
-        )
-
-    async def _run(
-        self,
-        fn: Callable[[Conn], Awaitable[T]],
-        *,
-        write: bool,
-        key: str | None = None,
-        lock: ThreadLock | None = None,
-    ) -> T:
-        """Run `fn` in one transaction, retried as a whole on transient errors (a retry re-reads
-        everything it decides on).
-
-        A write is *keyed*: a connection that drops during COMMIT leaves the outcome unknown,
-        and re-running `fn` would then repeat a write that went through (a second assistant
-        message, a second queued input, a resume's winner told it lost to itself). So every
-        write first claims an idempotency key inside its own transaction (`sql_keys.claim`);
-        a retry that finds its key claimed knows the earlier attempt committed and returns
-        that attempt's result, without running `fn` again. The key is one per call (`key`
-        names it for the log and the table; a random suffix keeps it unique per call).
-        `lock`: the thread lock `fn` starts with, taken with the claim where that saves a round
-        trip (`sql_keys.claim`)."""
-        if not write:
-            return await self._retry(lambda: self._attempt(fn, write=False))
-        key = new_id("tx") if key is None else f"{key}:{new_id('tx')}"
-        # What the attempt that got as far as COMMIT computed: the answer if COMMIT went through.
-        done: list[tuple[T, list[Callable[[], None]]]] = []
-
-        async def keyed(conn: Conn) -> T:
-            if not await sql_keys.claim(conn, key, lock):
-                if not done:
-                    raise InvariantViolation(f"transaction {key} committed without a result")
-                return done[0][0]
-            result = await fn(conn)
-            done[:] = [(result, conn.after_commit)]
-            return result
-
-        self._writes += 1
-        if self._writes % sql_keys.PRUNE_EVERY == 0:
-            await self._retry(lambda: self._attempt(sql_keys.prune, write=True))
-        return await self._retry(lambda: self._attempt(keyed, write=True, done=done))
-
-    async def _attempt(
-        self,
-        fn: Callable[[Conn], Awaitable[T]],
-        *,
-        write: bool,
-        done: list[tuple[T, list[Callable[[], None]]]] | None = None,
-    ) -> T:
-        async with self._transaction(write=write) as conn:
-            result = await fn(conn)
-        # After a replayed commit, the telemetry of the attempt that wrote is what is emitted.
-        callbacks = done[0][1] if done else conn.after_commit
-        for callback in callbacks:
-            callback()
-        return result
-
-    async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        return await self._run(fn, write=False)
-
-    async def _read_statements(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        """A read whose every statement is consistent on its own: outside a transaction."""
-
-        async def attempt() -> T:
-            async with self.pool.statements() as conn:
-                return await fn(conn)
-
-        return await self._retry(attempt)
-
-    async def _write(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        return await self._run(fn, write=True)
-
-    async def _write_statement(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        """A write of one statement that is atomic and idempotent by itself (running it again
-        after an unknown outcome changes nothing): no idempotency key, and on Postgres no
-        BEGIN and COMMIT either (`Pool.autocommit`)."""
-
-        async def attempt() -> T:
-            async with self.pool.autocommit() as conn:
-                result = await fn(conn)
-            for callback in conn.after_commit:
-                callback()
-            return result
-
-        return await self._retry(attempt)
 
     # --- threads and snapshots ----------------------------------------------------------
 
