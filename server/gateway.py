@@ -225,8 +225,9 @@ class Gateway:
             self._watchdog = asyncio.create_task(self._watch_outboxes(), name="ws-outboxes")
 
     async def _watch_outboxes(self) -> None:
-        """One timer for every connection: a writer stuck in a send never calls into its
-        outbox, yet the grace period of one over high water must still expire."""
+        """One timer for every connection: a connection whose transport stays paused (its peer
+        stopped reading) and that is sent nothing more never calls into its outbox, yet the
+        grace period of one over high water must still expire."""
         while self._connections:
             await asyncio.sleep(_OUTBOX_CHECK_INTERVAL)
             for connection in list(self._connections):

@@ -6,8 +6,8 @@ it can take frames again. With no task parked in `receive()` and none in `send()
 connection holds no coroutine of its own: that is most of what a subscribed tab costs
 (docs/operations.md, "Fan-out").
 
-- `ProtocolWire`: uvicorn under `server.wsprotocol.WebSocketProtocol` (how `threadline serve`
-  runs): the protocol calls the callbacks from its own event handlers.
+- `server.wsprotocol.WebSocketProtocol` itself, under uvicorn (how `threadline serve` runs):
+  the protocol calls the callbacks from its own event handlers.
 - `AsgiWire`: any other ASGI server. One task reads `receive()`, and a frame being sent is a
   short-lived task; the same contract, at the cost of those tasks.
 
