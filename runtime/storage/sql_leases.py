@@ -19,17 +19,11 @@ from runtime.storage.decisions import (
 from runtime.storage.sql_core import NOW_COLUMN, Conn, lock_thread, prelocked
 from runtime.storage.sql_rows import Row, lease_from_row
 from runtime.storage.sql_threads import (
-    QUEUED_PREFIX,
-    TAIL_PREFIX,
-    THREAD_PREFIX,
-    first_queued_columns,
-    first_queued_from,
+    FIRST_QUEUED,
+    TAIL,
+    THREAD,
     first_queued_join,
-    tail_columns,
-    tail_from,
     tail_join,
-    thread_columns,
-    thread_from,
 )
 
 
@@ -200,7 +194,7 @@ async def _grant(
 
 
 # Columns of the fence's statement that are not the run's.
-_NOT_RUN = ("lease_", THREAD_PREFIX, TAIL_PREFIX, QUEUED_PREFIX, NOW_COLUMN)
+_NOT_RUN = ("lease_", THREAD.prefix, TAIL.prefix, FIRST_QUEUED.prefix, NOW_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -238,18 +232,18 @@ async def fence(
         with contextlib.suppress(NotFound):
             await lock_thread(conn, lease.thread_id)
     columns = (
-        f"{thread_columns()}, l.thread_id AS lease_thread_, l.token AS lease_token_,"
-        " l.expires_at AS lease_expires_"
+        "l.thread_id AS lease_thread_, l.token AS lease_token_, l.expires_at AS lease_expires_"
+        + THREAD.select()
     )
     joins = ""
     if kind is LeaseKind.RUN:
         columns += ", r.*"
         joins += " LEFT JOIN runs r ON r.id = l.resource_id AND r.thread_id = t.id"
     if tail:
-        columns += tail_columns()
+        columns += TAIL.select()
         joins += tail_join("t.id")
     if queued:
-        columns += first_queued_columns()
+        columns += FIRST_QUEUED.select()
         joins += first_queued_join("t.id")
     # Reads the clock too (after the thread lock, as `now()` would).
     found = await conn.fetchrow(
@@ -260,7 +254,7 @@ async def fence(
         lease.resource_id,
         lease.thread_id,
     )
-    thread: Row | None = None if found is None else thread_from(found)
+    thread: Row | None = None if found is None else THREAD.row(found)
     # The lease's columns (all NULL: no lease row).
     stored = None if found is None or found["lease_token_"] is None else found
     conn.take_now(found)
@@ -292,7 +286,7 @@ async def fence(
     return Fenced(
         thread,
         run,
-        tail_from(stored) if tail else None,
+        TAIL.joined(stored) if tail else None,
         tail,
-        first_queued_from(stored) if queued else "unread",
+        FIRST_QUEUED.joined(stored) if queued else "unread",
     )

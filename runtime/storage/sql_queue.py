@@ -19,15 +19,7 @@ from runtime.storage.base import AdmissionLimits
 from runtime.storage.decisions import AdmissionAction, admission_action, check_append
 from runtime.storage.sql_core import Conn, bump, lock_thread, prelocked, scope_clause
 from runtime.storage.sql_rows import Row, decode_parts, new_id, text_parts
-from runtime.storage.sql_threads import (
-    ACTIVE_STATUSES,
-    tail_columns,
-    tail_from,
-    tail_join,
-    tail_row,
-    thread_columns,
-    thread_from,
-)
+from runtime.storage.sql_threads import ACTIVE_STATUSES, TAIL, THREAD, tail_join, tail_row
 
 
 def _queue_event(conn: Conn, event: str) -> None:
@@ -59,7 +51,7 @@ async def submit_input(
     # One statement: the thread, the active run, the tail and the clock (after the lock).
     clause, values = scope_clause("t.scope", scopes, 2)
     row = await conn.fetchrow(
-        f"SELECT {thread_columns()}, r.id AS active_id_{tail_columns()}{conn.now_column()}"
+        f"SELECT r.id AS active_id_{THREAD.select()}{TAIL.select()}{conn.now_column()}"
         f" FROM threads t LEFT JOIN runs r ON r.thread_id = t.id AND r.status IN"
         f" {ACTIVE_STATUSES}{tail_join('t.id')} WHERE t.id = $1 AND {clause}",
         thread_id,
@@ -67,7 +59,7 @@ async def submit_input(
     )
     if row is None:
         raise NotFound(f"thread {thread_id} not found")
-    thread = thread_from(row)
+    thread = THREAD.row(row)
     conn.take_now(row)
     active_id: str | None = row["active_id_"]
     action = admission_action(active_id, policy)
@@ -84,7 +76,7 @@ async def submit_input(
             role=MessageRole.USER,
             parts_json=text_parts(text),
             client_request_id=client_request_id,
-            tail=tail_from(row),
+            tail=TAIL.joined(row),
         )
         run_id = await create_run(
             conn,

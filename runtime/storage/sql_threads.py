@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.domain import (
@@ -181,34 +182,41 @@ async def read_history(
     return int(rows[0]["history_epoch_"]), messages
 
 
-# The columns of a threads row, read prefixed beside other rows (`thread_columns`).
-THREAD_COLUMNS = (
+@dataclass(frozen=True)
+class Prefixed:
+    """A table's row read beside other rows in one SELECT: its columns, as `alias.c AS
+    prefix + c`, and the row taken back out of the result."""
+
+    alias: str
+    prefix: str
+    columns: tuple[str, ...]
+
+    def select(self) -> str:
+        """`, a.id AS p_id, …` for a SELECT list (with its leading comma)."""
+        return "".join(f", {self.alias}.{c} AS {self.prefix}{c}" for c in self.columns)
+
+    def row(self, row: Row) -> Row:
+        return {c: row[f"{self.prefix}{c}"] for c in self.columns}
+
+    def joined(self, row: Row) -> Row | None:
+        """The row an outer join found, or None where it found none (its id is NULL)."""
+        return None if row[f"{self.prefix}id"] is None else self.row(row)
+
+
+# The thread (alias `t`), its tail message (`m`, `tail_join`) and its first queued item (`q`,
+# `first_queued_join`, as `admit_next` reads it), for statements that read them together.
+THREAD = Prefixed("t", "thread__", (
     "id", "scope", "title", "version", "metadata", "private_metadata", "created_at",
     "updated_at", "history_epoch",
-)
-THREAD_PREFIX = "thread__"
-
-
-def thread_columns(alias: str = "t") -> str:
-    """`t.id AS thread__id, …`: a threads row's columns for a SELECT list (no leading comma)."""
-    return ", ".join(f"{alias}.{c} AS {THREAD_PREFIX}{c}" for c in THREAD_COLUMNS)
-
-
-def thread_from(row: Row) -> Row:
-    return {c: row[f"{THREAD_PREFIX}{c}"] for c in THREAD_COLUMNS}
-
-
-# The columns of a messages row, read prefixed beside other rows (`tail_columns`).
-MESSAGE_COLUMNS = (
+))
+TAIL = Prefixed("m", "tail_", (
     "id", "thread_id", "position", "role", "parts", "visibility", "run_id",
     "client_request_id", "created_at", "updated_at",
-)
-TAIL_PREFIX = "tail_"
-
-
-def tail_columns() -> str:
-    """`, m.id AS tail_id, …`: the tail message's columns for a SELECT list with `tail_join`."""
-    return "".join(f", m.{c} AS {TAIL_PREFIX}{c}" for c in MESSAGE_COLUMNS)
+))
+FIRST_QUEUED = Prefixed("q", "queued_", (
+    "id", "thread_id", "text", "submitted_by", "client_request_id", "status", "interrupt",
+    "client_tools", "position", "created_at",
+))
 
 
 def tail_join(thread: str) -> str:
@@ -220,37 +228,12 @@ def tail_join(thread: str) -> str:
     )
 
 
-def tail_from(row: Row) -> Row | None:
-    """The tail row a `tail_columns` statement read (None: the thread has no message)."""
-    if row[f"{TAIL_PREFIX}id"] is None:
-        return None
-    return {c: row[f"{TAIL_PREFIX}{c}"] for c in MESSAGE_COLUMNS}
-
-
-# The same for the thread's first queued item (`admit_next`), alias `q`.
-QUEUED_COLUMNS = (
-    "id", "thread_id", "text", "submitted_by", "client_request_id", "status", "interrupt",
-    "client_tools", "position", "created_at",
-)
-QUEUED_PREFIX = "queued_"
-
-
-def first_queued_columns() -> str:
-    return "".join(f", q.{c} AS {QUEUED_PREFIX}{c}" for c in QUEUED_COLUMNS)
-
-
 def first_queued_join(thread: str) -> str:
     """A LEFT JOIN of the thread's first queued item, as `admit_next` reads it."""
     return (
         " LEFT JOIN queued_items q ON q.id = (SELECT id FROM queued_items"
         f" WHERE thread_id = {thread} AND status = 'queued' ORDER BY position LIMIT 1)"
     )
-
-
-def first_queued_from(row: Row) -> Row | None:
-    if row[f"{QUEUED_PREFIX}id"] is None:
-        return None
-    return {c: row[f"{QUEUED_PREFIX}{c}"] for c in QUEUED_COLUMNS}
 
 
 async def tail_row(conn: Conn, thread_id: str) -> Row | None:
