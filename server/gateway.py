@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.routing import WebSocketRoute
@@ -20,13 +18,14 @@ from runtime.domain import Principal
 from runtime.errors import QuotaExceeded
 from runtime.service import ThreadService
 from server.auth import authenticate, bearer_token, hash_token, token_key, token_key_of_hash
+from server.connection import Close, Connection, count
 from server.errors import Unauthorized
 from server.inbox import ActionInbox
 from server.limits import REFRESH_INTERVAL, ConnectionSlot, Limiter
 from server.presence import PresenceHub
 from server.session import Session
 from server.settings import Settings
-from server.telemetry import WS_CLOSES, WS_CONNECTIONS, WS_FRAMES_IN
+from server.telemetry import WS_CLOSES, WS_CONNECTIONS
 from server.wire import Wire, wire_for
 
 log = logging.getLogger(__name__)
@@ -34,149 +33,9 @@ log = logging.getLogger(__name__)
 _CLOSE_TIMEOUT = 2.0
 _OUTBOX_CHECK_INTERVAL = 1.0
 _SHUTDOWN_TIMEOUT = 5.0
-_COMMAND_GRACE = 10.0
 # How often open connections' tokens are checked against storage: the path that closes them
 # when a revocation message was lost (bus down). Expiry has a timer per connection.
 TOKEN_RECHECK_INTERVAL = 5.0
-
-
-@dataclass(frozen=True)
-class Close:
-    code: CloseCode
-    reason: str = ""
-
-
-def _count(counter: object, amount: int, **attributes: str | int) -> None:
-    with contextlib.suppress(Exception):  # telemetry never affects a connection
-        counter.add(amount, attributes)  # type: ignore[attr-defined]
-
-
-class Connection:
-    """One accepted websocket, driven by its `Wire`'s callbacks: no task of its own while idle.
-
-    Received frames are fed to the session one at a time by a short-lived task (reading stays
-    paused meanwhile, as with ASGI `receive()`); frames to send go straight to the socket while
-    nothing is queued, else wait in the outbox until the wire is writable again. Whatever ends
-    first (the peer leaving, a closing frame, a slow consumer, a revocation, shutdown) calls
-    `finish()`, which decides how the connection closes. Nothing here touches any other
-    connection, and an idle one holds little (docs/operations.md, "Fan-out").
-    """
-
-    def __init__(self, wire: Wire, session: Session, settings: Settings) -> None:
-        self.wire = wire
-        self.session = session
-        self.outbox = session.outbox
-        self.max_frame_bytes = settings.ws_max_frame_bytes
-        loop = asyncio.get_running_loop()
-        self._finished: asyncio.Future[None] = loop.create_future()
-        self._close: Close | None = None
-        # Set by the gateway: which token this connection authenticated with, and when (event
-        # loop time) that token expires, if it does.
-        self.token_hash = ""
-        self.expires_at: float | None = None
-        # Frames received and not yet fed; the task feeding them, while there are any.
-        self._pending: list[str | bytes | None] | None = None
-        self._feeder: asyncio.Task[None] | None = None
-        # Done once the connection released everything (hub listeners, outbox).
-        self.done: asyncio.Future[None] = loop.create_future()
-
-    def finish(self, close: Close | None) -> None:
-        if not self._finished.done():
-            self._close = close
-            self._finished.set_result(None)
-
-    async def run(self) -> Close | None:
-        self.outbox.direct = self._send_now
-        self.wire.attach(self._received, self._writable)
-        # A timer, not a task: the token's last second is its last, not the next periodic check.
-        expiry = None
-        if self.expires_at is not None:
-            expiry = asyncio.get_running_loop().call_at(
-                self.expires_at, self.finish, Close(CloseCode.TOKEN_REVOKED, "token expired")
-            )
-        try:
-            await asyncio.shield(self._finished)
-        finally:
-            if expiry is not None:
-                expiry.cancel()
-            self.wire.detach()
-            self.outbox.direct = None
-            # A command the client sent is carried out even if the client left while it ran
-            # (a closed tab must not half-apply a command); what was not started is dropped.
-            if self._feeder is not None and not self._feeder.done():
-                await asyncio.wait({self._feeder}, timeout=_COMMAND_GRACE)
-            try:
-                await self.session.close()
-            finally:
-                self.outbox.close()
-                self.done.set_result(None)
-        return self._close
-
-    # -- wire callbacks -------------------------------------------------------------------
-
-    def _send_now(self, data: bytes) -> bool:
-        # Nothing more goes out once the connection is finishing (e.g. its token was revoked).
-        return not self._finished.done() and self.wire.send_now(data)
-
-    def _received(self, message: Mapping[str, Any]) -> None:
-        if message["type"] == "websocket.disconnect":
-            # Frames that arrived before it are still fed (the feeder finishes after them).
-            if self._feeder is None or self._feeder.done():
-                self.finish(None)
-            else:
-                self._queue(None)
-            return
-        text = message.get("text")
-        data: str | bytes | None = text if text is not None else message.get("bytes")
-        if data is None or self._finished.done():
-            self.wire.resume_reading()
-            return
-        if self._too_big(data):
-            self.finish(Close(CloseCode.TOO_BIG, "frame too large"))
-            return
-        self._queue(data)
-
-    def _queue(self, data: str | bytes | None) -> None:
-        if self._pending is None:
-            self._pending = []
-        self._pending.append(data)  # None: the peer left
-        if self._feeder is None or self._feeder.done():
-            self._feeder = asyncio.create_task(self._feed(), name="ws-feed")
-
-    async def _feed(self) -> None:
-        pending = self._pending
-        assert pending is not None
-        try:
-            while pending and not self._finished.done():
-                data = pending.pop(0)
-                if data is None:
-                    self.finish(None)
-                    return
-                await self.session.feed(data)
-                _count(WS_FRAMES_IN, 1)
-                if not pending:
-                    self.wire.resume_reading()
-        except (OSError, RuntimeError) as exc:
-            log.debug("websocket ended: %r", exc)
-            self.finish(None)
-        except Exception:
-            log.exception("websocket connection failed")
-            self.finish(Close(CloseCode.INTERNAL_ERROR, "internal error"))
-        finally:
-            # An idle connection keeps neither the queue nor the finished task.
-            self._pending = None
-            if self._feeder is asyncio.current_task():
-                self._feeder = None
-
-    def _writable(self) -> None:
-        if not self._finished.done():
-            self.outbox.flush()
-
-    def _too_big(self, data: str | bytes) -> bool:
-        size = len(data)
-        if isinstance(data, str) and size * 4 > self.max_frame_bytes >= size:
-            size = len(data.encode("utf-8"))  # only measured when characters could be wide
-        return size > self.max_frame_bytes
 
 
 class Gateway:
@@ -203,6 +62,8 @@ class Gateway:
         self._checker: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._closing = False
+        # Tasks ending connections whose wire was handed over (see `serve`).
+        self._ending: set[asyncio.Task[None]] = set()
         # One Principal per token among its open connections (a user's tabs share a token):
         # what a token authenticates as never changes while it is valid.
         self._principals: weakref.WeakValueDictionary[str, Principal] = (
@@ -288,13 +149,80 @@ class Gateway:
                 return
             self._slots.add(slot)
             self._keep_slots()
+        wire = wire_for(websocket)
         try:
-            await self._serve(websocket, principal, token_hash, expires_at)
+            connection = self._open(wire, principal, token_hash, expires_at)
+        except BaseException:
+            await self._release(slot)
+            raise
+        if wire.hand_over():
+            # The ASGI call returns now and its coroutines with it; the connection lives on
+            # in the wire's callbacks, and a task of its own ends it.
+            connection.when_finished(lambda: self._end_later(connection, wire, slot))
+            return
+        try:
+            await connection.finished()
         finally:
-            if slot is not None and self.limiter is not None:
-                self._slots.discard(slot)
-                with contextlib.suppress(Exception):
-                    await self.limiter.disconnect(slot)
+            await self._end(connection, wire, slot)
+
+    def _open(
+        self, wire: Wire, principal: Principal, token_hash: str, expires_at: float | None
+    ) -> Connection:
+        connection: Connection | None = None
+
+        def overflowed() -> None:
+            if connection is not None:
+                connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
+
+        outbox = Outbox(self.settings.ws_outbox_max_bytes, on_overflow=overflowed)
+        session = Session(
+            principal,
+            self.service,
+            self.hub,
+            outbox,
+            max_subscriptions=self.settings.ws_max_subscriptions,
+            limiter=self.limiter,
+            token_id=token_key_of_hash(token_hash),
+            inbox=self.inbox,
+            presence=self.presence,
+        )
+        connection = Connection(wire, session, self.settings)
+        connection.token_hash = token_hash
+        connection.expires_at = expires_at
+        self._connections.add(connection)
+        self._check_tokens()
+        count(WS_CONNECTIONS, 1)
+        connection.start()
+        return connection
+
+    def _end_later(self, connection: Connection, wire: Wire, slot: ConnectionSlot | None) -> None:
+        task = asyncio.create_task(self._end(connection, wire, slot), name="ws-end")
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def _end(self, connection: Connection, wire: Wire, slot: ConnectionSlot | None) -> None:
+        """Release what the connection holds, close the websocket as it decided, then give
+        back its connection slot."""
+        try:
+            try:
+                close = await connection.stop()
+            finally:
+                self._connections.discard(connection)
+                count(WS_CONNECTIONS, -1)
+            if close is not None:
+                count(WS_CLOSES, 1, code=int(close.code))
+            # A peer that stopped reading cannot hold the close up forever.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await wire.close(close.code if close else None, close.reason if close else "")
+        finally:
+            await self._release(slot)
+
+    async def _release(self, slot: ConnectionSlot | None) -> None:
+        if slot is not None and self.limiter is not None:
+            self._slots.discard(slot)
+            with contextlib.suppress(Exception):
+                await self.limiter.disconnect(slot)
 
     async def _expiry(self, token_hash: str) -> float | None:
         """When (event loop time) the token expires: the database says how many seconds are
@@ -318,46 +246,6 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await self.limiter.keep(slot)
 
-    async def _serve(
-        self,
-        websocket: WebSocket,
-        principal: Principal,
-        token_hash: str,
-        expires_at: float | None,
-    ) -> None:
-        connection: Connection | None = None
-
-        def overflowed() -> None:
-            if connection is not None:
-                connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
-
-        outbox = Outbox(self.settings.ws_outbox_max_bytes, on_overflow=overflowed)
-        session = Session(
-            principal,
-            self.service,
-            self.hub,
-            outbox,
-            max_subscriptions=self.settings.ws_max_subscriptions,
-            limiter=self.limiter,
-            token_id=token_key_of_hash(token_hash),
-            inbox=self.inbox,
-            presence=self.presence,
-        )
-        connection = Connection(wire_for(websocket), session, self.settings)
-        connection.token_hash = token_hash
-        connection.expires_at = expires_at
-        self._connections.add(connection)
-        self._check_tokens()
-        _count(WS_CONNECTIONS, 1)
-        try:
-            close = await connection.run()
-        finally:
-            self._connections.discard(connection)
-            _count(WS_CONNECTIONS, -1)
-        if close is not None:
-            _count(WS_CLOSES, 1, code=int(close.code))
-            await _close(websocket, close)
-
     async def close(self) -> None:
         """Close every connection with 1001 and wait (bounded) for them to finish."""
         self._closing = True
@@ -369,10 +257,13 @@ class Gateway:
         connections = list(self._connections)
         for connection in connections:
             connection.finish(Close(CloseCode.GOING_AWAY, "server shutting down"))
-        if connections:
+        waits = [c.done for c in connections] + list(self._ending)
+        if waits:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_SHUTDOWN_TIMEOUT):
-                    await asyncio.wait([c.done for c in connections])
+                    await asyncio.wait(waits)
+                    if self._ending:  # ends of the connections just finished (close frames)
+                        await asyncio.wait(list(self._ending))
 
 
 async def _close(websocket: WebSocket, close: Close) -> None:

@@ -7,7 +7,8 @@ connection holds no coroutine of its own: that is most of what a subscribed tab 
 (docs/operations.md, "Fan-out").
 
 - `server.wsprotocol.WebSocketProtocol` itself, under uvicorn (how `threadline serve` runs):
-  the protocol calls the callbacks from its own event handlers.
+  the protocol calls the callbacks from its own event handlers, and takes the connection over
+  from the ASGI call (`hand_over`), so not even that call's coroutines stay behind.
 - `AsgiWire`: any other ASGI server. One task reads `receive()`, and a frame being sent is a
   short-lived task; the same contract, at the cost of those tasks.
 
@@ -24,7 +25,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketState
 
 from server.wsprotocol import WIRE
 
@@ -50,6 +51,14 @@ class Wire(Protocol):
 
     def detach(self) -> None:
         """Stop calling back (the connection is ending)."""
+
+    def hand_over(self) -> bool:
+        """Let the ASGI call that accepted the websocket return while it stays open (True), or
+        refuse (False: the call must last as long as the connection)."""
+
+    async def close(self, code: int | None, reason: str) -> None:
+        """Close with `code` (a closing handshake), or with None because the peer left; either
+        way the websocket is done once the ASGI call has returned or this was handed over."""
 
 
 def wire_for(websocket: WebSocket) -> Wire:
@@ -88,6 +97,14 @@ class AsgiWire:
         for task in (self._reader, self._sender):
             if task is not None:
                 task.cancel()
+
+    def hand_over(self) -> bool:
+        return False  # receive() and send() belong to the ASGI call
+
+    async def close(self, code: int | None, reason: str) -> None:
+        if code is None or self._websocket.application_state is WebSocketState.DISCONNECTED:
+            return  # the server ends the websocket when the ASGI call returns
+        await self._websocket.close(code, reason)
 
     async def _read(self) -> None:
         while self._on_message is not None:

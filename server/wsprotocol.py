@@ -25,6 +25,7 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
@@ -127,6 +128,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self.writable = Signal()  # type: ignore[assignment]
         self.writable.set()
         self._on_writable: Callable[[], None] | None = None
+        self._handed_over = False
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -145,6 +147,40 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     def detach(self) -> None:
         self._on_writable = None
         self.queue.forward_to(None)
+
+    def hand_over(self) -> bool:
+        self._handed_over = True
+        return True
+
+    async def close(self, code: int | None, reason: str) -> None:
+        if code is not None and not self.close_sent and not self.disconnected:
+            await self.send({"type": "websocket.close", "code": code, "reason": reason})
+        if self._handed_over and self.close_timer is None:
+            self.transport.close()  # what uvicorn does when the ASGI call returns
+
+    async def run_asgi(self) -> None:
+        """uvicorn's, except that the websocket stays open when the app returns after
+        `hand_over()`: the gateway closes it (`close`) when the connection ends."""
+        try:
+            result = await self.app(self.scope, self.receive, self.send)
+        except ClientDisconnected:
+            pass
+        except BaseException:
+            self._handed_over = False
+            self.logger.exception("Exception in ASGI application\n")
+            self.send_500_response()
+        else:
+            if not self.handshake_complete:
+                self.logger.error("ASGI callable returned without completing handshake.")
+                self.send_500_response()
+            elif result is not None:
+                self.logger.error("ASGI callable should return None, but returned '%s'.", result)
+        if self._handed_over:
+            # Only the handshake and the ASGI call read the scope (its headers, the app
+            # state's copy): an open connection need not keep it.
+            self.scope = None  # type: ignore[assignment]
+        elif self.close_timer is None:
+            self.transport.close()
 
     def resume_reading(self) -> None:
         if self.read_paused and not self.disconnected:

@@ -3,8 +3,9 @@
 `threadline serve` runs uvicorn with `server.wsprotocol.WebSocketProtocol`, whose wire calls the
 gateway back; any other ASGI server gets `AsgiWire` (tasks over `receive`/`send`). Both must
 carry the same protocol: commands answered in the order sent even when pipelined, a stream in
-order, a close code for an oversize frame. With the protocol's wire an idle subscribed
-connection holds one task (uvicorn's ASGI call), none of its own.
+order, a close code for an oversize frame, every way a connection ends releasing what it held.
+With the protocol's wire the ASGI call returns once the connection is set up (`hand_over`), so
+an idle subscribed connection holds no task at all.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import httpx
 import orjson
 import pytest
 import uvicorn
+from starlette.applications import Starlette
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from server.app import create_app
+from server.auth import token_key
+from server.gateway import Gateway
 from server.settings import Settings
 from server.wsprotocol import WebSocketProtocol
 from tests.e2e import harness
@@ -32,8 +36,20 @@ WIRES = {"protocol": WebSocketProtocol, "asgi": "websockets-sansio"}
 
 
 class Served:
-    def __init__(self, server: uvicorn.Server, port: int, token: str) -> None:
-        self.server, self.port, self.token = server, port, token
+    def __init__(self, server: uvicorn.Server, port: int, token: str, app: Starlette) -> None:
+        self.server, self.port, self.token, self.app = server, port, token, app
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.app.state.gateway  # type: ignore[no-any-return]
+
+    async def released(self) -> None:
+        """Until the gateway holds no connection (bounded)."""
+        for _ in range(int(TIMEOUT / 0.02)):
+            if not (self.gateway.connection_count or self.gateway._ending):
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{self.gateway.connection_count} connections still held")
 
     @property
     def url(self) -> str:
@@ -60,8 +76,9 @@ async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     settings = Settings(database_url=env["THREADLINE_DATABASE_URL"], demo_delay_ms=0,
                         ws_max_frame_bytes=4096)
     port = harness.free_port()
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, ws=WIRES[request.param],
+        app, host="127.0.0.1", port=port, ws=WIRES[request.param],
         log_level="warning", lifespan="on", ws_per_message_deflate=False,
     )
     server = uvicorn.Server(config)
@@ -72,7 +89,7 @@ async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
                 break
             await asyncio.sleep(0.02)
         assert server.started, "uvicorn did not start"
-        yield Served(server, port, token)
+        yield Served(server, port, token, app)
     finally:
         server.should_exit = True
         with contextlib.suppress(Exception):
@@ -149,9 +166,41 @@ async def test_an_idle_subscribed_connection_holds_no_task_of_its_own(served: Se
             await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": index}))
             await frames_until(ws, lambda f, index=index: f.get("id") == index)
         await asyncio.sleep(0.3)  # presence rereads and the like finish
-        # One per connection: uvicorn's ASGI call. (The clients' tasks are not the server's.)
+        # Not even uvicorn's ASGI call: it returned once the connection was handed over.
+        # (The clients' tasks are not the server's.)
         added = [t for t in asyncio.all_tasks() - before if not client_side(t)]
-        assert len(added) == 20, sorted(repr(t.get_coro()) for t in added)
+        assert added == [], sorted(repr(t.get_coro()) for t in added)
+        assert served.gateway.connection_count == 21
     finally:
         for ws in sockets:
             await ws.close()
+    await served.released()
+
+
+async def test_every_way_a_connection_ends_releases_it(served: Served) -> None:
+    """The peer leaving, the server closing with a code, and shutdown: each closes the
+    websocket with its code and leaves the gateway holding nothing of it."""
+    thread_id = await served.new_thread()
+    subscribe = orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 1})
+    async with await served.connect() as ws:
+        await ws.send(subscribe)
+        await frames_until(ws, lambda f: f.get("id") == 1)
+    await served.released()
+
+    ws = await served.connect()
+    await ws.send(subscribe)
+    await frames_until(ws, lambda f: f.get("id") == 1)
+    assert await served.gateway.revoke(token_key(served.token)) == 1
+    async with asyncio.timeout(TIMEOUT):
+        await ws.wait_closed()
+    assert ws.close_code == 4403, ws.close_code
+    await served.released()
+
+    ws = await served.connect()
+    await ws.send(subscribe)
+    await frames_until(ws, lambda f: f.get("id") == 1)
+    served.server.should_exit = True
+    async with asyncio.timeout(TIMEOUT):
+        await ws.wait_closed()
+    assert ws.close_code in (1001, 1012), ws.close_code
+    await served.released()
