@@ -183,7 +183,7 @@ class RedisCounters:
         *,
         timeout: float = 0.5,
         client_name: str = "threadline-limits",
-        senders: int = 4,
+        senders: int = 2,
     ) -> None:
         from realtime.redis_batch import Batcher  # scale-out only
         from realtime.redis_urls import command_client, is_cluster_url
@@ -227,7 +227,9 @@ class RedisCounters:
         self.fallbacks += 1
         safe_add(LIMITER_FALLBACKS, 1, {"error": type(exc).__name__})
         if not self._degraded:
-            log.warning("quota counters fall back to this process (Redis: %s)", exc)
+            log.warning(
+                "quota counters fall back to this process (Redis: %s: %s)", type(exc).__name__, exc
+            )
         self._degraded = True
 
     def _ok(self) -> None:

@@ -169,8 +169,8 @@ class Batcher:
 
     async def _run(self, batch: list[_Call]) -> None:
         try:
+            await self._load()  # once; bounded by the client's socket timeouts
             async with asyncio.timeout(self._timeout):
-                await self._load()
                 replies = await self._execute(batch)
         except Exception as exc:  # the whole batch failed: each caller gets the error
             self._fail(batch, exc)
