@@ -81,8 +81,9 @@ class Batcher:
     A batch is atomic and runs its calls in queue order, so every call counts exactly as it
     would as a script of its own. A batch that fails or takes longer than `timeout` (connection
     lost, Redis stalled) raises that error to each of its callers, who decide what to do
-    instead. When Redis has forgotten the script (restarted, SCRIPT FLUSH) it is loaded and
-    the batch sent once more.
+    instead; a caller may also have waited for the batches queued before its own (under a
+    stalled Redis, `timeout` for each round of `senders` batches ahead). When Redis has
+    forgotten the script (restarted, SCRIPT FLUSH) it is loaded and the batch sent once more.
     """
 
     def __init__(

@@ -117,3 +117,21 @@ async def test_a_script_that_redis_does_not_know_is_loaded_and_the_batch_sent_ag
         assert replies == [str(i).encode() for i in range(10)]
     finally:
         await counters.close()
+
+
+async def test_callers_cancelled_while_queued_do_not_disturb_the_others() -> None:
+    url = require_redis()
+    counters = RedisCounters(url, f"test-burst-{uuid.uuid4().hex[:8]}:")
+    try:
+        batcher = counters.batcher
+        echo = batcher.operation("return ARGV[1]")
+        calls = [asyncio.ensure_future(batcher.call(echo, [], [str(i)])) for i in range(50)]
+        await asyncio.sleep(0)  # every call queued, none sent yet
+        for call in calls[::2]:
+            call.cancel()
+        done = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(d, asyncio.CancelledError) for d in done[::2])
+        assert done[1::2] == [str(i).encode() for i in range(1, 50, 2)]
+        assert batcher.calls == 25  # the cancelled ones were never sent
+    finally:
+        await counters.close()
