@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from realtime.telemetry import LIMITER_FALLBACKS, safe_add
+
 log = logging.getLogger(__name__)
 
 
@@ -151,41 +153,60 @@ end
 return 0
 """
 
+_LEAVE = """
+for _, key in ipairs(KEYS) do
+  redis.call('ZREM', key, ARGV[1])
+end
+return 0
+"""
+
 
 class RedisCounters:
     """Counters shared by every process on one Redis; this process's own counts when it is down.
 
+    Every call is one Lua script (atomic, on Redis' clock). Concurrent calls are coalesced by a
+    `Batcher`: what is queued goes as one script call that runs each in turn, with at most
+    `senders` batches (connections) in flight. So a burst of thousands of calls (websockets
+    connecting or closing at once) is counted in Redis exactly, in a few round trips, instead
+    of asking for a connection each (the pool refused the 101st).
+
     A Redis failure never refuses a request by itself: the call falls back to `MemoryCounters`
-    (per-gateway limits, so a cluster of N gateways admits up to N times a limit) and logs once
-    per outage; the next call tries Redis again.
+    (per-gateway limits, so a cluster of N gateways admits up to N times a limit), is counted
+    in `fallbacks` and the `threadline.realtime.limiter_fallbacks` metric, and logs once per
+    outage; the next call tries Redis again. A batch that takes longer than `timeout` fails.
     """
 
-    def __init__(self, url: str, prefix: str, *, timeout: float = 0.5) -> None:
-        from realtime.redis_urls import command_client, is_cluster_url  # scale-out only
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        *,
+        timeout: float = 0.5,
+        client_name: str = "threadline-limits",
+        senders: int = 2,
+    ) -> None:
+        from realtime.redis_batch import Batcher  # scale-out only
+        from realtime.redis_urls import command_client, is_cluster_url
 
         self.prefix = prefix
         self.fallback = MemoryCounters()
+        self.fallbacks = 0  # calls counted by this process because Redis failed
         # On a cluster every call must name keys of one slot: the limiter tags them (join).
         self._client: Any = command_client(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            client_name="threadline-limits",
+            client_name=client_name,
         )
-        self._take = self._client.register_script(_TAKE)
-        self._join = self._client.register_script(_JOIN)
-        self._refresh = self._client.register_script(_REFRESH)
-        self._degraded = False
         self._cluster = is_cluster_url(url)
-        self._initialized = not self._cluster
-
-    async def _ready(self) -> None:
-        """Load a cluster's slot map once, before the first script (see redis_urls.initialize)."""
-        if not self._initialized:
-            from realtime.redis_urls import initialize
-
-            await initialize(self._client)
-            self._initialized = True
+        self.batcher = Batcher(
+            self._client, timeout=timeout, senders=senders, cluster=self._cluster
+        )
+        self._take = self.batcher.operation(_TAKE)
+        self._join = self.batcher.operation(_JOIN)
+        self._refresh = self.batcher.operation(_REFRESH)
+        self._leave = self.batcher.operation(_LEAVE)
+        self._degraded = False
 
     @property
     def shared(self) -> bool:
@@ -203,8 +224,12 @@ class RedisCounters:
         return full
 
     def _failed(self, exc: Exception) -> None:
+        self.fallbacks += 1
+        safe_add(LIMITER_FALLBACKS, 1, {"error": type(exc).__name__})
         if not self._degraded:
-            log.warning("quota counters fall back to this process (Redis: %s)", exc)
+            log.warning(
+                "quota counters fall back to this process (Redis: %s: %s)", type(exc).__name__, exc
+            )
         self._degraded = True
 
     def _ok(self) -> None:
@@ -214,8 +239,8 @@ class RedisCounters:
 
     async def take(self, key: str, rate: float, burst: float, cost: float = 1.0) -> float:
         try:
-            await self._ready()
-            wait = float(await self._take(keys=self._keys([key]), args=[rate, burst, cost]))
+            reply = await self.batcher.call(self._take, self._keys([key]), [rate, burst, cost])
+            wait = float(reply)
         except Exception as exc:  # any Redis failure: count locally instead
             self._failed(exc)
             return await self.fallback.take(key, rate, burst, cost)
@@ -227,9 +252,8 @@ class RedisCounters:
         full_keys = self._keys(keys)
         local = await self.fallback.join(keys, caps, member, ttl)
         try:
-            await self._ready()
             args: list[str | int] = [member, math.ceil(ttl * 1000), *caps]
-            full = int(await self._join(keys=full_keys, args=args))
+            full = int(await self.batcher.call(self._join, full_keys, args))
         except Exception as exc:
             self._failed(exc)
             return local
@@ -242,23 +266,24 @@ class RedisCounters:
         full_keys = self._keys(keys)
         await self.fallback.refresh(keys, member, ttl)
         try:
-            await self._ready()
-            await self._refresh(keys=full_keys, args=[member, math.ceil(ttl * 1000)])
+            await self.batcher.call(self._refresh, full_keys, [member, math.ceil(ttl * 1000)])
         except Exception as exc:
             self._failed(exc)
             return
         self._ok()
 
     async def leave(self, keys: Sequence[str], member: str) -> None:
+        full_keys = self._keys(keys)
         await self.fallback.leave(keys, member)
         try:
-            await self._ready()
-            for key in self._keys(keys):
-                await self._client.zrem(key, member)
+            await self.batcher.call(self._leave, full_keys, [member])
         except Exception as exc:
             self._failed(exc)
+            return
+        self._ok()
 
     async def close(self) -> None:
+        await self.batcher.close()
         await self._client.aclose()
 
 

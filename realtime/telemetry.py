@@ -25,6 +25,11 @@ SLOW_CONSUMERS = meter.create_counter(
     "threadline.realtime.slow_consumers", description="connection outboxes that overflowed"
 )
 
+LIMITER_FALLBACKS = meter.create_counter(
+    "threadline.realtime.limiter_fallbacks",
+    description="quota counter calls counted by this process because Redis failed, by error",
+)
+
 
 def safe_add(counter: Any, amount: float, attributes: dict[str, Any] | None = None) -> None:
     """Record a metric; a broken telemetry pipeline must never change execution."""
