@@ -283,6 +283,7 @@ async def fence(
             token=lease.token,
         )
     assert stored is not None
+    conn.note_version(lease.thread_id, int(thread["version"]))
     return Fenced(
         thread,
         run,
