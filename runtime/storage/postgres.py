@@ -118,6 +118,7 @@ POSTGRES = Dialect(
     # collision between scopes only makes them wait for each other.
     scope_lock=f"SELECT pg_advisory_xact_lock({_SCOPE_LOCK_CLASS}, hashtext($1))",
     writing_ctes=True,
+    run_lease_function="threadline_acquire_run_lease",
 )
 
 
