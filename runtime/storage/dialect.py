@@ -53,6 +53,10 @@ class Dialect:
     # whose results do not decide anything in between go in one round trip; SQLite has no
     # such clauses (and no round trips: its statements are local calls).
     writing_ctes: bool = False
+    # A database function doing `acquire_run_lease`'s whole transaction, key claim included, in
+    # one statement (`sql_leases.acquire_run_lease_call`; a migration adds it); None: the
+    # transaction runs statement by statement.
+    run_lease_function: str | None = None
 
 
 __all__ = ["Dialect"]

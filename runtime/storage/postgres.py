@@ -38,6 +38,52 @@ def _renumber(sql: str, offset: int) -> str:
     return _PARAMETER.sub(lambda match: f"${int(match.group(1)) + offset}", sql)
 
 
+def _held_statement(held: list[tuple[str, tuple[Any, ...]]]) -> tuple[str, list[Any]]:
+    """Writes held in order as one statement: each but the last a data-modifying WITH clause
+    (all run to completion; no two change one table: `_PgConn.execute_later`), parameters
+    renumbered in turn."""
+    clauses: list[str] = []
+    values: list[Any] = []
+    for index, (sql, args) in enumerate(held):
+        renumbered = _renumber(sql, len(values))
+        values += args
+        if index == len(held) - 1:
+            prefix = f"WITH {', '.join(clauses)} " if clauses else ""
+            return prefix + renumbered, values
+        clauses.append(f"held_{index} AS ({renumbered})")
+    raise ValueError("nothing held")
+
+
+def _literal(value: Any) -> str | None:
+    """`value` as an SQL literal of unknown type, which the server types from where it stands,
+    as it types a parameter; None for a value this does not write (the caller then sends it
+    as a parameter). Strings need standard_conforming_strings (a quote is the only character
+    to escape) and hold no NUL (no Postgres text can)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "'true'" if value else "'false'"
+    if isinstance(value, int):
+        return f"'{int(value)}'"
+    if isinstance(value, float):
+        return f"'{float(value)!r}'"  # the shortest text that reads back as the same double
+    if isinstance(value, str) and "\x00" not in value:
+        return "'" + str.replace(value, "'", "''") + "'"
+    return None
+
+
+def _literal_statement(held: list[tuple[str, tuple[Any, ...]]], standard: bool) -> str | None:
+    """`_held_statement` with its parameters written as literals (for the simple protocol, which
+    takes none), or None when one of them has no literal."""
+    if not standard:
+        return None
+    statement, values = _held_statement(held)
+    literals = [_literal(value) for value in values]
+    if any(literal is None for literal in literals):
+        return None
+    return _PARAMETER.sub(lambda match: str(literals[int(match.group(1)) - 1]), statement)
+
+
 _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,  # class 08: connection exceptions
     asyncpg.exceptions.SerializationError,
@@ -72,6 +118,7 @@ POSTGRES = Dialect(
     # collision between scopes only makes them wait for each other.
     scope_lock=f"SELECT pg_advisory_xact_lock({_SCOPE_LOCK_CLASS}, hashtext($1))",
     writing_ctes=True,
+    run_lease_function="threadline_acquire_run_lease",
 )
 
 
@@ -87,7 +134,6 @@ class _PgConn(Conn):
         # Writes held by `execute_later`, in order: sent before the next statement, or inside
         # `fetch_with_pending`'s as data-modifying WITH clauses.
         self._pending: list[tuple[str, tuple[Any, ...]]] = []
-        self._flushing = False
 
     @property
     def begun(self) -> bool:
@@ -103,18 +149,34 @@ class _PgConn(Conn):
             await self._connection.execute(begin)
 
     async def flush(self) -> None:
-        """Send the held writes, in order, each through `execute` (before any other
-        statement, and before COMMIT)."""
+        """Send the held writes, in order, in one statement (before any other statement)."""
         await self._ensure_begun()
-        if self._flushing:
+        if not self._pending:
             return
-        self._flushing = True
-        try:
-            while self._pending:
-                sql, args = self._pending.pop(0)
-                await self.execute(sql, *args)
-        finally:
-            self._flushing = False
+        statement, values = _held_statement(self._pending)
+        self._pending.clear()
+        await self._connection.execute(statement, *values)
+
+    async def commit(self) -> None:
+        """End a write transaction: the held writes and COMMIT in one round trip (the simple
+        protocol, their parameters written as literals: `_literal`), or, where a value has no
+        literal here, the held writes then COMMIT."""
+        if self._pending:
+            script = _literal_statement(self._pending, self._standard_strings())
+            if script is not None:
+                begin, self._begin = self._begin, None
+                self._pending.clear()
+                await self._connection.execute(
+                    f"{begin}; {script}; COMMIT;" if begin else f"{script}; COMMIT;"
+                )
+                return
+            await self.flush()
+        if self.begun:
+            await self._connection.execute("COMMIT;")
+
+    def _standard_strings(self) -> bool:
+        settings = self._connection.get_settings()
+        return getattr(settings, "standard_conforming_strings", None) == "on"
 
     async def execute(self, sql: str, *args: Any) -> None:
         await self.flush()
@@ -230,14 +292,14 @@ class PostgresPool:
             conn = _PgConn(connection, "BEGIN ISOLATION LEVEL READ COMMITTED")
             try:
                 yield conn
-                if conn.has_pending:
-                    await conn.flush()
+                # COMMIT, with the writes still held (`_PgConn.commit`).
+                await conn.commit()
             except BaseException:
                 if conn.begun:
+                    # Also after a failed COMMIT (then there is no transaction left to end,
+                    # which the server only warns about).
                     await connection.execute("ROLLBACK;")
                 raise
-            if conn.begun:
-                await connection.execute("COMMIT;")
 
 
     @asynccontextmanager

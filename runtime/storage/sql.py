@@ -262,7 +262,19 @@ class SqlStore(SqlTransactions):
     # --- leases -------------------------------------------------------------------------
 
     async def acquire_run_lease(self, run_id: str, owner: str, ttl: float) -> Lease | None:
-        return await self._acquire(sql_leases.acquire_run_lease, LeaseKind.RUN, run_id, owner, ttl)
+        if self.dialect.run_lease_function is None:
+            return await self._acquire(
+                sql_leases.acquire_run_lease, LeaseKind.RUN, run_id, owner, ttl
+            )
+        # One statement, keyed inside the database function (the key is claimed there first,
+        # as `_run` claims it): a retry after an unknown outcome grants nothing twice.
+        ttl, owner, key = check_ttl(ttl), check_owner(owner), new_id("tx")
+        lease = await self._write_statement(
+            lambda conn: sql_leases.acquire_run_lease_call(conn, key, run_id, owner, ttl)
+        )
+        if lease is None:
+            sql_leases.lease_event("busy", LeaseKind.RUN)
+        return lease
 
     async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
         return await self._acquire(

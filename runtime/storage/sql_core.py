@@ -56,6 +56,8 @@ class Conn(abc.ABC):
         # The thread whose row lock the transaction's first round trip took already (with its
         # BEGIN and key claim, `sql_keys.claim`); None: the transaction takes it itself.
         self.locked: str | None = None
+        # Thread versions read under this transaction's thread lock (`note_version`).
+        self.versions: dict[str, int] = {}
 
     @abc.abstractmethod
     async def execute(self, sql: str, *args: Any) -> None: ...
@@ -116,6 +118,12 @@ class Conn(abc.ABC):
 
     def on_commit(self, callback: Callable[[], None]) -> None:
         self.after_commit.append(callback)
+
+    def note_version(self, thread_id: str, version: int) -> None:
+        """The thread's version as a statement read it after this transaction locked the thread
+        row: nothing else changes it until COMMIT, so `bump` knows the next one without asking
+        (on Postgres its UPDATE is then held, to go with COMMIT)."""
+        self.versions[thread_id] = version
 
 
 class Pool(Protocol):
@@ -335,6 +343,17 @@ async def bump(conn: Conn, thread_id: str) -> int:
     """+1 on the thread's version, at most once per transaction; returns the new version."""
     if thread_id in conn.bumped:
         return conn.bumped[thread_id]
+    current = conn.versions.get(thread_id)
+    if current is not None and conn.dialect.writing_ctes:
+        # The version is known (read under the lock): the UPDATE needs no answer, so it is held
+        # like any write nothing reads in between, and goes with COMMIT (`_PgConn.commit`).
+        await conn.execute_later(
+            "UPDATE threads SET version = version + 1, updated_at = $2 WHERE id = $1",
+            thread_id,
+            await conn.now(),
+        )
+        conn.bumped[thread_id] = current + 1
+        return current + 1
     # Writes held by `execute_later` (the step's message, the run's row) go with it.
     rows = await conn.fetch_with_pending(
         "UPDATE threads SET version = version + 1, updated_at = $2 WHERE id = $1 RETURNING version",

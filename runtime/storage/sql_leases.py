@@ -72,6 +72,32 @@ async def acquire_run_lease(conn: Conn, run_id: str, owner: str, ttl: float) -> 
     )
 
 
+async def acquire_run_lease_call(
+    conn: Conn, key: str, run_id: str, owner: str, ttl: float
+) -> Lease | None:
+    """`acquire_run_lease` as one statement: the dialect's `run_lease_function`, which claims
+    `key` (as `SqlTransactions._run` would), locks the thread, decides and grants like the
+    statements above, in the statement's own transaction. Run again after an unknown outcome
+    it finds `key` claimed and answers the lease that attempt granted this owner, if it is
+    still live (else None, as for a busy run)."""
+    function = conn.dialect.run_lease_function
+    assert function is not None
+    try:
+        row = await conn.fetchrow(
+            f"SELECT * FROM {function}($1, $2, $3, $4)", key, run_id, owner, float(ttl)
+        )
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) == "P0002":  # no_data_found: the run does not exist
+            raise NotFound(f"run {run_id} not found") from None
+        raise
+    assert row is not None
+    if row["token"] is None:
+        return None
+    event = "taken_over" if row["taken_over"] else "acquired"
+    conn.on_commit(lambda: lease_event(event, LeaseKind.RUN))
+    return lease_from_row(row)
+
+
 def _expiry(value: Any) -> float | None:
     return None if value is None else float(value)
 
@@ -283,6 +309,7 @@ async def fence(
             token=lease.token,
         )
     assert stored is not None
+    conn.note_version(lease.thread_id, int(thread["version"]))
     return Fenced(
         thread,
         run,

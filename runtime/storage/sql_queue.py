@@ -61,6 +61,7 @@ async def submit_input(
         raise NotFound(f"thread {thread_id} not found")
     thread = THREAD.row(row)
     conn.take_now(row)
+    conn.note_version(thread_id, int(thread["version"]))
     active_id: str | None = row["active_id_"]
     action = admission_action(active_id, policy)
     if action is AdmissionAction.REJECT:

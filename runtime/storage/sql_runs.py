@@ -138,8 +138,10 @@ async def begin_episode(conn: Conn, lease: Lease, history_from: int) -> EpisodeS
     fenced = await fence(conn, lease, LeaseKind.RUN)
     thread, before = fenced.thread, fenced.run
     assert before is not None
-    run, version = await _start(conn, lease, thread, before)
+    # Read first: the start's writes change no message nor the history epoch, and so they
+    # are left to go with COMMIT (`bump`).
     epoch, messages = await read_history(conn, lease.thread_id, history_from)
+    run, version = await _start(conn, lease, thread, before)
     return EpisodeStart(
         before=run_from_row(before),
         run=run,

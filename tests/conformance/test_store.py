@@ -42,6 +42,7 @@ MIGRATIONS = [
     "0005_resumed_episode",
     "0006_history_epoch",
     "0007_token_display_name",
+    "0008_acquire_run_lease",
 ]
 
 

@@ -282,3 +282,32 @@ async def test_append_for_another_run_is_refused(store: SqlStore) -> None:
     with pytest.raises(InvariantViolation):
         await store.commit(lease, StepCommit(append=(message,)))
     assert len(await store.list_messages(thread.id)) == 1
+
+
+# Text a write carries as an SQL literal where the backend sends held writes with COMMIT
+# (Postgres): quotes, backslashes, placeholders, comment and statement syntax, non-ASCII.
+AWKWARD = [
+    "it's",
+    "''; DROP TABLE messages; --",
+    "back\\slash \\' \\\\",
+    "$1 $2 $10 $$ E'\\n'",
+    "tab\there\nnewline\r\n",
+    "émoji 🎉 中文 \u2028",
+    "/* open comment",
+]
+
+
+@pytest.mark.parametrize("value", AWKWARD)
+async def test_written_text_reads_back_exactly(store: SqlStore, value: str) -> None:
+    thread = await new_thread(store)
+    admission, lease = await start_run(store, thread.id, text=value)
+    before = await version_of(store, thread.id)
+    version = await store.commit(lease, StepCommit(append=(assistant(text(value)),)))
+    assert version == before + 1
+    version = await finish(store, lease)
+    assert version == before + 2 == await version_of(store, thread.id)
+    messages = await store.list_messages(thread.id)
+    assert [m.text() for m in messages] == [value, value]
+    run = await store.get_run(admission.run_id or "")
+    assert run.status is RunStatus.COMPLETED
+    assert run.updated_at >= run.created_at

@@ -175,7 +175,9 @@ def transient_error(store: SqlStore) -> Exception:
 
 def fail_writes(store: SqlStore, monkeypatch: pytest.MonkeyPatch, failures: int) -> list[int]:
     """Make the first `failures` write transactions fail after their first write statement,
-    i.e. with a partial transaction that must be rolled back before the retry."""
+    i.e. with a partial transaction that must be rolled back before the retry. (On Postgres
+    the first write is the key claim sent with BEGIN, `Conn.first_statement`; the writes held
+    for COMMIT never go through `execute`.)"""
     real = store._transaction
     attempts = [0]
 
@@ -192,6 +194,15 @@ def fail_writes(store: SqlStore, monkeypatch: pytest.MonkeyPatch, failures: int)
                     raise transient_error(store)
 
                 conn.execute = failing  # type: ignore[method-assign]
+                first = conn.first_statement
+
+                async def failing_first(sql: str) -> str | None:
+                    status = await first(sql)
+                    if status is not None:
+                        raise transient_error(store)
+                    return status
+
+                conn.first_statement = failing_first  # type: ignore[method-assign]
             yield conn
 
     monkeypatch.setattr(store, "_transaction", flaky)

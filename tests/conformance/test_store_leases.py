@@ -7,9 +7,10 @@ import asyncio
 import pytest
 
 from runtime.domain import Lease, LeaseKind, RunStatus, Visibility
-from runtime.errors import InvalidInput, LeaseLost
-from runtime.storage import SqlStore
+from runtime.errors import InvalidInput, LeaseLost, NotFound
+from runtime.storage import SqlStore, sql_leases
 from runtime.storage.base import RunChange, SetVisibility, StepCommit, TailUpdate, Truncate
+from runtime.storage.sql_core import Conn
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -50,6 +51,49 @@ async def test_acquire_run_lease(store: SqlStore) -> None:
     assert await store.acquire_run_lease(run_id, "w1", 10.0) is None
     # Leases are not part of a snapshot: no version bump.
     assert (await store.get_thread(thread_id, SCOPES)).version == 2
+
+
+async def counts(store: SqlStore) -> tuple[int, int]:
+    """(idempotency keys stored, the fencing counter)."""
+
+    async def read(conn: Conn) -> tuple[int, int]:
+        keys = await conn.fetchval("SELECT COUNT(*) FROM commit_keys")
+        return int(keys), int(await conn.fetchval("SELECT value FROM fencing_counter"))
+
+    return await store._read(read)
+
+
+async def test_acquire_of_an_unknown_run_raises_and_writes_nothing(store: SqlStore) -> None:
+    await queued_run(store)
+    before = await counts(store)
+    with pytest.raises(NotFound):
+        await store.acquire_run_lease("run_missing", "w1", 10.0)
+    assert await counts(store) == before
+
+
+async def test_one_statement_grant_replays_after_an_unknown_outcome(store: SqlStore) -> None:
+    """Where acquire_run_lease is one database function call, a retry of a call whose reply was
+    lost (same key) answers the lease that call granted, and grants nothing more."""
+    if store.dialect.run_lease_function is None:
+        pytest.skip("acquire_run_lease is a transaction of statements on this backend")
+    thread_id, run_id = await queued_run(store)
+
+    async def call(key: str, owner: str) -> Lease | None:
+        async with store.pool.autocommit() as conn:
+            return await sql_leases.acquire_run_lease_call(conn, key, run_id, owner, 10.0)
+
+    first = await call("tx_replay", "w1")
+    assert first is not None and (first.owner, first.thread_id) == ("w1", thread_id)
+    keys, counter = await counts(store)
+    assert counter == first.token
+    assert await call("tx_replay", "w1") == first  # the lost reply, answered again
+    assert await call("tx_replay", "w2") is None  # not this owner's lease: nothing to answer
+    assert await call("tx_other", "w2") is None  # a new call: the live lease refuses
+    assert await counts(store) == (keys + 1, counter)
+    await store.release_lease(first)
+    assert await call("tx_replay", "w1") is None  # released: nothing live to answer
+    taken = await call("tx_after", "w2")
+    assert taken is not None and taken.token == counter + 1
 
 
 async def test_fencing_tokens_increase_across_resources(store: SqlStore) -> None:
