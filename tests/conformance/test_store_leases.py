@@ -71,11 +71,13 @@ async def test_acquire_of_an_unknown_run_raises_and_writes_nothing(store: SqlSto
     assert await counts(store) == before
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
 async def test_one_statement_grant_replays_after_an_unknown_outcome(store: SqlStore) -> None:
-    """Where acquire_run_lease is one database function call, a retry of a call whose reply was
-    lost (same key) answers the lease that call granted, and grants nothing more."""
-    if store.dialect.run_lease_function is None:
-        pytest.skip("acquire_run_lease is a transaction of statements on this backend")
+    """On Postgres acquire_run_lease is one database function call (SQLite runs it as a
+    transaction of statements): a retry of a call whose reply was lost (same key) answers the
+    lease that call granted, and grants nothing more."""
+    assert store.dialect.run_lease_function is not None
     thread_id, run_id = await queued_run(store)
 
     async def call(key: str, owner: str) -> Lease | None:
