@@ -86,6 +86,11 @@ class Episode:
         """The run status this episode committed last (waiting or terminal), if any."""
         return self.state.outcome if self.state is not None else None
 
+    @property
+    def admitted(self) -> bool:
+        """Whether the commit that ended the run admitted queued input as a new run."""
+        return self.state is not None and self.state.admitted
+
     def lose_lease(self) -> None:
         """Called by the heartbeat: from now on this episode must not write anything."""
         self.lease_lost = True

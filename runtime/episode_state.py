@@ -143,6 +143,9 @@ class EpisodeState:
     # The run status this episode committed last (waiting or terminal); None while the run is
     # still this episode's to finish.
     outcome: RunStatus | None = None
+    # Whether the commit that ended the run admitted queued input as a new run (True when the
+    # store cannot tell): the worker then wakes workers to run it.
+    admitted: bool = False
 
     @property
     def ended(self) -> bool:

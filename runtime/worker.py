@@ -54,6 +54,9 @@ class Worker:
         # Parsed messages of the threads this worker runs (validated by a tail read each time).
         self.history = HistoryCache()
         self._wake = asyncio.Event()
+        # Whether the last poll may have left runnable runs for lack of a free slot: an
+        # episode that ends then polls again at once.
+        self._backlog = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
@@ -132,9 +135,12 @@ class Worker:
 
     async def _claim(self) -> None:
         free = self.max_concurrent_runs - len(self.episodes)
+        self._backlog = free <= 0
         if free <= 0:
             return
-        for run in await self.store.find_runnable_runs(limit=free):
+        runs = await self.store.find_runnable_runs(limit=free)
+        self._backlog = len(runs) >= free
+        for run in runs:
             if run.id in self.episodes or self._closing:
                 continue
             # Before the request: the lease cannot expire earlier than this instant plus the TTL.
@@ -168,9 +174,12 @@ class Worker:
             # On shutdown the lease is handed back so another worker takes over at once.
             with contextlib.suppress(Exception):
                 await self.store.release_lease(episode.lease)
-        if outcome is not None and outcome.is_terminal:
-            # The terminal commit may have admitted a queued input as a new run.
+        if outcome is not None and outcome.is_terminal and episode.admitted:
+            # The terminal commit admitted a queued input as a new run: any worker may take it.
             await self.publisher.wakeup(None)
+            self._wake.set()
+        elif self._backlog:
+            # Runs were left waiting for a free slot, and this episode freed one.
             self._wake.set()
 
     async def _heartbeat(self, episode: Episode, deadline: float) -> None:
