@@ -176,9 +176,16 @@ class SqlitePool:
                     asyncio.to_thread(_checkpoint, self.path)
                 )
 
-    def statements(self) -> AbstractAsyncContextManager[Conn]:
-        # Local: a read transaction costs no round trip, and keeps the lock discipline.
-        return self.transaction(write=False)
+    @asynccontextmanager
+    async def statements(self) -> AsyncIterator[Conn]:
+        """Statements in autocommit mode, each its own read transaction (one snapshot per
+        statement: what `Pool.statements` promises), under the connection's lock: no BEGIN
+        and COMMIT to run."""
+        db = self._db
+        if db is None:
+            raise RuntimeError("SqliteStore is not open")
+        async with self._lock:
+            yield _SqliteConn(db)
 
     def autocommit(self) -> AbstractAsyncContextManager[Conn]:
         # A write takes the lock up front (BEGIN IMMEDIATE), as every write here does.
