@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.agent import Agent
@@ -112,6 +114,32 @@ class EpisodeDeps:
     @property
     def thread_id(self) -> str:
         return self.lease.thread_id
+
+
+class StopSignal(asyncio.Event):
+    """An episode's stop request: an `asyncio.Event` that also calls back when set, so the
+    episode waits for its body or a stop without a task waiting on the event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        super().set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the signal is set (soon, from the loop, when it already is)."""
+        if self.is_set():
+            asyncio.get_running_loop().call_soon(callback)
+        else:
+            self._callbacks.append(callback)
+
+    def discard(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
 
 
 @dataclass
