@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -236,6 +237,30 @@ class Fenced:
     queued: Row | Literal["unread"] | None = "unread"
 
 
+@functools.lru_cache(maxsize=64)
+def _fence_sql(run: bool, tail: bool, queued: bool, now_column: str) -> str:
+    """`fence`'s statement (built once per shape: fences run several times per run)."""
+    columns = (
+        "l.thread_id AS lease_thread_, l.token AS lease_token_, l.expires_at AS lease_expires_"
+        + THREAD.select()
+    )
+    joins = ""
+    if run:
+        columns += ", r.*"
+        joins += " LEFT JOIN runs r ON r.id = l.resource_id AND r.thread_id = t.id"
+    if tail:
+        columns += TAIL.select()
+        joins += tail_join("t.id")
+    if queued:
+        columns += FIRST_QUEUED.select()
+        joins += first_queued_join("t.id")
+    return (
+        f"SELECT {columns}{now_column} FROM threads t"
+        " LEFT JOIN leases l ON l.kind = $1 AND l.resource_id = $2"
+        f"{joins} WHERE t.id = $3"
+    )
+
+
 async def fence(
     conn: Conn, lease: Lease, kind: LeaseKind, *, tail: bool = False, queued: bool = False
 ) -> Fenced:
@@ -257,25 +282,9 @@ async def fence(
         # No row: the statement below finds none either.
         with contextlib.suppress(NotFound):
             await lock_thread(conn, lease.thread_id)
-    columns = (
-        "l.thread_id AS lease_thread_, l.token AS lease_token_, l.expires_at AS lease_expires_"
-        + THREAD.select()
-    )
-    joins = ""
-    if kind is LeaseKind.RUN:
-        columns += ", r.*"
-        joins += " LEFT JOIN runs r ON r.id = l.resource_id AND r.thread_id = t.id"
-    if tail:
-        columns += TAIL.select()
-        joins += tail_join("t.id")
-    if queued:
-        columns += FIRST_QUEUED.select()
-        joins += first_queued_join("t.id")
     # Reads the clock too (after the thread lock, as `now()` would).
     found = await conn.fetchrow(
-        f"SELECT {columns}{conn.now_column()} FROM threads t"
-        " LEFT JOIN leases l ON l.kind = $1 AND l.resource_id = $2"
-        f"{joins} WHERE t.id = $3",
+        _fence_sql(kind is LeaseKind.RUN, tail, queued, conn.now_column()),
         lease.kind.value,
         lease.resource_id,
         lease.thread_id,
