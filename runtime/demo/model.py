@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import operator
 import os
@@ -137,12 +138,14 @@ class _WordCounts:
 
     `total` also remembers each conversation's last request (by its first message): a request
     that starts with the same message objects adds only the words of the messages after them,
-    without looking each earlier one up."""
+    without looking each earlier one up. The last of them may be a new object (the runtime
+    re-reads the thread's tail message, the only one that can change): counted again."""
 
     def __init__(self, limit: int = 50_000, conversations: int = 256) -> None:
         self._counts: dict[int, tuple[ContextMessage, int]] = {}
         self._limit = limit
-        self._totals: dict[int, tuple[Sequence[ContextMessage], int]] = {}
+        # id(first message) -> (messages, their words, their words but the last message's)
+        self._totals: dict[int, tuple[Sequence[ContextMessage], int, int]] = {}
         self._conversations = conversations
 
     def total(self, messages: Sequence[ContextMessage]) -> int:
@@ -152,14 +155,20 @@ class _WordCounts:
         known = self._totals.get(key)
         start, total = 0, 0
         if known is not None:
-            before, words = known
-            if len(before) <= len(messages) and all(map(operator.is_, before, messages)):
-                start, total = len(before), words
+            before, words, words_but_last = known
+            last = len(before) - 1
+            if last < len(messages) and all(
+                map(operator.is_, itertools.islice(before, last), messages)
+            ):
+                if before[last] is messages[last]:
+                    start, total = last + 1, words
+                else:
+                    start, total = last, words_but_last
         total += sum(map(self, messages[start:]))
         if len(self._totals) >= self._conversations:
             self._totals.clear()
         # Holding the messages keeps the first one's id from being reused while it is a key.
-        self._totals[key] = (messages, total)
+        self._totals[key] = (messages, total, total - self(messages[-1]))
         return total
 
     def __call__(self, message: ContextMessage) -> int:

@@ -222,6 +222,10 @@ def test_input_tokens_count_every_message_of_a_growing_conversation() -> None:
     # The same message objects and more: the earlier total is reused, the new ones added.
     assert _context_words(req(*history, user("seven"))) == base + 7
     assert _context_words(req(*history, system, user("eight nine"))) == base + 11
+    # The last message re-read as a new object (a thread's tail): counted again, as it is now.
+    tail = user("four five six seven")
+    assert _context_words(req(*history[:2], tail)) == base + 7
+    assert _context_words(req(*history[:2], tail, user("x y"))) == base + 9
     # A shorter request, or one whose earlier messages are other objects, counts from scratch.
     assert _context_words(req(*history[:2])) == base + 3
     assert _context_words(req(history[0], user("x"), *history[2:])) == base + 6
