@@ -224,6 +224,7 @@ def test_input_tokens_count_every_message_of_a_growing_conversation() -> None:
     assert _context_words(req(*history, system, user("eight nine"))) == base + 11
     # The last message re-read as a new object (a thread's tail): counted again, as it is now.
     tail = user("four five six seven")
+    assert _context_words(req(*history)) == base + 6
     assert _context_words(req(*history[:2], tail)) == base + 7
     assert _context_words(req(*history[:2], tail, user("x y"))) == base + 9
     # A shorter request, or one whose earlier messages are other objects, counts from scratch.
