@@ -49,6 +49,8 @@ SQLITE = Dialect(
     octets=lambda expression: f"length(CAST({expression} AS BLOB))",
     # julianday('now') is the machine's wall clock, which time.time() reads without a query.
     local_clock=time.time,
+    # COMMIT either returns or fails with the transaction rolled back (`SqlitePool`).
+    commit_outcome_known=True,
 )
 
 
@@ -162,8 +164,10 @@ class SqlitePool:
             # writes could fail with SQLITE_BUSY_SNAPSHOT after having read stale data.
             await self._begin(db, "BEGIN IMMEDIATE" if write else "BEGIN")
             try:
-                yield _SqliteConn(db)
+                conn = _SqliteConn(db)
+                yield conn
                 db.execute("COMMIT")
+                conn.committed = True
             except BaseException:
                 _rollback(db)
                 raise
