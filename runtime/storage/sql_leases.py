@@ -224,6 +224,12 @@ async def _grant(
 _NOT_RUN = ("lease_", THREAD.prefix, TAIL.prefix, FIRST_QUEUED.prefix, NOW_COLUMN)
 
 
+@functools.lru_cache(maxsize=64)
+def _run_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The run's own columns among a fence statement's (found once per statement shape)."""
+    return tuple(c for c in columns if not c.startswith(_NOT_RUN))
+
+
 @dataclass(frozen=True)
 class Fenced:
     """What `fence` read under the thread lock: the thread row, the run row (run leases) and,
@@ -308,7 +314,7 @@ async def fence(
         held = stored["id"] is not None
         if held:
             # The runs row's own columns, and its thread's scope (as `run_row` returns it).
-            run = {k: v for k, v in stored.items() if not k.startswith(_NOT_RUN)}
+            run = {k: stored[k] for k in _run_columns(tuple(stored))}
             run["scope"] = thread["scope"]
     if not held or thread is None:
         lease_event("lost", lease.kind)
