@@ -193,28 +193,20 @@ class Prefixed:
     columns: tuple[str, ...]
 
     @functools.cached_property
-    def _select(self) -> str:
-        return "".join(f", {self.alias}.{c} AS {self.prefix}{c}" for c in self.columns)
-
-    @functools.cached_property
     def _names(self) -> tuple[tuple[str, str], ...]:
-        """(column, its name in the SELECT) pairs; built once (fences read rows per commit)."""
+        """(column, its name in the SELECT) pairs, built once (rows are read per commit)."""
         return tuple((c, f"{self.prefix}{c}") for c in self.columns)
-
-    @functools.cached_property
-    def _id(self) -> str:
-        return f"{self.prefix}id"
 
     def select(self) -> str:
         """`, a.id AS p_id, …` for a SELECT list (with its leading comma)."""
-        return self._select
+        return "".join(f", {self.alias}.{c} AS {name}" for c, name in self._names)
 
     def row(self, row: Row) -> Row:
         return {c: row[name] for c, name in self._names}
 
     def joined(self, row: Row) -> Row | None:
         """The row an outer join found, or None where it found none (its id is NULL)."""
-        return None if row[self._id] is None else self.row(row)
+        return None if row[f"{self.prefix}id"] is None else self.row(row)
 
 
 # The thread (alias `t`), its tail message (`m`, `tail_join`) and its first queued item (`q`,
