@@ -112,6 +112,31 @@ def encode_chunk(
     )
 
 
+def _check_version(thread_id: str, version: int) -> int:
+    if not isinstance(thread_id, str):
+        raise ValueError("thread_id must be a string")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise ValueError("version must be an integer >= 0")
+    return int(version)
+
+
+def encode_invalidate(thread_id: str, version: int) -> bytes:
+    """`encode(InvalidateEnvelope(...))`, byte for byte, without building the model (one per
+    commit). The same checks as the model's, as `ValueError`."""
+    version = _check_version(thread_id, version)
+    return orjson.dumps({"type": "invalidate", "thread_id": thread_id, "version": version})
+
+
+def encode_scope_invalidate(scope: str, thread_id: str, version: int) -> bytes:
+    """`encode(ScopeInvalidateEnvelope(...))`, byte for byte, without building the model."""
+    version = _check_version(thread_id, version)
+    if not isinstance(scope, str):
+        raise ValueError("scope must be a string")
+    return orjson.dumps(
+        {"type": "scope.invalidate", "scope": scope, "thread_id": thread_id, "version": version}
+    )
+
+
 def decode_thread_message(data: bytes) -> ChunkEnvelope | InvalidateEnvelope:
     """Parse a thread-channel message; raises `pydantic.ValidationError` on anything else."""
     return THREAD_MESSAGE_ADAPTER.validate_json(data)

@@ -14,7 +14,7 @@ from runtime.domain import (
 )
 from runtime.episode_state import EpisodeDeps, EpisodeState, Finalisation, Phase, finalisation
 from runtime.shielding import uncancellable
-from runtime.storage.base import RunChange, StepCommit, TailUpdate
+from runtime.storage.base import RunChange, StepCommit, TailUpdate, commit_admitted
 from runtime.streaming import step_text_parts
 from runtime.toolcalls import ToolPhase, overlay_parts
 
@@ -42,13 +42,15 @@ async def _commit(
     change = change.model_copy(update={"next_seq": state.sink.seq})
     # Every chunk emitted so far is published before the commit that holds it.
     await state.sink.drain()
-    version = await deps.store.commit(deps.lease, change)
+    committed = await deps.store.commit(deps.lease, change)
+    version = int(committed)
     # Recorded in the same uninterrupted task as the write, before anything can observe it.
     state.anchor += len(change.append)
     state.tools = None
     if change.run is not None:
         state.phase = Phase.ENDED
         state.outcome = change.run.status
+        state.admitted = commit_admitted(committed)
         telemetry.safe_add(telemetry.RUNS, 1, {"event": change.run.status.value})
     elif then is not None:
         state.enter(then)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeAlias
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 # The bus channel workers listen on (the bus backend adds its own prefix).
@@ -35,3 +36,17 @@ CONTROL_MESSAGE_ADAPTER: TypeAdapter[WakeupEnvelope | StopEnvelope] = TypeAdapte
 def decode_control(data: bytes) -> WakeupEnvelope | StopEnvelope:
     """Parse a control-channel message; raises `pydantic.ValidationError` on anything else."""
     return CONTROL_MESSAGE_ADAPTER.validate_json(data)
+
+
+def encode_wakeup(run_id: str | None = None) -> bytes:
+    """`encode(WakeupEnvelope(run_id=...))`, byte for byte, without building the model."""
+    if run_id is not None and not isinstance(run_id, str):
+        raise ValueError("run_id must be a string or None")
+    return orjson.dumps({"type": "wakeup", "run_id": run_id})
+
+
+def encode_stop(run_id: str) -> bytes:
+    """`encode(StopEnvelope(run_id=...))`, byte for byte, without building the model."""
+    if not isinstance(run_id, str):
+        raise ValueError("run_id must be a string")
+    return orjson.dumps({"type": "stop", "run_id": run_id})

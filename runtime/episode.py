@@ -21,7 +21,7 @@ from runtime.domain import (
     ToolCallPart,
     ToolState,
 )
-from runtime.episode_state import EpisodeDeps, EpisodeState, Phase
+from runtime.episode_state import EpisodeDeps, EpisodeState, Phase, StopSignal
 from runtime.errors import LeaseLost, Unavailable
 from runtime.history import HistoryCache
 from runtime.lifecycle import AgentLifecycle, StepContext
@@ -64,7 +64,7 @@ class Episode:
         )
         self.run_id = lease.resource_id
         self.thread_id = lease.thread_id
-        self.stop_requested = asyncio.Event()
+        self.stop_requested = StopSignal()
         self.lease_lost = False
         # None until start_episode has committed.
         self.state: EpisodeState | None = None
@@ -85,6 +85,11 @@ class Episode:
     def outcome(self) -> RunStatus | None:
         """The run status this episode committed last (waiting or terminal), if any."""
         return self.state.outcome if self.state is not None else None
+
+    @property
+    def admitted(self) -> bool:
+        """Whether the commit that ended the run admitted queued input as a new run."""
+        return self.state is not None and self.state.admitted
 
     def lose_lease(self) -> None:
         """Called by the heartbeat: from now on this episode must not write anything."""
@@ -125,11 +130,19 @@ class Episode:
         if state.ended:
             return None  # the run ended (stopped while queued) before this episode started it
         body = asyncio.create_task(self._guarded(self._body(state, started), state))
-        stop = asyncio.create_task(self.stop_requested.wait())
+        # Until the body ends or a stop is requested (callbacks: no task waits for the stop).
+        first = asyncio.get_running_loop().create_future()
+
+        def done(*_: object) -> None:
+            if not first.done():
+                first.set_result(None)
+
+        body.add_done_callback(done)
+        self.stop_requested.on_set(done)
         try:
-            await asyncio.wait({body, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await first
         finally:
-            stop.cancel()
+            self.stop_requested.discard(done)
         if not body.done():
             # Commits are shielded: cancelling waits for one in flight, so `state.phase` below
             # says what is committed, whatever moment the stop arrived at.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.agent import Agent
@@ -114,6 +116,32 @@ class EpisodeDeps:
         return self.lease.thread_id
 
 
+class StopSignal(asyncio.Event):
+    """An episode's stop request: an `asyncio.Event` that also calls back when set, so the
+    episode waits for its body or a stop without a task waiting on the event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        super().set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the signal is set (soon, from the loop, when it already is)."""
+        if self.is_set():
+            asyncio.get_running_loop().call_soon(callback)
+        else:
+            self._callbacks.append(callback)
+
+    def discard(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+
 @dataclass
 class EpisodeState:
     """Everything an episode knows that changes while it runs; built once `start_episode` has
@@ -143,6 +171,9 @@ class EpisodeState:
     # The run status this episode committed last (waiting or terminal); None while the run is
     # still this episode's to finish.
     outcome: RunStatus | None = None
+    # Whether the commit that ended the run admitted queued input as a new run (True when the
+    # store cannot tell): the worker then wakes workers to run it.
+    admitted: bool = False
 
     @property
     def ended(self) -> bool:

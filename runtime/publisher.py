@@ -6,18 +6,15 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel
-
 from realtime.bus import Bus
 from realtime.channels import replay_key, scope_channel, thread_channel
 from realtime.envelopes import (
-    InvalidateEnvelope,
-    ScopeInvalidateEnvelope,
-    encode,
     encode_chunk,
+    encode_invalidate,
+    encode_scope_invalidate,
 )
 from realtime.telemetry import PUBLISH_ERRORS, PUBLISHED, safe_add
-from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope
+from runtime.control import CONTROL_CHANNEL, encode_stop, encode_wakeup
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +102,10 @@ class Publisher:
         trip on Redis instead of one per message)."""
         messages, kinds, known = await self._invalidation(thread_id, version)
         if stop is not None:
-            messages.append((CONTROL_CHANNEL, encode(StopEnvelope(run_id=stop))))
+            messages.append((CONTROL_CHANNEL, encode_stop(stop)))
             kinds.append("stop")
         if wakeup is not None:
-            messages.append((CONTROL_CHANNEL, encode(WakeupEnvelope(run_id=wakeup))))
+            messages.append((CONTROL_CHANNEL, encode_wakeup(wakeup)))
             kinds.append("wakeup")
         if len(messages) == 1:
             operation = self._bus.publish(*messages[0])
@@ -121,13 +118,12 @@ class Publisher:
     ) -> tuple[list[tuple[str, bytes]], list[str], bool]:
         """The thread's invalidation and, where its scope is known, the scope's announcement:
         (channel, message) pairs, their kinds for telemetry, and whether the scope was known."""
-        invalidate = InvalidateEnvelope(thread_id=thread_id, version=version)
-        messages = [(thread_channel(thread_id), encode(invalidate))]
+        messages = [(thread_channel(thread_id), encode_invalidate(thread_id, version))]
         kinds = ["invalidate"]
         scope, known = await self._scope(thread_id)
         if scope is not None:
-            envelope = ScopeInvalidateEnvelope(scope=scope, thread_id=thread_id, version=version)
-            messages.append((scope_channel(scope), encode(envelope)))
+            envelope = encode_scope_invalidate(scope, thread_id, version)
+            messages.append((scope_channel(scope), envelope))
             kinds.append("scope_invalidate")
         return messages, kinds, known
 
@@ -154,13 +150,13 @@ class Publisher:
         return await self._attempt("clear_replay", self._bus.clear_replay(replay_key(thread_id)))
 
     async def wakeup(self, run_id: str | None = None) -> bool:
-        return await self._publish(CONTROL_CHANNEL, "wakeup", WakeupEnvelope(run_id=run_id))
+        return await self._publish(CONTROL_CHANNEL, "wakeup", encode_wakeup(run_id))
 
     async def stop(self, run_id: str) -> bool:
-        return await self._publish(CONTROL_CHANNEL, "stop", StopEnvelope(run_id=run_id))
+        return await self._publish(CONTROL_CHANNEL, "stop", encode_stop(run_id))
 
-    async def _publish(self, channel: str, kind: str, envelope: BaseModel) -> bool:
-        return await self._attempt(kind, self._bus.publish(channel, encode(envelope)))
+    async def _publish(self, channel: str, kind: str, data: bytes) -> bool:
+        return await self._attempt(kind, self._bus.publish(channel, data))
 
     async def _attempt(
         self, kind: str, operation: Awaitable[None], also: Sequence[str] = (), count: int = 1

@@ -43,8 +43,10 @@ PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
 
 def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None = None) -> None:
     """Record a histogram value; like safe_add, never changes execution."""
-    with contextlib.suppress(Exception):
+    try:  # noqa: SIM105 - as safe_add, without a suppress object
         histogram.record(value, attributes or {})
+    except Exception:
+        pass
 
 
 def start_span(name: str, start_time: int | None = None, **attributes: Any) -> trace.Span:

@@ -54,6 +54,9 @@ class Worker:
         # Parsed messages of the threads this worker runs (validated by a tail read each time).
         self.history = HistoryCache()
         self._wake = asyncio.Event()
+        # Whether the last poll may have left runnable runs for lack of a free slot: an
+        # episode that ends then polls again at once.
+        self._backlog = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
@@ -132,9 +135,12 @@ class Worker:
 
     async def _claim(self) -> None:
         free = self.max_concurrent_runs - len(self.episodes)
+        self._backlog = free <= 0
         if free <= 0:
             return
-        for run in await self.store.find_runnable_runs(limit=free):
+        runs = await self.store.find_runnable_runs(limit=free)
+        self._backlog = len(runs) >= free
+        for run in runs:
             if run.id in self.episodes or self._closing:
                 continue
             # Before the request: the lease cannot expire earlier than this instant plus the TTL.
@@ -153,28 +159,51 @@ class Worker:
             task.add_done_callback(self._tasks.discard)
 
     async def _run_episode(self, episode: Episode, deadline: float) -> None:
-        heartbeat = asyncio.create_task(self._heartbeat(episode, deadline))
+        # The heartbeat task starts when the first renewal is due: a run that ends sooner (most
+        # do) costs a timer, not a task.
+        heartbeats: list[asyncio.Task[None]] = []
+
+        def beat() -> None:
+            heartbeats.append(asyncio.create_task(self._heartbeat(episode, deadline)))
+
+        timer = asyncio.get_running_loop().call_later(self._next_beat(deadline), beat)
         try:
             outcome = await episode.run()
         except Exception:
             log.exception("episode of run %s crashed", episode.run_id)
             outcome = None
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            timer.cancel()
+            for heartbeat in heartbeats:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
             self.episodes.pop(episode.run_id, None)
         if not episode.lease_lost or self._closing:
             # On shutdown the lease is handed back so another worker takes over at once.
             with contextlib.suppress(Exception):
                 await self.store.release_lease(episode.lease)
-        if outcome is not None and outcome.is_terminal:
-            # The terminal commit may have admitted a queued input as a new run.
+        if outcome is not None and outcome.is_terminal and episode.admitted:
+            # The terminal commit admitted a queued input as a new run: any worker may take it.
             await self.publisher.wakeup(None)
             self._wake.set()
+        elif self._backlog:
+            # Runs were left waiting for a free slot, and this episode freed one.
+            self._wake.set()
+
+    def _margin(self) -> float:
+        # Stop a little early: the clocks of this process and the database may drift apart.
+        return min(self.lease_ttl * 0.1, 1.0)
+
+    def _next_beat(self, deadline: float) -> float:
+        """Seconds until the next renewal: a third of the TTL, or sooner when the lease could
+        expire (minus the margin) before that."""
+        now = asyncio.get_running_loop().time()
+        return min(max(self.lease_ttl / 3, 0.05), max(deadline - self._margin() - now, 0))
 
     async def _heartbeat(self, episode: Episode, deadline: float) -> None:
-        """Renew the lease; notice stop requests that arrived while the bus was down.
+        """Renew the lease, now (`_run_episode` starts this when the first renewal is due) and
+        every `_next_beat`; notice stop requests that arrived while the bus was down.
 
         `deadline` is when the lease could have expired by this process's clock: the TTL counted
         from the moment the last successful acquisition or renewal was *sent* (the database
@@ -182,11 +211,12 @@ class Worker:
         stops streaming and executing at once, before another worker can take the run over;
         a renewal stuck in storage retries is not waited for."""
         loop = asyncio.get_running_loop()
-        # Stop a little early: the clocks of this process and the database may drift apart.
-        margin = min(self.lease_ttl * 0.1, 1.0)
-        interval = max(self.lease_ttl / 3, 0.05)
+        margin = self._margin()
+        first = True
         while True:
-            await asyncio.sleep(min(interval, max(deadline - margin - loop.time(), 0)))
+            if not first:
+                await asyncio.sleep(self._next_beat(deadline))
+            first = False
             sent = loop.time()
             try:
                 episode.lease = await asyncio.wait_for(

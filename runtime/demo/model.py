@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import operator
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +62,10 @@ def decide(request: ModelRequest) -> Plan:
     - anything else -> repeat the user's last text.
     A tool the request does not offer is never called.
     """
-    messages = [m for m in request.messages if m.role is not MessageRole.SYSTEM]
+    # The last message that is not a system message (searched from the end: a long thread's
+    # request holds hundreds).
+    last = next((m for m in reversed(request.messages) if m.role is not MessageRole.SYSTEM), None)
     tools = {spec.name for spec in request.tools}
-    last = messages[-1] if messages else None
     if last is not None and last.role is MessageRole.USER:
         text = message_text(last.parts)
         weather = WEATHER_REQUEST.search(text)
@@ -76,7 +79,7 @@ def decide(request: ModelRequest) -> Plan:
         answer = answer_tool_results(last.parts)
         if answer:
             return TextPlan(answer)
-    return TextPlan(echo(_last_user_text(messages)))
+    return TextPlan(echo(_last_user_text(request.messages)))
 
 
 def echo(text: str) -> str:
@@ -87,7 +90,7 @@ def echo(text: str) -> str:
     return reply if len(reply) <= MAX_TEXT_CHARS else reply[: MAX_TEXT_CHARS - 1] + "…"
 
 
-def _last_user_text(messages: list[ContextMessage]) -> str:
+def _last_user_text(messages: Sequence[ContextMessage]) -> str:
     for message in reversed(messages):
         if message.role is MessageRole.USER:
             return message_text(message.parts)
@@ -131,11 +134,42 @@ def _words(text: str) -> int:
 class _WordCounts:
     """Word counts of context messages by identity: the runtime hands a step the same parsed
     message objects as the step before (`runtime/history.py`), so each is counted once, not
-    once per step. Holding the message keeps its id from being reused while it is cached."""
+    once per step. Holding the message keeps its id from being reused while it is cached.
 
-    def __init__(self, limit: int = 50_000) -> None:
+    `total` also remembers each conversation's last request (by its first message): a request
+    that starts with the same message objects adds only the words of the messages after them,
+    without looking each earlier one up. The last of them may be a new object (the runtime
+    re-reads the thread's tail message, the only one that can change): counted again."""
+
+    def __init__(self, limit: int = 50_000, conversations: int = 256) -> None:
         self._counts: dict[int, tuple[ContextMessage, int]] = {}
         self._limit = limit
+        # id(first message) -> (messages, their words, their words but the last message's)
+        self._totals: dict[int, tuple[Sequence[ContextMessage], int, int]] = {}
+        self._conversations = conversations
+
+    def total(self, messages: Sequence[ContextMessage]) -> int:
+        if not messages:
+            return 0
+        key = id(messages[0])
+        known = self._totals.get(key)
+        start, total = 0, 0
+        if known is not None:
+            before, words, words_but_last = known
+            last = len(before) - 1
+            if last < len(messages) and all(
+                map(operator.is_, itertools.islice(before, last), messages)
+            ):
+                if before[last] is messages[last]:
+                    start, total = last + 1, words
+                else:
+                    start, total = last, words_but_last
+        total += sum(map(self, messages[start:]))
+        if len(self._totals) >= self._conversations:
+            self._totals.clear()
+        # Holding the messages keeps the first one's id from being reused while it is a key.
+        self._totals[key] = (messages, total, total - self(messages[-1]))
+        return total
 
     def __call__(self, message: ContextMessage) -> int:
         cached = self._counts.get(id(message))
@@ -152,7 +186,7 @@ _word_counts = _WordCounts()
 
 
 def _context_words(request: ModelRequest) -> int:
-    return _words(request.instructions) + sum(map(_word_counts, request.messages))
+    return _words(request.instructions) + _word_counts.total(request.messages)
 
 
 def split_chunks(text: str) -> list[str]:

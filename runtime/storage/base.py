@@ -124,6 +124,25 @@ class ResolveResult(BaseModel):
     run_resumed: bool
 
 
+class CommitVersion(int):
+    """What `Store.commit` returns: the thread's version after the commit (an `int`, used as
+    one), and whether the commit `admitted` a queued input as a new queued run (a terminal run
+    transition does, when input was queued). Workers wake up to look for work only then."""
+
+    admitted: bool
+
+    def __new__(cls, version: int, admitted: bool = False) -> CommitVersion:
+        value = super().__new__(cls, version)
+        value.admitted = admitted
+        return value
+
+
+def commit_admitted(version: int) -> bool:
+    """Whether a commit that returned `version` admitted a queued input; True when it cannot
+    tell (a `Store.commit` that returns a plain `int`), so no admitted run waits for a poll."""
+    return version.admitted if isinstance(version, CommitVersion) else True
+
+
 class HistoryRead(BaseModel):
     """Messages of a thread from a position on, with the thread's history epoch: +1 on every
     history rewrite, so messages before the tail read earlier are still current while it stays
@@ -240,7 +259,10 @@ class Store(Protocol):
         ...
 
     # fenced runtime writes
-    async def commit(self, lease: Lease, commit: StepCommit) -> int: ...
+    async def commit(self, lease: Lease, commit: StepCommit) -> int:
+        """The fenced step commit; returns the thread's version after it, a `CommitVersion`
+        where the store says whether a terminal transition admitted queued input."""
+        ...
 
     # pending actions
     async def resolve_action(
@@ -292,6 +314,7 @@ class Store(Protocol):
 
 
 __all__ = [
+    "CommitVersion",
     "EpisodeStart",
     "HistoryRead",
     "MessageRole",
@@ -305,4 +328,5 @@ __all__ = [
     "Store",
     "TailUpdate",
     "Truncate",
+    "commit_admitted",
 ]

@@ -57,6 +57,12 @@ class Dialect:
     # one statement (`sql_leases.acquire_run_lease_call`; a migration adds it); None: the
     # transaction runs statement by statement.
     run_lease_function: str | None = None
+    # Whether this process always knows if a COMMIT went through (SQLite: COMMIT is a local
+    # call, and one that fails leaves nothing committed), so a retried write needs no
+    # idempotency key: its pool marks a committed `Conn` (`Conn.committed`) and the retry
+    # returns what that attempt computed (`SqlTransactions._run`). False: keys (Postgres,
+    # where a connection can drop while COMMIT is in flight).
+    commit_outcome_known: bool = False
 
 
 __all__ = ["Dialect"]

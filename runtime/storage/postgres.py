@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -29,13 +30,24 @@ _PARAMETER = re.compile(r"\$(\d+)")
 _WRITE = re.compile(r"\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
 
 
+# The statements are the shared SQL's, a few dozen: parsed once each, not per write.
+@functools.lru_cache(maxsize=1024)
 def _table(sql: str) -> str | None:
     match = _WRITE.match(sql)
     return match.group(1).lower() if match else None
 
 
+@functools.lru_cache(maxsize=1024)
 def _renumber(sql: str, offset: int) -> str:
     return _PARAMETER.sub(lambda match: f"${int(match.group(1)) + offset}", sql)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pieces(sql: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """`sql` split at its `$n` parameters: the text around them and each one's index (0-based),
+    so that writing values in takes one join."""
+    parts = _PARAMETER.split(sql)
+    return tuple(parts[0::2]), tuple(int(n) - 1 for n in parts[1::2])
 
 
 def _held_statement(held: list[tuple[str, tuple[Any, ...]]]) -> tuple[str, list[Any]]:
@@ -81,7 +93,11 @@ def _literal_statement(held: list[tuple[str, tuple[Any, ...]]], standard: bool) 
     literals = [_literal(value) for value in values]
     if any(literal is None for literal in literals):
         return None
-    return _PARAMETER.sub(lambda match: str(literals[int(match.group(1)) - 1]), statement)
+    texts, indexes = _pieces(statement)
+    written = [texts[0]]
+    for index, text in zip(indexes, texts[1:], strict=True):
+        written += (str(literals[index]), text)
+    return "".join(written)
 
 
 _TRANSIENT: tuple[type[BaseException], ...] = (

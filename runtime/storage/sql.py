@@ -32,6 +32,7 @@ from runtime.storage import (
 )
 from runtime.storage.base import (
     AdmissionLimits,
+    CommitVersion,
     EpisodeStart,
     HistoryRead,
     ResolveResult,
@@ -245,7 +246,7 @@ class SqlStore(SqlTransactions):
             lock=ThreadLock(lease.thread_id),
         )
 
-    async def commit(self, lease: Lease, commit: StepCommit) -> int:
+    async def commit(self, lease: Lease, commit: StepCommit) -> CommitVersion:
         # Validate (and serialise) everything before taking any lock.
         tail = commit.update_tail
         tail_parts = validate_parts(tail.parts) if tail is not None else None

@@ -58,6 +58,9 @@ class Conn(abc.ABC):
         self.locked: str | None = None
         # Thread versions read under this transaction's thread lock (`note_version`).
         self.versions: dict[str, int] = {}
+        # Set by a pool whose COMMIT outcome is always known (`Dialect.commit_outcome_known`)
+        # once COMMIT went through.
+        self.committed = False
 
     @abc.abstractmethod
     async def execute(self, sql: str, *args: Any) -> None: ...

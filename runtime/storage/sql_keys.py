@@ -1,4 +1,5 @@
-"""Idempotency keys of writes: a retry after an unknown COMMIT outcome finds its own write."""
+"""Idempotency keys of writes: a retry after an unknown COMMIT outcome finds its own write
+(backends whose COMMIT outcome is always known, SQLite, claim none: `SqlTransactions._run`)."""
 
 from __future__ import annotations
 

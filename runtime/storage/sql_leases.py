@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -223,6 +224,12 @@ async def _grant(
 _NOT_RUN = ("lease_", THREAD.prefix, TAIL.prefix, FIRST_QUEUED.prefix, NOW_COLUMN)
 
 
+@functools.lru_cache(maxsize=64)
+def _run_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The run's own columns among a fence statement's (found once per statement shape)."""
+    return tuple(c for c in columns if not c.startswith(_NOT_RUN))
+
+
 @dataclass(frozen=True)
 class Fenced:
     """What `fence` read under the thread lock: the thread row, the run row (run leases) and,
@@ -234,6 +241,30 @@ class Fenced:
     tail_read: bool = False
     # With `queued`: the thread's first queued item (None: nothing queued).
     queued: Row | Literal["unread"] | None = "unread"
+
+
+@functools.lru_cache(maxsize=64)
+def _fence_sql(run: bool, tail: bool, queued: bool, now_column: str) -> str:
+    """`fence`'s statement (built once per shape: fences run several times per run)."""
+    columns = (
+        "l.thread_id AS lease_thread_, l.token AS lease_token_, l.expires_at AS lease_expires_"
+        + THREAD.select()
+    )
+    joins = ""
+    if run:
+        columns += ", r.*"
+        joins += " LEFT JOIN runs r ON r.id = l.resource_id AND r.thread_id = t.id"
+    if tail:
+        columns += TAIL.select()
+        joins += tail_join("t.id")
+    if queued:
+        columns += FIRST_QUEUED.select()
+        joins += first_queued_join("t.id")
+    return (
+        f"SELECT {columns}{now_column} FROM threads t"
+        " LEFT JOIN leases l ON l.kind = $1 AND l.resource_id = $2"
+        f"{joins} WHERE t.id = $3"
+    )
 
 
 async def fence(
@@ -257,25 +288,9 @@ async def fence(
         # No row: the statement below finds none either.
         with contextlib.suppress(NotFound):
             await lock_thread(conn, lease.thread_id)
-    columns = (
-        "l.thread_id AS lease_thread_, l.token AS lease_token_, l.expires_at AS lease_expires_"
-        + THREAD.select()
-    )
-    joins = ""
-    if kind is LeaseKind.RUN:
-        columns += ", r.*"
-        joins += " LEFT JOIN runs r ON r.id = l.resource_id AND r.thread_id = t.id"
-    if tail:
-        columns += TAIL.select()
-        joins += tail_join("t.id")
-    if queued:
-        columns += FIRST_QUEUED.select()
-        joins += first_queued_join("t.id")
     # Reads the clock too (after the thread lock, as `now()` would).
     found = await conn.fetchrow(
-        f"SELECT {columns}{conn.now_column()} FROM threads t"
-        " LEFT JOIN leases l ON l.kind = $1 AND l.resource_id = $2"
-        f"{joins} WHERE t.id = $3",
+        _fence_sql(kind is LeaseKind.RUN, tail, queued, conn.now_column()),
         lease.kind.value,
         lease.resource_id,
         lease.thread_id,
@@ -299,7 +314,7 @@ async def fence(
         held = stored["id"] is not None
         if held:
             # The runs row's own columns, and its thread's scope (as `run_row` returns it).
-            run = {k: v for k, v in stored.items() if not k.startswith(_NOT_RUN)}
+            run = {k: stored[k] for k in _run_columns(tuple(stored))}
             run["scope"] = thread["scope"]
     if not held or thread is None:
         lease_event("lost", lease.kind)

@@ -15,7 +15,14 @@ from runtime.domain import (
     check_run_transition,
 )
 from runtime.errors import Conflict, NotFound
-from runtime.storage.base import EpisodeStart, HistoryRead, RunChange, StepCommit, StopResult
+from runtime.storage.base import (
+    CommitVersion,
+    EpisodeStart,
+    HistoryRead,
+    RunChange,
+    StepCommit,
+    StopResult,
+)
 from runtime.storage.decisions import (
     StopOutcome,
     check_commit,
@@ -180,9 +187,9 @@ async def commit(
     step: StepCommit,
     tail_parts: list[Part] | None,
     appends: list[tuple[NewMessage, str]],
-) -> int:
+) -> CommitVersion:
     """The step commit, in the order `StepCommit` documents; `tail_parts` and `appends` are
-    validated and encoded before the transaction."""
+    validated and encoded before the transaction. Says whether it admitted queued input."""
     ending = step.run is not None and (
         step.run.status is RunStatus.WAITING or step.run.status.is_terminal
     )
@@ -223,11 +230,12 @@ async def commit(
             "UPDATE runs SET next_seq = $2 WHERE id = $1", run_id, step.next_seq
         )
         changed = True
+    admitted = False
     if terminal and step.admit_next:
-        await admit_next(conn, thread_id, fenced.queued)
+        admitted = await admit_next(conn, thread_id, fenced.queued) is not None
     if not changed:
-        return int(thread["version"])
-    return await bump(conn, thread_id)
+        return CommitVersion(int(thread["version"]), admitted)
+    return CommitVersion(await bump(conn, thread_id), admitted)
 
 
 async def _tail(conn: Conn, thread_id: str, known: Fenced | None) -> Row | None:

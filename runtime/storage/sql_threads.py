@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -191,12 +192,17 @@ class Prefixed:
     prefix: str
     columns: tuple[str, ...]
 
+    @functools.cached_property
+    def _names(self) -> tuple[tuple[str, str], ...]:
+        """(column, its name in the SELECT) pairs, built once (rows are read per commit)."""
+        return tuple((c, f"{self.prefix}{c}") for c in self.columns)
+
     def select(self) -> str:
         """`, a.id AS p_id, …` for a SELECT list (with its leading comma)."""
-        return "".join(f", {self.alias}.{c} AS {self.prefix}{c}" for c in self.columns)
+        return "".join(f", {self.alias}.{c} AS {name}" for c, name in self._names)
 
     def row(self, row: Row) -> Row:
-        return {c: row[f"{self.prefix}{c}"] for c in self.columns}
+        return {c: row[name] for c, name in self._names}
 
     def joined(self, row: Row) -> Row | None:
         """The row an outer join found, or None where it found none (its id is NULL)."""

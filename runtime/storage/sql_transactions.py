@@ -18,8 +18,9 @@ T = TypeVar("T")
 
 class SqlTransactions(AsyncResource):
     """How every `SqlStore` method runs: one transaction function through `_run`, retried as a
-    whole on transient errors, writes keyed so a retry never repeats one (one idempotent
-    statement: `_write_statement`; a read of self-consistent statements: `_read_statements`)."""
+    whole on transient errors, writes keyed so a retry never repeats one (or, where COMMIT's
+    outcome is always known, told by their `Conn`; one idempotent statement:
+    `_write_statement`; a read of self-consistent statements: `_read_statements`)."""
 
     # Long enough to ride out a Postgres restart or failover (seconds), short enough that a
     # request still gets its 503 in bounded time: backoff 20 ms doubling to 2 s, plus jitter,
@@ -72,12 +73,18 @@ class SqlTransactions(AsyncResource):
         that attempt's result, without running `fn` again. The key is one per call (`key`
         names it for the log and the table; a random suffix keeps it unique per call).
         `lock`: the thread lock `fn` starts with, taken with the claim where that saves a round
-        trip (`sql_keys.claim`)."""
+        trip (`sql_keys.claim`).
+
+        Where the backend always knows whether COMMIT went through
+        (`Dialect.commit_outcome_known`, SQLite), the write is not keyed: a retry after an
+        attempt that committed returns what that attempt computed, without running `fn`."""
         if not write:
             return await self._retry(lambda: self._attempt(fn, write=False))
-        key = new_id("tx") if key is None else f"{key}:{new_id('tx')}"
         # What the attempt that got as far as COMMIT computed: the answer if COMMIT went through.
         done: list[tuple[T, list[Callable[[], None]]]] = []
+        if self.dialect.commit_outcome_known:
+            return await self._run_unkeyed(fn, done)
+        key = new_id("tx") if key is None else f"{key}:{new_id('tx')}"
 
         async def keyed(conn: Conn) -> T:
             if not await sql_keys.claim(conn, key, lock):
@@ -92,6 +99,26 @@ class SqlTransactions(AsyncResource):
         if self._writes % sql_keys.PRUNE_EVERY == 0:
             await self._retry(lambda: self._attempt(sql_keys.prune, write=True))
         return await self._retry(lambda: self._attempt(keyed, write=True, done=done))
+
+    async def _run_unkeyed(
+        self, fn: Callable[[Conn], Awaitable[T]], done: list[tuple[T, list[Callable[[], None]]]]
+    ) -> T:
+        """`_run`'s write where the pool marks a committed `Conn`: no key to claim."""
+        ran: list[Conn] = []
+
+        async def unkeyed(conn: Conn) -> T:
+            if ran and ran[0].committed:
+                return done[0][0]  # an earlier attempt committed: nothing is redone
+            result = await fn(conn)
+            done[:] = [(result, conn.after_commit)]
+            ran[:] = [conn]
+            return result
+
+        self._writes += 1
+        if self._writes % sql_keys.PRUNE_EVERY == 0:
+            # Keys written before this process stopped writing any still age out.
+            await self._retry(lambda: self._attempt(sql_keys.prune, write=True))
+        return await self._retry(lambda: self._attempt(unkeyed, write=True, done=done))
 
     async def _attempt(
         self,

@@ -49,6 +49,8 @@ SQLITE = Dialect(
     octets=lambda expression: f"length(CAST({expression} AS BLOB))",
     # julianday('now') is the machine's wall clock, which time.time() reads without a query.
     local_clock=time.time,
+    # COMMIT either returns or fails with the transaction rolled back (`SqlitePool`).
+    commit_outcome_known=True,
 )
 
 
@@ -162,8 +164,10 @@ class SqlitePool:
             # writes could fail with SQLITE_BUSY_SNAPSHOT after having read stale data.
             await self._begin(db, "BEGIN IMMEDIATE" if write else "BEGIN")
             try:
-                yield _SqliteConn(db)
+                conn = _SqliteConn(db)
+                yield conn
                 db.execute("COMMIT")
+                conn.committed = True
             except BaseException:
                 _rollback(db)
                 raise
@@ -176,9 +180,16 @@ class SqlitePool:
                     asyncio.to_thread(_checkpoint, self.path)
                 )
 
-    def statements(self) -> AbstractAsyncContextManager[Conn]:
-        # Local: a read transaction costs no round trip, and keeps the lock discipline.
-        return self.transaction(write=False)
+    @asynccontextmanager
+    async def statements(self) -> AsyncIterator[Conn]:
+        """Statements in autocommit mode, each its own read transaction (one snapshot per
+        statement: what `Pool.statements` promises), under the connection's lock: no BEGIN
+        and COMMIT to run."""
+        db = self._db
+        if db is None:
+            raise RuntimeError("SqliteStore is not open")
+        async with self._lock:
+            yield _SqliteConn(db)
 
     def autocommit(self) -> AbstractAsyncContextManager[Conn]:
         # A write takes the lock up front (BEGIN IMMEDIATE), as every write here does.

@@ -109,6 +109,42 @@ async def test_input_during_a_run_is_queued_and_admitted_in_order(runtime_for) -
     assert texts == ["first", "echo first", "second", "echo second", "third", "echo third"]
 
 
+async def test_admitted_input_runs_without_waiting_for_a_poll(runtime_for, monkeypatch) -> None:
+    """The terminal commit that admits queued input wakes the worker at once; a run that
+    admitted nothing leaves the worker waiting for the next wakeup (no poll of its own)."""
+    release = asyncio.Event()
+
+    async def slow(request):  # type: ignore[no-untyped-def]
+        text = request.messages[-1].parts[0].text
+        if text == "first":
+            await asyncio.wait_for(release.wait(), 10)
+        yield text_response(f"echo {text}")[0]
+
+    rt = await runtime_for(Agent(model=FunctionModel(slow)), workers=0)
+    await rt.start_worker(poll_interval=60.0)
+    polls = [0]
+    find = rt.store.find_runnable_runs
+
+    async def counting(limit: int = 10):  # type: ignore[no-untyped-def]
+        polls[0] += 1
+        return await find(limit)
+
+    monkeypatch.setattr(rt.store, "find_runnable_runs", counting)
+    thread_id = await rt.thread()
+    await asyncio.sleep(0.1)  # the worker's first poll, as it starts
+    polls[0] = 0
+    await rt.service.send_message(ALICE, thread_id, "first")
+    await rt.wait_status(thread_id, RunStatus.RUNNING)
+    await rt.service.send_message(ALICE, thread_id, "second")  # queued: no wakeup
+    release.set()
+    snapshot = await asyncio.wait_for(rt.wait_for(thread_id, settled), 5)
+    texts = [m.parts[0].text for m in snapshot.messages]
+    assert texts == ["first", "echo first", "second", "echo second"]
+    # The admission's wakeup, then the admitting commit's; none after the last run.
+    await asyncio.sleep(0.05)
+    assert polls[0] == 2
+
+
 async def test_interrupt_policy_stops_the_active_run_first(runtime_for) -> None:
     async def endless(request):  # type: ignore[no-untyped-def]
         text = request.messages[-1].parts[0].text

@@ -14,7 +14,7 @@ from runtime.domain import (
 )
 from runtime.errors import Conflict, InvalidInput, NotFound, RunActive, TooLarge
 from runtime.storage import SqlStore
-from runtime.storage.base import RunChange, StepCommit
+from runtime.storage.base import RunChange, StepCommit, commit_admitted
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -215,6 +215,7 @@ async def test_terminal_commit_admits_exactly_one_queued_item(
     before = await version_of(store, thread.id)
     version = await finish(store, lease, end)
     assert version == before + 1  # run end + admission: one transaction, one bump
+    assert commit_admitted(version)  # workers are woken for the admitted run
     assert (await store.get_run(admission.run_id or "")).status is end
     active = await store.active_run(thread.id)
     assert active is not None and active.id != admission.run_id
@@ -238,9 +239,10 @@ async def test_terminal_commit_without_admit_next_leaves_queue(store: SqlStore) 
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     await store.submit_input(thread.id, SCOPES, text="two", submitted_by="bob")
-    await store.commit(
+    version = await store.commit(
         lease, StepCommit(run=RunChange(status=RunStatus.COMPLETED), admit_next=False)
     )
+    assert not commit_admitted(version)
     assert await store.active_run(thread.id) is None
     assert len(await store.list_queue(thread.id)) == 1
 
@@ -248,7 +250,7 @@ async def test_terminal_commit_without_admit_next_leaves_queue(store: SqlStore) 
 async def test_terminal_commit_with_empty_queue_leaves_thread_idle(store: SqlStore) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
-    await finish(store, lease)
+    assert not commit_admitted(await finish(store, lease))  # nothing to wake workers for
     assert await store.active_run(thread.id) is None
     snapshot = await store.snapshot(thread.id, SCOPES)
     assert snapshot.run is not None and snapshot.run.id == admission.run_id

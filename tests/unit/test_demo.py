@@ -212,6 +212,27 @@ async def test_text_streams_in_several_small_chunks_then_usage_and_finish() -> N
     assert finish == FinishDelta(reason="stop")
 
 
+def test_input_tokens_count_every_message_of_a_growing_conversation() -> None:
+    from runtime.demo.model import _context_words, _words
+
+    history = [user("one two"), assistant(TextPart(text="three")), user("four five six")]
+    system = ContextMessage(role=MessageRole.SYSTEM, parts=(TextPart(text="sys tem words"),))
+    base = _words(INSTRUCTIONS)
+    assert _context_words(req(*history)) == base + 6
+    # The same message objects and more: the earlier total is reused, the new ones added.
+    assert _context_words(req(*history, user("seven"))) == base + 7
+    assert _context_words(req(*history, system, user("eight nine"))) == base + 11
+    # The last message re-read as a new object (a thread's tail): counted again, as it is now.
+    tail = user("four five six seven")
+    assert _context_words(req(*history)) == base + 6
+    assert _context_words(req(*history[:2], tail)) == base + 7
+    assert _context_words(req(*history[:2], tail, user("x y"))) == base + 9
+    # A shorter request, or one whose earlier messages are other objects, counts from scratch.
+    assert _context_words(req(*history[:2])) == base + 3
+    assert _context_words(req(history[0], user("x"), *history[2:])) == base + 6
+    assert _context_words(req()) == base
+
+
 async def test_an_echoed_address_is_split_across_chunks() -> None:
     text = "my address is carol.jones@example.com ok"
     texts = [d.text for d in await run_model(req(user(text))) if isinstance(d, TextDelta)]

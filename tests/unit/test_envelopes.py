@@ -13,12 +13,22 @@ from realtime.envelopes import (
     ChunkPosition,
     InvalidateEnvelope,
     ResyncEnvelope,
+    ScopeInvalidateEnvelope,
     chunk_position,
     decode_thread_message,
     encode,
     encode_chunk,
+    encode_invalidate,
+    encode_scope_invalidate,
 )
-from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decode_control
+from runtime.control import (
+    CONTROL_CHANNEL,
+    StopEnvelope,
+    WakeupEnvelope,
+    decode_control,
+    encode_stop,
+    encode_wakeup,
+)
 
 
 def test_chunk_bytes_are_the_protocol_frame() -> None:
@@ -138,6 +148,36 @@ def test_encode_chunk_is_the_envelope_encoding(chunk: dict[str, object]) -> None
 def test_encode_chunk_refuses_what_the_envelope_refuses(args: tuple[object, ...]) -> None:
     with pytest.raises(ValueError):
         encode_chunk(*args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("thread_id", ["th_1", "ünï \"q\""])
+@pytest.mark.parametrize("version", [0, 7, 2**40])
+def test_direct_encoders_are_the_envelope_encodings(thread_id: str, version: int) -> None:
+    invalidate = InvalidateEnvelope(thread_id=thread_id, version=version)
+    assert encode_invalidate(thread_id, version) == encode(invalidate)
+    scoped = ScopeInvalidateEnvelope(scope="acme", thread_id=thread_id, version=version)
+    assert encode_scope_invalidate("acme", thread_id, version) == encode(scoped)
+    assert encode_wakeup() == encode(WakeupEnvelope())
+    assert encode_wakeup(thread_id) == encode(WakeupEnvelope(run_id=thread_id))
+    assert encode_stop(thread_id) == encode(StopEnvelope(run_id=thread_id))
+    assert decode_control(encode_stop(thread_id)) == StopEnvelope(run_id=thread_id)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: encode_invalidate("t", -1),
+        lambda: encode_invalidate("t", True),
+        lambda: encode_invalidate(None, 1),
+        lambda: encode_scope_invalidate(None, "t", 1),
+        lambda: encode_scope_invalidate("s", "t", -1),
+        lambda: encode_wakeup(3),
+        lambda: encode_stop(None),
+    ],
+)
+def test_direct_encoders_refuse_what_the_envelopes_refuse(call) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError):
+        call()
 
 
 def test_hash_tags_keep_a_thread_on_one_slot() -> None:
