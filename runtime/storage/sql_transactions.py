@@ -82,43 +82,16 @@ class SqlTransactions(AsyncResource):
             return await self._retry(lambda: self._attempt(fn, write=False))
         # What the attempt that got as far as COMMIT computed: the answer if COMMIT went through.
         done: list[tuple[T, list[Callable[[], None]]]] = []
-        if self.dialect.commit_outcome_known:
-            return await self._run_unkeyed(fn, done)
-        key = new_id("tx") if key is None else f"{key}:{new_id('tx')}"
-
-        async def keyed(conn: Conn) -> T:
-            if not await sql_keys.claim(conn, key, lock):
-                if not done:
-                    raise InvariantViolation(f"transaction {key} committed without a result")
-                return done[0][0]
-            result = await fn(conn)
-            done[:] = [(result, conn.after_commit)]
-            return result
-
+        guarded = (
+            _unkeyed(fn, done)
+            if self.dialect.commit_outcome_known
+            else _keyed(fn, done, new_id("tx") if key is None else f"{key}:{new_id('tx')}", lock)
+        )
         self._writes += 1
         if self._writes % sql_keys.PRUNE_EVERY == 0:
+            # Also where no key is claimed: keys written before (by a process that did) age out.
             await self._retry(lambda: self._attempt(sql_keys.prune, write=True))
-        return await self._retry(lambda: self._attempt(keyed, write=True, done=done))
-
-    async def _run_unkeyed(
-        self, fn: Callable[[Conn], Awaitable[T]], done: list[tuple[T, list[Callable[[], None]]]]
-    ) -> T:
-        """`_run`'s write where the pool marks a committed `Conn`: no key to claim."""
-        ran: list[Conn] = []
-
-        async def unkeyed(conn: Conn) -> T:
-            if ran and ran[0].committed:
-                return done[0][0]  # an earlier attempt committed: nothing is redone
-            result = await fn(conn)
-            done[:] = [(result, conn.after_commit)]
-            ran[:] = [conn]
-            return result
-
-        self._writes += 1
-        if self._writes % sql_keys.PRUNE_EVERY == 0:
-            # Keys written before this process stopped writing any still age out.
-            await self._retry(lambda: self._attempt(sql_keys.prune, write=True))
-        return await self._retry(lambda: self._attempt(unkeyed, write=True, done=done))
+        return await self._retry(lambda: self._attempt(guarded, write=True, done=done))
 
     async def _attempt(
         self,
@@ -163,3 +136,42 @@ class SqlTransactions(AsyncResource):
             return result
 
         return await self._retry(attempt)
+
+
+def _keyed(
+    fn: Callable[[Conn], Awaitable[T]],
+    done: list[tuple[T, list[Callable[[], None]]]],
+    key: str,
+    lock: ThreadLock | None,
+) -> Callable[[Conn], Awaitable[T]]:
+    """`fn` after claiming `key`: an attempt that finds it claimed returns what the attempt
+    that committed computed (`done`), without running `fn` again."""
+
+    async def keyed(conn: Conn) -> T:
+        if not await sql_keys.claim(conn, key, lock):
+            if not done:
+                raise InvariantViolation(f"transaction {key} committed without a result")
+            return done[0][0]
+        result = await fn(conn)
+        done[:] = [(result, conn.after_commit)]
+        return result
+
+    return keyed
+
+
+def _unkeyed(
+    fn: Callable[[Conn], Awaitable[T]], done: list[tuple[T, list[Callable[[], None]]]]
+) -> Callable[[Conn], Awaitable[T]]:
+    """`fn` where the pool marks a committed `Conn`: an attempt after one that committed
+    returns what that one computed (`done`), without running `fn` again."""
+    ran: list[Conn] = []
+
+    async def unkeyed(conn: Conn) -> T:
+        if ran and ran[0].committed:
+            return done[0][0]  # an earlier attempt committed: nothing is redone
+        result = await fn(conn)
+        done[:] = [(result, conn.after_commit)]
+        ran[:] = [conn]
+        return result
+
+    return unkeyed
