@@ -9,7 +9,7 @@ import weakref
 from typing import Any
 
 from starlette.routing import WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketState
+from starlette.websockets import WebSocket
 
 from realtime.closecodes import CloseCode
 from realtime.hub import Hub
@@ -26,7 +26,7 @@ from server.presence import PresenceHub
 from server.session import Session
 from server.settings import Settings
 from server.telemetry import WS_CLOSES, WS_CONNECTIONS
-from server.wire import Wire, wire_for
+from server.wire import Wire, close_websocket, wire_for
 
 log = logging.getLogger(__name__)
 
@@ -267,12 +267,10 @@ class Gateway:
 
 
 async def _close(websocket: WebSocket, close: Close) -> None:
-    if websocket.application_state is WebSocketState.DISCONNECTED:
-        return
     # A peer that stopped reading cannot block the close forever.
     with contextlib.suppress(Exception):
         async with asyncio.timeout(_CLOSE_TIMEOUT):
-            await websocket.close(close.code, close.reason)
+            await close_websocket(websocket, close.code, close.reason)
 
 
 async def websocket_endpoint(websocket: WebSocket) -> None:
@@ -286,11 +284,11 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
 class WebSocketDispatch:
     """ASGI middleware: a websocket on `route`'s path goes straight to its endpoint.
 
-    An open websocket keeps the coroutines of its ASGI call alive for as long as it is open.
-    Ahead of Starlette's exception middleware and router (which have nothing to do for it:
-    the gateway answers every failure with a close code), that chain is a few frames instead
-    of a dozen, which is a good part of what an idle tab costs the gateway. The route stays in
-    the app's table, where it declares the endpoint (and would serve it without this).
+    Starlette's exception middleware and router have nothing to do for it (the gateway
+    answers every failure with a close code), so its ASGI call is a few frames instead of a
+    dozen: while the connection is set up, and for its whole life where the wire cannot be
+    handed over (`AsgiWire`), when the call lasts as long as the connection. The route stays
+    in the app's table, where it declares the endpoint (and would serve it without this).
     """
 
     def __init__(self, app: Any, route: WebSocketRoute) -> None:

@@ -61,6 +61,12 @@ class Wire(Protocol):
         way the websocket is done once the ASGI call has returned or this was handed over."""
 
 
+async def close_websocket(websocket: WebSocket, code: int, reason: str) -> None:
+    """Close an accepted websocket with `code`, unless the peer is already gone."""
+    if websocket.application_state is not WebSocketState.DISCONNECTED:
+        await websocket.close(code, reason)
+
+
 def wire_for(websocket: WebSocket) -> Wire:
     """The protocol's own wire where the server offers it, else the task-based fallback."""
     native = websocket.scope.get("extensions", {}).get(WIRE)
@@ -102,9 +108,8 @@ class AsgiWire:
         return False  # receive() and send() belong to the ASGI call
 
     async def close(self, code: int | None, reason: str) -> None:
-        if code is None or self._websocket.application_state is WebSocketState.DISCONNECTED:
-            return  # the server ends the websocket when the ASGI call returns
-        await self._websocket.close(code, reason)
+        if code is not None:  # else the server ends the websocket when the ASGI call returns
+            await close_websocket(self._websocket, code, reason)
 
     async def _read(self) -> None:
         while self._on_message is not None:

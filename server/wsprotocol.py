@@ -8,7 +8,9 @@ callback as they are parsed (no task waits for them), `send_now()` frames a text
 writes it to the transport at once or returns False when it cannot (handshake not done,
 closing, or the transport paused because the peer reads slowly), and `resume_writing` calls the
 gateway back to drain what it queued meanwhile, so order and backpressure stay as they were.
-Everything else (handshake, close, pings, the accept and close sends) is uvicorn's.
+`hand_over()` lets the ASGI call return while the websocket stays open (`run_asgi` then leaves
+the transport open and drops the scope), and `close()` ends it later. Everything else
+(handshake, pings, the accept and close sends) is uvicorn's.
 
 Without permessage-deflate the frame is built once per message and the same bytes are written
 to every connection (a one-entry cache: the hub hands every listener the very same object).
