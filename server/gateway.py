@@ -257,13 +257,12 @@ class Gateway:
         connections = list(self._connections)
         for connection in connections:
             connection.finish(Close(CloseCode.GOING_AWAY, "server shutting down"))
-        waits = [c.done for c in connections] + list(self._ending)
-        if waits:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_SHUTDOWN_TIMEOUT):
-                    await asyncio.wait(waits)
-                    if self._ending:  # ends of the connections just finished (close frames)
-                        await asyncio.wait(list(self._ending))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_SHUTDOWN_TIMEOUT):
+                if connections:
+                    await asyncio.wait([c.done for c in connections])
+                if self._ending:  # handed-over connections still sending their close frames
+                    await asyncio.wait(list(self._ending))
 
 
 async def _close(websocket: WebSocket, close: Close) -> None:
