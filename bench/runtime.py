@@ -5,7 +5,7 @@ Prints its figures; asserts nothing.
     python bench/runtime.py [--quick] [--chunks 400] [--runs 240] [--threads 8]
                             [--seq-runs 40] [--lengths 10,200,2000]
                             [--postgres ADMIN_DSN] [--redis URL] [--scale-out]
-                            [--profile FILE] [--profile-scale-out FILE]
+                            [--profile FILE] [--profile-scale-out FILE] [--no-split]
 
 With --postgres the benchmark creates a database of its own through ADMIN_DSN and drops it after.
 --scale-out adds the Postgres + Redis column on a throwaway cluster and redis-server of the
@@ -14,7 +14,13 @@ run's own (for whichever of --postgres / --redis is not given).
 Every figure is measured side by side in one run for the embedded default (SQLite + in-process
 bus) and, when given, for Postgres + Redis, so ratios are comparable on a noisy machine.
 CPU is this process's (worker, service and the driving client in one process; for Postgres +
-Redis the servers' own CPU is not included). --profile FILE writes a cProfile of the
+Redis the servers' own CPU is not included). On Postgres + Redis the benchmark then also runs
+the worker as deployed, in a process of its own (`threadline serve --role worker`), and splits
+a run's CPU into the worker's (that process), the admission's (`ThreadService.send_message`,
+what a gateway spends on the request that starts the run, measured alone) and the driving
+client's (its subscription to the thread's chunks and invalidations, its read of the run),
+which in a deployment is a gateway's fan-out and a client's own work, not the run's;
+--no-split skips that part. --profile FILE writes a cProfile of the
 sequential runs on the 200-message thread (embedded; the first length without 200) to FILE;
 --profile-scale-out FILE does the same for the Postgres + Redis runs.
 """
@@ -35,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["THREADLINE_DEMO_DELAY_MS"] = "0"
@@ -219,6 +226,109 @@ async def runs_per_second(
     return total / elapsed, total, cpu / total * 1e3
 
 
+@dataclass
+class Split:
+    """CPU ms per run with the worker in a process of its own."""
+
+    label: str
+    runs: int
+    worker_ms: float  # the worker process's CPU
+    driver_ms: float  # this process's: admissions, the client's subscription and reads
+    admission_ms: float  # one admission alone (`ThreadService.send_message`)
+    rate: float  # runs/s
+
+    @property
+    def run_ms(self) -> float:
+        """What a run costs the deployment: its worker's CPU and its admission's."""
+        return self.worker_ms + self.admission_ms
+
+    @property
+    def client_ms(self) -> float:
+        return self.driver_ms - self.admission_ms
+
+
+def process_cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def wait_ended(store: Store, run_ids: list[str], polls: int = 1200) -> None:
+    """Until every run has ended (checked every 50 ms, at most `polls` times)."""
+    waiting = list(run_ids)
+    for _ in range(polls):
+        waiting = [r for r in waiting if not (await store.get_run(r)).status.is_terminal]
+        if not waiting:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{len(waiting)} runs did not end")
+
+
+async def split_runs(
+    database_url: str, redis_url: str, length: int, seq_runs: int, runs: int, threads: int
+) -> list[Split]:
+    """The worker as deployed (`threadline serve --role worker`) and this process as the
+    gateway and client: each one's CPU per run on `length`-message threads, one run at a time
+    and on `threads` threads at once."""
+    agent = demo_agent()
+    # The served worker's bus prefix and polling: the defaults.
+    async with open_store(database_url) as store, open_bus(redis_url) as bus:
+        service = ThreadService(store, Publisher(bus), agent)
+        # Admissions alone, before any worker runs: one per fresh thread (each starts a run,
+        # which waits for the worker below; those runs are its warm-up).
+        fresh = [
+            (await service.create_thread(PRINCIPAL, title=f"admit{i}")).thread.id
+            for i in range(max(20, seq_runs))
+        ]
+        cpu = time.process_time()
+        admitted = [
+            await service.send_message(PRINCIPAL, thread_id, "hello") for thread_id in fresh
+        ]
+        admission_ms = (time.process_time() - cpu) / len(fresh) * 1e3
+        sequential = []
+        for i in range(max(1, seq_runs // 10)):
+            thread = await service.create_thread(PRINCIPAL, title=f"split{length}-{i}")
+            await prefill(store, thread.thread.id, length)
+            sequential.append(thread.thread.id)
+        concurrent = []
+        for i in range(threads):
+            thread = await service.create_thread(PRINCIPAL, title=f"splitc{i}")
+            await prefill(store, thread.thread.id, length)
+            concurrent.append(thread.thread.id)
+        extra = {"THREADLINE_POLL_INTERVAL": "1.0", "THREADLINE_MAX_CONCURRENT_RUNS": "16"}
+        with common.deployment(database_url, redis_url, ["worker"], extra) as (worker,):
+            pid = worker.process.pid
+            await wait_ended(store, [a.run_id for a in admitted if a.run_id is not None])
+            for thread_id in sequential + concurrent:  # warm-up: a first run on each
+                await drive(service, bus, store, thread_id, 1)
+            rows = []
+            share = max(1, seq_runs // len(sequential))
+            per_thread = max(1, runs // threads)
+            for label, ids, each in (
+                (f"sequential, {length} messages", sequential, share),
+                (f"{threads} threads at once, {length} messages", concurrent, per_thread),
+            ):
+                worker_cpu, cpu = process_cpu(pid), time.process_time()
+                started = time.perf_counter()
+                if label.startswith("sequential"):
+                    for thread_id in ids:
+                        await drive(service, bus, store, thread_id, each)
+                else:
+                    await asyncio.gather(*(drive(service, bus, store, t, each) for t in ids))
+                elapsed = time.perf_counter() - started
+                done = each * len(ids)
+                rows.append(
+                    Split(
+                        label,
+                        done,
+                        (process_cpu(pid) - worker_cpu) / done * 1e3,
+                        (time.process_time() - cpu) / done * 1e3,
+                        admission_ms,
+                        done / elapsed,
+                    )
+                )
+    return rows
+
+
 def parse_lengths(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
@@ -235,6 +345,9 @@ async def main() -> None:
     parser.add_argument("--redis", help="Redis URL for the scale-out column")
     parser.add_argument(
         "--scale-out", action="store_true", help="own Postgres/Redis for the scale-out column"
+    )
+    parser.add_argument(
+        "--no-split", action="store_true", help="skip the worker-in-its-own-process part"
     )
     parser.add_argument("--profile", help="write a cProfile of the embedded 200-message runs")
     parser.add_argument(
@@ -290,6 +403,22 @@ async def main() -> None:
                 f"{scaling[n][i].cpu_ms:20.2f} {scaling[n][i].wall_ms:20.2f}" for n in names
             )
             print(f"{length:8d} {cells}")
+        if args.postgres and args.redis and not args.no_split:
+            dsn = await stack.enter_async_context(common.own_database(args.postgres))
+            length = 200 if 200 in args.lengths else args.lengths[0]
+            split = await split_runs(
+                dsn, args.redis, length, args.seq_runs, args.runs, args.threads
+            )
+            print()
+            print("Postgres + Redis, the worker in a process of its own (serve --role worker):"
+                  " CPU ms per run")
+            print(f"{'':36} {'worker':>8} {'admission':>10} {'run':>8} {'client':>8}"
+                  f" {'runs/s':>8}")
+            for row in split:
+                print(f"{row.label:36} {row.worker_ms:8.2f} {row.admission_ms:10.2f}"
+                      f" {row.run_ms:8.2f} {row.client_ms:8.2f} {row.rate:8.1f}  ({row.runs} runs)")
+            print("run = worker + admission (the gateway's send_message); client = the driving"
+                  " client's subscription and reads (a gateway's fan-out in a deployment)")
         for path, profile in profiles.values():
             if path and profile is not None:
                 profile.dump_stats(path)

@@ -74,3 +74,14 @@ def test_runtime_bench_quick() -> None:
     # Thread-length scaling: CPU and wall ms per run for both setups, per length.
     for length in ("10", "200", "2000"):
         assert len(rows[length]) == 5 and all(float(v) > 0 for v in rows[length][1:]), stdout
+    # The worker in a process of its own: worker, admission, run, client ms, runs/s per row.
+    split = [
+        line.split() for line in stdout.splitlines()
+        if "messages " in line and line.endswith(" runs)")
+    ]
+    assert [row[0] for row in split] == ["sequential,", "8"], stdout
+    for row in split:
+        figures = [float(v) for v in row[row.index("messages") + 1 :][:5]]
+        worker, admission, run, _client, rate = figures
+        assert worker > 0 and admission > 0 and rate > 0, stdout
+        assert abs(run - (worker + admission)) < 0.02, stdout
