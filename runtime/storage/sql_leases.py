@@ -131,13 +131,20 @@ async def renew_lease(conn: Conn, lease: Lease, ttl: float) -> Lease:
     return lease_from_row(row)
 
 
+_RELEASE = "DELETE FROM leases WHERE kind = $1 AND resource_id = $2 AND token = $3"
+
+
 async def release_lease(conn: Conn, lease: Lease) -> None:
-    await conn.execute(
-        "DELETE FROM leases WHERE kind = $1 AND resource_id = $2 AND token = $3",
-        lease.kind.value,
-        lease.resource_id,
-        lease.token,
-    )
+    await conn.execute(_RELEASE, lease.kind.value, lease.resource_id, lease.token)
+    conn.on_commit(lambda: lease_event("released", lease.kind))
+
+
+async def release_with_commit(conn: Conn, lease: Lease) -> None:
+    """`release_lease` inside a fenced write transaction, after its fence: the DELETE is held
+    (`Conn.execute_later`) and goes with the transaction's other writes and COMMIT, so ending
+    a run costs no separate round trip. A retry after an unknown outcome replays the commit
+    (`SqlTransactions._run`), whose transaction deleted the row."""
+    await conn.execute_later(_RELEASE, lease.kind.value, lease.resource_id, lease.token)
     conn.on_commit(lambda: lease_event("released", lease.kind))
 
 

@@ -35,7 +35,7 @@ from runtime.storage.decisions import (
 )
 from runtime.storage.sql_actions import index_actions
 from runtime.storage.sql_core import Conn, bump, lock_thread
-from runtime.storage.sql_leases import Fenced, fence, live_lease
+from runtime.storage.sql_leases import Fenced, fence, live_lease, release_with_commit
 from runtime.storage.sql_queue import admit_next, append_message
 from runtime.storage.sql_rows import (
     Row,
@@ -189,7 +189,9 @@ async def commit(
     appends: list[tuple[NewMessage, str]],
 ) -> CommitVersion:
     """The step commit, in the order `StepCommit` documents; `tail_parts` and `appends` are
-    validated and encoded before the transaction. Says whether it admitted queued input."""
+    validated and encoded before the transaction. Says whether it admitted queued input, and
+    whether it released the lease (a terminal transition does: the run is over, and the
+    worker's separate release would be a round trip more)."""
     ending = step.run is not None and (
         step.run.status is RunStatus.WAITING or step.run.status.is_terminal
     )
@@ -233,9 +235,11 @@ async def commit(
     admitted = False
     if terminal and step.admit_next:
         admitted = await admit_next(conn, thread_id, fenced.queued) is not None
+    if terminal:
+        await release_with_commit(conn, lease)
     if not changed:
-        return CommitVersion(int(thread["version"]), admitted)
-    return CommitVersion(await bump(conn, thread_id), admitted)
+        return CommitVersion(int(thread["version"]), admitted, terminal)
+    return CommitVersion(await bump(conn, thread_id), admitted, terminal)
 
 
 async def _tail(conn: Conn, thread_id: str, known: Fenced | None) -> Row | None:
