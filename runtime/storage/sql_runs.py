@@ -41,6 +41,7 @@ from runtime.storage.sql_rows import (
     Row,
     decode_parts,
     encode_parts,
+    message_from_row,
     run_from_row,
     thread_from_row,
 )
@@ -142,12 +143,20 @@ async def start_episode(conn: Conn, lease: Lease) -> tuple[Run, int]:
 
 
 async def begin_episode(conn: Conn, lease: Lease, history_from: int) -> EpisodeStart:
-    fenced = await fence(conn, lease, LeaseKind.RUN)
+    # A read from the worker's cached tail (`history_from` > 0) is a few rows: read with the
+    # fence, in its statement. A read of the whole thread is left to a statement of its own,
+    # or every one of its rows would repeat the fence's columns.
+    merged = history_from > 0
+    fenced = await fence(conn, lease, LeaseKind.RUN, history_from=history_from if merged else None)
     thread, before = fenced.thread, fenced.run
     assert before is not None
     # Read first: the start's writes change no message nor the history epoch, and so they
     # are left to go with COMMIT (`bump`).
-    epoch, messages = await read_history(conn, lease.thread_id, history_from)
+    if merged:
+        epoch = int(thread["history_epoch"])
+        messages = [message_from_row(row) for row in fenced.history]
+    else:
+        epoch, messages = await read_history(conn, lease.thread_id, history_from)
     run, version = await _start(conn, lease, thread, before)
     return EpisodeStart(
         before=run_from_row(before),

@@ -143,6 +143,26 @@ async def test_begin_episode_is_start_episode_and_its_reads(store: SqlStore) -> 
     assert cache.apply(thread.id, 1, await store.read_history(thread.id, 1)) is None
 
 
+async def test_begin_episode_reads_like_read_history_from_any_position(store: SqlStore) -> None:
+    """From the cached tail (> 0) the read goes with the fence's statement, from 0 in one of
+    its own: both read what `read_history` does, with the epoch."""
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("a")), assistant(text("b")))))
+    await finish(store, lease)
+    admission = await store.submit_input(thread.id, SCOPES, text="c", submitted_by="alice")
+    assert admission.run_id is not None
+    counts = []
+    for start in (0, 1, 3, 4, 9):
+        lease = await store.acquire_run_lease(admission.run_id, "w1", 30.0)
+        assert lease is not None
+        began = await store.begin_episode(lease, start)
+        assert began.history == await store.read_history(thread.id, start)
+        counts.append(len(began.history.messages))
+        await store.release_lease(lease)
+    assert counts == [4, 3, 1, 0, 0]
+
+
 def _count_history_reads(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The positions `store.read_history` is called from (begin_episode's read is not one)."""
     reads: list[int] = []
