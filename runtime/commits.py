@@ -14,7 +14,13 @@ from runtime.domain import (
 )
 from runtime.episode_state import EpisodeDeps, EpisodeState, Finalisation, Phase, finalisation
 from runtime.shielding import uncancellable
-from runtime.storage.base import RunChange, StepCommit, TailUpdate, commit_admitted
+from runtime.storage.base import (
+    RunChange,
+    StepCommit,
+    TailUpdate,
+    commit_admitted,
+    commit_released,
+)
 from runtime.streaming import step_text_parts
 from runtime.toolcalls import ToolPhase, overlay_parts
 
@@ -40,6 +46,8 @@ async def _commit(
     deps: EpisodeDeps, state: EpisodeState, change: StepCommit, then: Phase | None
 ) -> int:
     change = change.model_copy(update={"next_seq": state.sink.seq})
+    # Whatever happens to it, the commit may change messages the worker's cache holds.
+    state.history_current = False
     # Every chunk emitted so far is published before the commit that holds it.
     await state.sink.drain()
     committed = await deps.store.commit(deps.lease, change)
@@ -51,6 +59,7 @@ async def _commit(
         state.phase = Phase.ENDED
         state.outcome = change.run.status
         state.admitted = commit_admitted(committed)
+        state.released = commit_released(committed)
         telemetry.safe_add(telemetry.RUNS, 1, {"event": change.run.status.value})
     elif then is not None:
         state.enter(then)

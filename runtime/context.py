@@ -17,17 +17,30 @@ def to_context(messages: Sequence[Message]) -> list[ContextMessage]:
 
 class DurableContext:
     """The leaf of resolve_model_context: reads storage lazily, capped at the anchor. Parsed
-    messages come from the worker's `HistoryCache`: only the thread's tail is read."""
+    messages come from the worker's `HistoryCache`: only the thread's tail is read, and nothing
+    when `current` says the cache holds what storage does up to the anchor (the episode read
+    it in `begin_episode`'s transaction and has committed nothing since)."""
 
     def __init__(
-        self, store: Store, thread_id: str, anchor: int, history: HistoryCache | None = None
+        self,
+        store: Store,
+        thread_id: str,
+        anchor: int,
+        history: HistoryCache | None = None,
+        *,
+        current: bool = False,
     ) -> None:
         self._store = store
         self._thread_id = thread_id
         self.anchor = anchor
         self._history = history if history is not None else HistoryCache()
+        self._current = current
 
     async def __call__(self) -> list[ContextMessage]:
+        if self._current:
+            cached = self._history.cached_context(self._thread_id, self.anchor)
+            if cached is not None:
+                return cached
         return await self._history.context(self._store, self._thread_id, self.anchor)
 
 

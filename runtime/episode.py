@@ -36,7 +36,7 @@ from runtime.phases import (
     runtime_context,
 )
 from runtime.publisher import Publisher
-from runtime.storage.base import EpisodeStart, RunChange, StepCommit, Store
+from runtime.storage.base import EpisodeStart, RunChange, StepCommit, Store, commit_released
 from runtime.streaming import ChunkSink
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,8 @@ class Episode:
         self.failure: BaseException | None = None
         # The thread's messages as the episode started (None: to be read).
         self._messages: list[Message] | None = None
+        # Whether the commit that failed the run before it started released the lease.
+        self._released_unstarted = False
 
     @property
     def lease(self) -> Lease:
@@ -85,6 +87,12 @@ class Episode:
     def outcome(self) -> RunStatus | None:
         """The run status this episode committed last (waiting or terminal), if any."""
         return self.state.outcome if self.state is not None else None
+
+    @property
+    def released(self) -> bool:
+        """Whether the commit that ended the run released the run lease with it (a terminal
+        one does): there is no lease left for the worker to release."""
+        return self._released_unstarted or (self.state is not None and self.state.released)
 
     @property
     def admitted(self) -> bool:
@@ -168,7 +176,11 @@ class Episode:
         """start_episode: fenced, +1 episode, queued -> running (+1 version when it changed)."""
         deps, before, run, version = self.deps, started.before, started.run, started.version
         sink = ChunkSink(deps.publisher, self.thread_id, self.run_id, run.next_seq, run.episode)
-        state = EpisodeState(run=run, sink=sink, anchor=-1)
+        # The messages `_begin` took into the worker's cache are current (None: a rewrite since
+        # the cache was filled; `_body` reads them).
+        state = EpisodeState(
+            run=run, sink=sink, anchor=-1, history_current=self._messages is not None
+        )
         if run.status.is_terminal:
             # Ended (stopped while queued) after the lease was taken: nothing is left to do.
             state.phase = Phase.ENDED
@@ -188,6 +200,7 @@ class Episode:
         except Exception:
             log.exception("run %s: could not record failure", self.run_id)
             return
+        self._released_unstarted = commit_released(version)
         await self.deps.publisher.invalidate(self.thread_id, version)
 
     async def _guarded(self, work: Coroutine[Any, Any, None], state: EpisodeState) -> None:

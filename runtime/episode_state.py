@@ -155,6 +155,14 @@ class EpisodeState:
     # Position of the thread's last committed message: the next step's physical anchor. Only
     # this run appends while it is active (input is queued), so it is tracked, not re-read.
     anchor: int
+    # Whether the worker's `HistoryCache` holds the thread's messages as `begin_episode` read
+    # them, with nothing committed since: the first step's context is then taken from it
+    # without a read. Only this run writes messages while it is active (input is queued, a
+    # history rewrite is refused), so the change since would be the episode's own commit
+    # (`commits.commit` clears this). The one exception, a resolution landing on a tail action
+    # a dead episode left unsuspended, races with the step either way: the context is then as
+    # of the episode's start, as if the resolution had come a moment later.
+    history_current: bool = False
     # Where the episode is; moved forward by `enter` and by durable commits only.
     phase: Phase = Phase.STARTING
     # The latest step context (run context, step number, execution-local state). None until
@@ -174,6 +182,9 @@ class EpisodeState:
     # Whether the commit that ended the run admitted queued input as a new run (True when the
     # store cannot tell): the worker then wakes workers to run it.
     admitted: bool = False
+    # Whether that commit released the run lease too (a terminal one does): the worker then
+    # has none left to release.
+    released: bool = False
 
     @property
     def ended(self) -> bool:

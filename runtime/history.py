@@ -83,6 +83,15 @@ class HistoryCache:
         entry = await self._refresh(store, thread_id)
         return [c for c in entry.contexts[: entry.count(up_to_position)] if c is not None]
 
+    def cached_context(self, thread_id: str, up_to_position: int) -> list[ContextMessage] | None:
+        """`context` as cached, without reading storage: for a caller that knows the cache is
+        current (the episode that just refreshed it, `EpisodeState.history_current`); None when
+        the thread is not cached (evicted since), and the caller reads."""
+        entry = self._threads.get(thread_id)
+        if entry is None:
+            return None
+        return [c for c in entry.contexts[: entry.count(up_to_position)] if c is not None]
+
     def read_from(self, thread_id: str) -> int | None:
         """Where a read of the thread should start: its cached tail (None: not cached, read
         the whole thread)."""

@@ -163,7 +163,11 @@ async def resolve_context(
 ) -> list[ContextMessage]:
     """resolve_model_context over the committed messages up to the step-start anchor."""
     state.enter(Phase.CONTEXT)
-    leaf = DurableContext(deps.store, deps.thread_id, state.anchor, deps.history)
+    # The first step after `begin_episode` reuses what it read (`history_current`), once.
+    current, state.history_current = state.history_current, False
+    leaf = DurableContext(
+        deps.store, deps.thread_id, state.anchor, deps.history, current=current
+    )
     return list(await deps.lifecycle.resolve_model_context(ctx.run, leaf))
 
 

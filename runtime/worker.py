@@ -179,8 +179,9 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeat
             self.episodes.pop(episode.run_id, None)
-        if not episode.lease_lost or self._closing:
-            # On shutdown the lease is handed back so another worker takes over at once.
+        if not episode.released and (not episode.lease_lost or self._closing):
+            # On shutdown the lease is handed back so another worker takes over at once. A
+            # terminal commit released it already, in its own transaction.
             with contextlib.suppress(Exception):
                 await self.store.release_lease(episode.lease)
         if outcome is not None and outcome.is_terminal and episode.admitted:

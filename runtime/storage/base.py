@@ -126,14 +126,20 @@ class ResolveResult(BaseModel):
 
 class CommitVersion(int):
     """What `Store.commit` returns: the thread's version after the commit (an `int`, used as
-    one), and whether the commit `admitted` a queued input as a new queued run (a terminal run
-    transition does, when input was queued). Workers wake up to look for work only then."""
+    one), whether the commit `admitted` a queued input as a new queued run (a terminal run
+    transition does, when input was queued; workers wake up to look for work only then), and
+    whether it `released` the run lease (a terminal run transition does, in its transaction:
+    the worker then has no lease left to release)."""
 
     admitted: bool
+    released: bool
 
-    def __new__(cls, version: int, admitted: bool = False) -> CommitVersion:
+    def __new__(
+        cls, version: int, admitted: bool = False, released: bool = False
+    ) -> CommitVersion:
         value = super().__new__(cls, version)
         value.admitted = admitted
+        value.released = released
         return value
 
 
@@ -141,6 +147,13 @@ def commit_admitted(version: int) -> bool:
     """Whether a commit that returned `version` admitted a queued input; True when it cannot
     tell (a `Store.commit` that returns a plain `int`), so no admitted run waits for a poll."""
     return version.admitted if isinstance(version, CommitVersion) else True
+
+
+def commit_released(version: int) -> bool:
+    """Whether a commit that returned `version` released its run lease; False when it cannot
+    tell (a plain `int`), so the worker releases the lease itself (a release of a lease that
+    is gone deletes nothing)."""
+    return version.released if isinstance(version, CommitVersion) else False
 
 
 class HistoryRead(BaseModel):
@@ -261,7 +274,9 @@ class Store(Protocol):
     # fenced runtime writes
     async def commit(self, lease: Lease, commit: StepCommit) -> int:
         """The fenced step commit; returns the thread's version after it, a `CommitVersion`
-        where the store says whether a terminal transition admitted queued input."""
+        where the store says whether a terminal transition admitted queued input. A terminal
+        transition also releases the run lease, in the same transaction: later writes under
+        it fail with `LeaseLost`."""
         ...
 
     # pending actions
@@ -329,4 +344,5 @@ __all__ = [
     "TailUpdate",
     "Truncate",
     "commit_admitted",
+    "commit_released",
 ]

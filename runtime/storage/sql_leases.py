@@ -23,6 +23,7 @@ from runtime.storage.sql_threads import (
     FIRST_QUEUED,
     TAIL,
     THREAD,
+    Prefixed,
     first_queued_join,
     tail_join,
 )
@@ -131,13 +132,20 @@ async def renew_lease(conn: Conn, lease: Lease, ttl: float) -> Lease:
     return lease_from_row(row)
 
 
+_RELEASE = "DELETE FROM leases WHERE kind = $1 AND resource_id = $2 AND token = $3"
+
+
 async def release_lease(conn: Conn, lease: Lease) -> None:
-    await conn.execute(
-        "DELETE FROM leases WHERE kind = $1 AND resource_id = $2 AND token = $3",
-        lease.kind.value,
-        lease.resource_id,
-        lease.token,
-    )
+    await conn.execute(_RELEASE, lease.kind.value, lease.resource_id, lease.token)
+    conn.on_commit(lambda: lease_event("released", lease.kind))
+
+
+async def release_with_commit(conn: Conn, lease: Lease) -> None:
+    """`release_lease` inside a fenced write transaction, after its fence: the DELETE is held
+    (`Conn.execute_later`) and goes with the transaction's other writes and COMMIT, so ending
+    a run costs no separate round trip. A retry after an unknown outcome replays the commit
+    (`SqlTransactions._run`), whose transaction deleted the row."""
+    await conn.execute_later(_RELEASE, lease.kind.value, lease.resource_id, lease.token)
     conn.on_commit(lambda: lease_event("released", lease.kind))
 
 
@@ -220,8 +228,14 @@ async def _grant(
     return lease_from_row(row)
 
 
+# The thread's messages from a position on (alias `h`), one per row of the fence's statement
+# (`fence(history_from=…)`: what `sql_threads.read_history` reads).
+HISTORY = Prefixed("h", "history_", TAIL.columns)
+
 # Columns of the fence's statement that are not the run's.
-_NOT_RUN = ("lease_", THREAD.prefix, TAIL.prefix, FIRST_QUEUED.prefix, NOW_COLUMN)
+_NOT_RUN = (
+    "lease_", THREAD.prefix, TAIL.prefix, FIRST_QUEUED.prefix, HISTORY.prefix, NOW_COLUMN
+)
 
 
 @functools.lru_cache(maxsize=64)
@@ -241,10 +255,12 @@ class Fenced:
     tail_read: bool = False
     # With `queued`: the thread's first queued item (None: nothing queued).
     queued: Row | Literal["unread"] | None = "unread"
+    # With `history_from`: the thread's message rows from that position on, in order.
+    history: tuple[Row, ...] = ()
 
 
 @functools.lru_cache(maxsize=64)
-def _fence_sql(run: bool, tail: bool, queued: bool, now_column: str) -> str:
+def _fence_sql(run: bool, tail: bool, queued: bool, history: bool, now_column: str) -> str:
     """`fence`'s statement (built once per shape: fences run several times per run)."""
     columns = (
         "l.thread_id AS lease_thread_, l.token AS lease_token_, l.expires_at AS lease_expires_"
@@ -260,26 +276,38 @@ def _fence_sql(run: bool, tail: bool, queued: bool, now_column: str) -> str:
     if queued:
         columns += FIRST_QUEUED.select()
         joins += first_queued_join("t.id")
+    order = ""
+    if history:
+        columns += HISTORY.select()
+        joins += " LEFT JOIN messages h ON h.thread_id = t.id AND h.position >= $4"
+        order = " ORDER BY h.position"
     return (
         f"SELECT {columns}{now_column} FROM threads t"
         " LEFT JOIN leases l ON l.kind = $1 AND l.resource_id = $2"
-        f"{joins} WHERE t.id = $3"
+        f"{joins} WHERE t.id = $3{order}"
     )
 
 
 async def fence(
-    conn: Conn, lease: Lease, kind: LeaseKind, *, tail: bool = False, queued: bool = False
+    conn: Conn,
+    lease: Lease,
+    kind: LeaseKind,
+    *,
+    tail: bool = False,
+    queued: bool = False,
+    history_from: int | None = None,
 ) -> Fenced:
     """Lock the lease's thread and check the lease, in the caller's write transaction.
 
     Returns the locked thread row, for run leases the run row, with `tail` the tail message
-    row and with `queued` the first queued item's. Raises LeaseLost (nothing has been written
-    yet) unless the stored lease still holds this token and has not expired by the database
-    clock.
+    row, with `queued` the first queued item's and with `history_from` the message rows from
+    that position on (one result row each: meant for a few, a tail read). Raises LeaseLost
+    (nothing has been written yet) unless the stored lease still holds this token and has not
+    expired by the database clock.
 
-    After the lock, one statement reads the lease, the clock, the run, the tail and the queue:
-    every row it reads is written only under the thread lock, so it sees what separate reads
-    would.
+    After the lock, one statement reads the lease, the clock, the run, the tail, the queue and
+    the messages: every row it reads is written only under the thread lock, so it sees what
+    separate reads would.
     """
     check_lease_kind(lease, kind)
     # The thread row is read by the statement below, after the lock: taken here, or with the
@@ -289,12 +317,16 @@ async def fence(
         with contextlib.suppress(NotFound):
             await lock_thread(conn, lease.thread_id)
     # Reads the clock too (after the thread lock, as `now()` would).
-    found = await conn.fetchrow(
-        _fence_sql(kind is LeaseKind.RUN, tail, queued, conn.now_column()),
-        lease.kind.value,
-        lease.resource_id,
-        lease.thread_id,
+    sql = _fence_sql(
+        kind is LeaseKind.RUN, tail, queued, history_from is not None, conn.now_column()
     )
+    args: list[Any] = [lease.kind.value, lease.resource_id, lease.thread_id]
+    rows: list[Row] = []
+    if history_from is None:
+        found = await conn.fetchrow(sql, *args)
+    else:
+        rows = await conn.fetch(sql, *args, int(history_from))
+        found = rows[0] if rows else None
     thread: Row | None = None if found is None else THREAD.row(found)
     # The lease's columns (all NULL: no lease row).
     stored = None if found is None or found["lease_token_"] is None else found
@@ -325,10 +357,12 @@ async def fence(
         )
     assert stored is not None
     conn.note_version(lease.thread_id, int(thread["version"]))
+    history = (HISTORY.joined(row) for row in rows)
     return Fenced(
         thread,
         run,
         TAIL.joined(stored) if tail else None,
         tail,
         FIRST_QUEUED.joined(stored) if queued else "unread",
+        tuple(row for row in history if row is not None),
     )

@@ -35,12 +35,13 @@ from runtime.storage.decisions import (
 )
 from runtime.storage.sql_actions import index_actions
 from runtime.storage.sql_core import Conn, bump, lock_thread
-from runtime.storage.sql_leases import Fenced, fence, live_lease
+from runtime.storage.sql_leases import Fenced, fence, live_lease, release_with_commit
 from runtime.storage.sql_queue import admit_next, append_message
 from runtime.storage.sql_rows import (
     Row,
     decode_parts,
     encode_parts,
+    message_from_row,
     run_from_row,
     thread_from_row,
 )
@@ -142,12 +143,20 @@ async def start_episode(conn: Conn, lease: Lease) -> tuple[Run, int]:
 
 
 async def begin_episode(conn: Conn, lease: Lease, history_from: int) -> EpisodeStart:
-    fenced = await fence(conn, lease, LeaseKind.RUN)
+    # A read from the worker's cached tail (`history_from` > 0) is a few rows: read with the
+    # fence, in its statement. A read of the whole thread is left to a statement of its own,
+    # or every one of its rows would repeat the fence's columns.
+    merged = history_from > 0
+    fenced = await fence(conn, lease, LeaseKind.RUN, history_from=history_from if merged else None)
     thread, before = fenced.thread, fenced.run
     assert before is not None
     # Read first: the start's writes change no message nor the history epoch, and so they
     # are left to go with COMMIT (`bump`).
-    epoch, messages = await read_history(conn, lease.thread_id, history_from)
+    if merged:
+        epoch = int(thread["history_epoch"])
+        messages = [message_from_row(row) for row in fenced.history]
+    else:
+        epoch, messages = await read_history(conn, lease.thread_id, history_from)
     run, version = await _start(conn, lease, thread, before)
     return EpisodeStart(
         before=run_from_row(before),
@@ -189,7 +198,9 @@ async def commit(
     appends: list[tuple[NewMessage, str]],
 ) -> CommitVersion:
     """The step commit, in the order `StepCommit` documents; `tail_parts` and `appends` are
-    validated and encoded before the transaction. Says whether it admitted queued input."""
+    validated and encoded before the transaction. Says whether it admitted queued input, and
+    whether it released the lease (a terminal transition does: the run is over, and the
+    worker's separate release would be a round trip more)."""
     ending = step.run is not None and (
         step.run.status is RunStatus.WAITING or step.run.status.is_terminal
     )
@@ -233,9 +244,11 @@ async def commit(
     admitted = False
     if terminal and step.admit_next:
         admitted = await admit_next(conn, thread_id, fenced.queued) is not None
+    if terminal:
+        await release_with_commit(conn, lease)
     if not changed:
-        return CommitVersion(int(thread["version"]), admitted)
-    return CommitVersion(await bump(conn, thread_id), admitted)
+        return CommitVersion(int(thread["version"]), admitted, terminal)
+    return CommitVersion(await bump(conn, thread_id), admitted, terminal)
 
 
 async def _tail(conn: Conn, thread_id: str, known: Fenced | None) -> Row | None:

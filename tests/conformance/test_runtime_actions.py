@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.domain import RunStatus, ToolCallPart, ToolState, WaitKind
+from runtime.domain import Lease, RunStatus, ToolCallPart, ToolState, WaitKind
 from runtime.errors import ActionConflict, Forbidden, InvalidPayload, NotFound
 from runtime.lifecycle import AgentLifecycle, ToolResult
 from runtime.providers.scripted import (
@@ -232,3 +232,46 @@ async def test_invalid_payload_errors_stay_small_for_huge_payloads(runtime_for) 
         await rt.service.resume_action(ALICE, thread_id, action.id, {"approved": "x" * 100_000})
     errors = invalid.value.details["errors"]
     assert errors and all(len(e["msg"]) <= 200 for e in errors)
+
+
+async def _episodes_done(rt: Runtime) -> None:
+    """Until the worker has ended its episodes (its release, if any, included)."""
+    for _ in range(500):
+        if not rt.workers[0]._tasks:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the worker's episodes did not end")
+
+
+async def test_terminal_commit_releases_the_lease_a_wait_is_released_after(
+    runtime_for, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = ScriptedModel(
+        [tool_call_response("transfer", {"amount": 2}, "t1"), text_response("sent")]
+    )
+    rt = await runtime_for(transfer_agent(model, Recording()))
+    released: list[Lease] = []
+    real = rt.store.release_lease
+
+    async def counting(lease: Lease) -> None:
+        released.append(lease)
+        await real(lease)
+
+    monkeypatch.setattr(rt.store, "release_lease", counting)
+    thread_id = await rt.thread()
+    admission = await rt.service.send_message(ALICE, thread_id, "pay 2")
+    action = await _pending(rt, thread_id)
+    await _episodes_done(rt)
+    # Waiting: the worker releases the lease itself once the episode ended.
+    assert [lease.resource_id for lease in released] == [admission.run_id]
+    await rt.service.resume_action(BOB, thread_id, action.id, {"approved": True})
+    await rt.wait_status(thread_id, RunStatus.COMPLETED)
+    await _episodes_done(rt)
+    # Completed: the terminal commit released the lease in its transaction; no release more.
+    assert len(released) == 1
+    run_id = admission.run_id or ""
+    assert await rt.store.acquire_run_lease(run_id, "other", 10.0) is None  # run ended
+    rows = await rt.store._read(  # type: ignore[attr-defined]
+        lambda conn: conn.fetch("SELECT token FROM leases WHERE resource_id = $1", run_id)
+    )
+    assert rows == []

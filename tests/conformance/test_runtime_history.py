@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import pytest
+from pydantic import BaseModel
+
+from runtime.agent import Agent
 from runtime.context import to_context
-from runtime.domain import Visibility
+from runtime.domain import RunStatus, Visibility
 from runtime.history import HistoryCache
+from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
 from runtime.storage import SqliteStore, SqlStore
-from runtime.storage.base import SetVisibility, StepCommit, Truncate
+from runtime.storage.base import HistoryRead, SetVisibility, StepCommit, Truncate
 from runtime.storage.sqlite import CHECKPOINT_EVERY
+from runtime.tools import tool
+from tests.conformance.runtime_harness import ALICE
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -133,6 +141,91 @@ async def test_begin_episode_is_start_episode_and_its_reads(store: SqlStore) -> 
     assert cache.apply(thread.id, start, began.history) == await store.list_messages(thread.id)
     # A read from a position that is not the cached tail cannot be used.
     assert cache.apply(thread.id, 1, await store.read_history(thread.id, 1)) is None
+
+
+async def test_begin_episode_reads_like_read_history_from_any_position(store: SqlStore) -> None:
+    """From the cached tail (> 0) the read goes with the fence's statement, from 0 in one of
+    its own: both read what `read_history` does, with the epoch."""
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    await store.commit(lease, StepCommit(append=(assistant(text("a")), assistant(text("b")))))
+    await finish(store, lease)
+    admission = await store.submit_input(thread.id, SCOPES, text="c", submitted_by="alice")
+    assert admission.run_id is not None
+    counts = []
+    for start in (0, 1, 3, 4, 9):
+        lease = await store.acquire_run_lease(admission.run_id, "w1", 30.0)
+        assert lease is not None
+        began = await store.begin_episode(lease, start)
+        assert began.history == await store.read_history(thread.id, start)
+        counts.append(len(began.history.messages))
+        await store.release_lease(lease)
+    assert counts == [4, 3, 1, 0, 0]
+
+
+def _count_history_reads(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The positions `store.read_history` is called from (begin_episode's read is not one)."""
+    reads: list[int] = []
+    real = store.read_history
+
+    async def counting(thread_id: str, from_position: int = 0) -> HistoryRead:
+        reads.append(from_position)
+        return await real(thread_id, from_position)
+
+    monkeypatch.setattr(store, "read_history", counting)
+    return reads
+
+
+async def test_first_step_context_is_what_the_episode_start_read(
+    runtime_for: Any, store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = _count_history_reads(store, monkeypatch)
+    model = ScriptedModel([text_response("one"), text_response("two")])
+    rt = await runtime_for(Agent(model=model))
+    thread_id = await rt.thread()
+    for count, text_in in ((2, "hi"), (4, "again")):
+        await rt.service.send_message(ALICE, thread_id, text_in)
+        await rt.wait_for(
+            thread_id,
+            lambda s, n=count: s.run is not None and s.run.status is RunStatus.COMPLETED
+            and len(s.messages) == n,
+        )
+    # One-step runs: begin_episode's read served each step's context, no read of its own.
+    assert reads == []
+    messages = await store.list_messages(thread_id)
+    assert [list(call.messages) for call in model.calls] == [
+        to_context(messages[:1]),
+        to_context(messages[:3]),
+    ]
+
+
+async def test_a_later_step_reads_what_the_episode_committed(
+    runtime_for: Any, store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class NoArgs(BaseModel):
+        pass
+
+    @tool
+    async def echo(args: NoArgs) -> str:
+        return "echoed"
+
+    reads = _count_history_reads(store, monkeypatch)
+    model = ScriptedModel([tool_call_response("echo", {}, "c1"), text_response("done")])
+    rt = await runtime_for(Agent(model=model, tools=[echo]))
+    thread_id = await rt.thread()
+    await rt.service.send_message(ALICE, thread_id, "go")
+    await rt.wait_status(thread_id, RunStatus.COMPLETED, RunStatus.FAILED)
+    # The second step's context holds the first step's committed message: read from the tail.
+    assert reads == [0]
+    messages = await store.list_messages(thread_id)
+    assert [list(call.messages) for call in model.calls] == [
+        to_context(messages[:1]),
+        to_context(messages[:2]),
+    ]
+
+
+def test_cached_context_is_none_for_an_uncached_thread() -> None:
+    assert HistoryCache().cached_context("th_unknown", 10) is None
 
 
 async def test_sqlite_checkpoints_the_wal_off_the_event_loop(tmp_path: Path) -> None:

@@ -13,7 +13,14 @@ from runtime.domain import (
     ToolCallPart,
     ToolState,
 )
-from runtime.errors import Conflict, IllegalTransition, InvalidInput, InvariantViolation, TooLarge
+from runtime.errors import (
+    Conflict,
+    IllegalTransition,
+    InvalidInput,
+    InvariantViolation,
+    LeaseLost,
+    TooLarge,
+)
 from runtime.storage import SqlStore
 from runtime.storage.base import RunChange, StepCommit, TailUpdate
 from tests.conformance.store_helpers import (
@@ -100,10 +107,10 @@ async def test_run_transitions_are_guarded(store: SqlStore) -> None:
     snapshot = await store.snapshot(thread.id, SCOPES)
     assert snapshot.run is not None and snapshot.run.error == "model down"
     assert snapshot.thread.version == version
-    # A finished run takes no more writes.
-    with pytest.raises(InvariantViolation):
+    # A finished run takes no more writes: its terminal commit released the lease with it.
+    with pytest.raises(LeaseLost):
         await store.commit(lease, StepCommit(append=(assistant(text("late")),)))
-    with pytest.raises(InvariantViolation):
+    with pytest.raises(LeaseLost):
         await store.commit(lease, StepCommit(run=RunChange(status=RunStatus.COMPLETED)))
 
 

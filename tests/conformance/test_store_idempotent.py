@@ -8,9 +8,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from runtime.domain import Resolution, Role
+from runtime.domain import Resolution, Role, RunStatus
+from runtime.errors import LeaseLost
 from runtime.storage import SqliteStore, SqlStore
-from runtime.storage.base import StepCommit
+from runtime.storage.base import CommitVersion, RunChange, StepCommit
 from runtime.storage.sql_core import Conn
 from tests.conformance.store_helpers import (
     SCOPES,
@@ -74,6 +75,29 @@ async def test_step_commit_appends_once(
     messages = await store.list_messages(thread.id)
     assert [m.role.value for m in messages] == ["user", "assistant"]
     assert (await store.get_run(lease.resource_id)).next_seq == 3
+
+
+async def test_terminal_commit_replays_its_release_and_admission(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A terminal commit whose reply is lost: the retry returns what the committed attempt did
+    (the lease released in its transaction, the queued input admitted once)."""
+    thread = await new_thread(store)
+    admission, lease = await start_run(store, thread.id)
+    queued = await store.submit_input(thread.id, SCOPES, text="next", submitted_by="alice")
+    assert queued.queued_item_id is not None
+    before = (await store.get_thread(thread.id, SCOPES)).version
+    lost = lose_commit_replies(store, monkeypatch, 1)
+    version = await store.commit(lease, StepCommit(run=RunChange(status=RunStatus.COMPLETED)))
+    assert lost == [1]
+    assert version == before + 1
+    assert isinstance(version, CommitVersion) and version.released and version.admitted
+    assert (await store.get_run(admission.run_id or "")).status is RunStatus.COMPLETED
+    with pytest.raises(LeaseLost):
+        await store.renew_lease(lease, 30.0)
+    runnable = await store.find_runnable_runs()
+    assert len(runnable) == 1 and runnable[0].id != admission.run_id
+    assert [m.text() for m in await store.list_messages(thread.id)] == ["hello", "next"]
 
 
 async def test_resume_winner_gets_its_own_answer(

@@ -9,7 +9,14 @@ import pytest
 from runtime.domain import Lease, LeaseKind, RunStatus, Visibility
 from runtime.errors import InvalidInput, LeaseLost, NotFound
 from runtime.storage import SqlStore, sql_leases
-from runtime.storage.base import RunChange, SetVisibility, StepCommit, TailUpdate, Truncate
+from runtime.storage.base import (
+    CommitVersion,
+    RunChange,
+    SetVisibility,
+    StepCommit,
+    TailUpdate,
+    Truncate,
+)
 from runtime.storage.sql_core import Conn
 from tests.conformance.store_helpers import (
     SCOPES,
@@ -150,6 +157,43 @@ async def test_renew_extends_and_release_frees(store: SqlStore) -> None:
     with pytest.raises(LeaseLost):
         await store.renew_lease(renewed, 30.0)
     assert await store.acquire_run_lease(run_id, "w2", 10.0) is not None
+
+
+async def run_lease_row(store: SqlStore, run_id: str) -> object:
+    """The run's lease row, live or not (None: no row)."""
+
+    async def read(conn: Conn) -> object:
+        return await conn.fetchrow(
+            "SELECT token FROM leases WHERE kind = 'run' AND resource_id = $1", run_id
+        )
+
+    return await store._read(read)
+
+
+async def test_terminal_commit_releases_the_run_lease(store: SqlStore) -> None:
+    for status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
+        thread = await new_thread(store)
+        admission, lease = await start_run(store, thread.id)
+        step = await store.commit(lease, StepCommit(append=(assistant(text("a")),)))
+        assert not step.released
+        assert await run_lease_row(store, lease.resource_id) is not None
+        ended = await finish(store, lease, status)
+        # In the terminal commit's own transaction: no lease row is left, nothing to release.
+        assert isinstance(ended, CommitVersion) and ended.released
+        assert await run_lease_row(store, lease.resource_id) is None
+        with pytest.raises(LeaseLost):
+            await store.renew_lease(lease, 30.0)
+        await store.release_lease(lease)  # a release after it deletes nothing, raises nothing
+        assert (await store.get_run(admission.run_id or "")).status is status
+
+
+async def test_waiting_commit_keeps_the_run_lease(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id)
+    waiting = await suspend(store, lease, "act-1")
+    assert isinstance(waiting, CommitVersion) and not waiting.released
+    assert await run_lease_row(store, lease.resource_id) is not None
+    assert (await store.renew_lease(lease, 30.0)).token == lease.token
 
 
 async def test_release_of_a_stale_lease_keeps_the_new_owner(store: SqlStore) -> None:
