@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import re
 from collections.abc import AsyncIterator
@@ -12,6 +11,7 @@ from typing import Any
 import asyncpg
 
 from runtime.storage.dialect import Dialect
+from runtime.storage.pg_pool import ConnectionPool
 from runtime.storage.sql import SqlStore
 from runtime.storage.sql_core import Conn
 from runtime.storage.sql_rows import Row
@@ -108,6 +108,10 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.ConnectionDoesNotExistError,
+    # The server ended an idle session (pg_terminate_backend, idle_session_timeout, failover)
+    # and the client saw its FATAL message before the closed socket: the next statement finds
+    # the protocol still consuming that error. The pool drops the connection (`pg_pool`).
+    asyncpg.exceptions.InternalClientError,
     ConnectionError,
     OSError,
 )
@@ -249,10 +253,10 @@ class _PgConn(Conn):
 
 
 class _Connection(asyncpg.Connection):  # type: ignore[misc]
-    """A pooled connection. The store keeps no session state on it (no LISTEN, no session
-    settings, no session advisory locks: the migration lock is transaction-scoped), so the
-    reset asyncpg runs on every release would be a round trip per transaction for nothing;
-    an open transaction is still ended on release, as asyncpg always does."""
+    """A pooled connection (`ConnectionPool`). The store keeps no session state on it (no
+    LISTEN, no session settings, no session advisory locks: the migration lock is
+    transaction-scoped), so nothing is reset between transactions; a connection returned
+    inside a transaction is closed instead."""
 
     def get_reset_query(self) -> str:
         return ""
@@ -267,7 +271,7 @@ class PostgresPool:
         self.min_size = min_size
         self.max_size = max_size
         self.close_timeout = close_timeout
-        self._pool: asyncpg.Pool | None = None
+        self._pool: ConnectionPool | None = None
 
     @property
     def is_open(self) -> bool:
@@ -275,28 +279,26 @@ class PostgresPool:
 
     async def open(self) -> None:
         if self._pool is None:
-            self._pool = await asyncpg.create_pool(
+            pool = ConnectionPool(
                 self.dsn,
                 min_size=self.min_size,
                 max_size=self.max_size,
                 connection_class=_Connection,
             )
+            await pool.open()
+            self._pool = pool
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        try:
-            await asyncio.wait_for(pool.close(), self.close_timeout)
-        except TimeoutError:
-            pool.terminate()
+        if pool is not None:
+            await pool.close(self.close_timeout)
 
     @asynccontextmanager
     async def transaction(self, *, write: bool) -> AsyncIterator[Conn]:
         pool = self._pool
         if pool is None:
             raise RuntimeError("PostgresStore is not open")
-        async with pool.acquire() as connection:
+        async with pool.connection() as connection:
             if not write:
                 transaction = connection.transaction(isolation="repeatable_read", readonly=True)
                 async with transaction:
@@ -323,7 +325,7 @@ class PostgresPool:
         pool = self._pool
         if pool is None:
             raise RuntimeError("PostgresStore is not open")
-        async with pool.acquire() as connection:
+        async with pool.connection() as connection:
             conn = _PgConn(connection)
             yield conn
             await conn.flush()
