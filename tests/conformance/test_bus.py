@@ -521,6 +521,35 @@ async def test_redis_publish_replayed_reloads_its_script(redis_bus: RedisBus) ->
     assert await redis_bus.read_replay(key) == [b"a", b"b", b"d"]
 
 
+async def test_redis_script_calls_survive_a_killed_idle_connection(redis_bus: RedisBus) -> None:
+    """A pooled command connection that died while idle (Redis restarted, killed it) costs a
+    script call one retry on a new connection, as redis-py's own commands retry."""
+    key, channel = replay_key("killed"), thread_channel("killed")
+    async with redis_bus.subscribe(channel) as subscription, admin_redis() as admin:
+        await redis_bus.publish_replayed_many(channel, key, [b"a"], limit=5)
+        ids = await client_ids(admin, redis_bus.command_client_name)
+        assert ids
+        for client_id in ids:
+            await admin.client_kill_filter(_id=str(client_id))
+        await redis_bus.publish_replayed_many(
+            channel, key, [b"b"], limit=5, then=[(channel, b"inv")], clear=True
+        )
+        assert await take(subscription, 3) == [b"a", b"b", b"inv"]
+        assert set(await client_ids(admin, redis_bus.command_client_name)).isdisjoint(ids)
+    assert await redis_bus.read_replay(key) == []
+
+
+def test_redis_scripts_are_packed_as_redis_py_packs_them() -> None:
+    from redis.asyncio.connection import Connection
+
+    from realtime.redis import pack_command
+
+    args = ("EVALSHA", "ab12", 2, "k:{é}", "k:{é}:bytes", 0, 1048576, b"\x00\r\n", b"", "")
+    assert pack_command(*args) == b"".join(Connection().pack_command(*args))
+    with pytest.raises(TypeError):
+        pack_command("PUBLISH", "c", 1.5)  # type: ignore[arg-type]
+
+
 async def test_redis_subscribes_a_channel_once_per_process(redis_bus: RedisBus) -> None:
     channel = redis_bus.prefix + "thread:rc"
     async with admin_redis() as admin:
