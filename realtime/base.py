@@ -253,11 +253,24 @@ async def cancel_and_wait(task: asyncio.Task[None], *, recancel_every: float = 0
 
 
 async def publish_each_replayed(
-    bus: Any, channel: str, key: str, items: Sequence[bytes], limit: int, max_bytes: int | None
+    bus: Any,
+    channel: str,
+    key: str,
+    items: Sequence[bytes],
+    limit: int,
+    max_bytes: int | None,
+    then: Sequence[tuple[str, bytes]] = (),
+    clear: bool = False,
 ) -> None:
-    """`Bus.publish_replayed_many` as one `publish_replayed` per item (for buses with no batch
-    of their own): every item is checked before the first is published."""
+    """`Bus.publish_replayed_many` as one `publish_replayed` per item, then one `publish_all`
+    (for buses with no batch of their own): every message is checked before the first is
+    published."""
     for data in items:
         check_message(data)
+    for _, data in then:
+        check_message(data)
+    check_replay_bounds(limit, max_bytes)
     for data in items:
         await bus.publish_replayed(channel, key, data, limit, max_bytes)
+    if then or clear:
+        await bus.publish_all(then, key if clear else None)

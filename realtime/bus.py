@@ -60,10 +60,17 @@ class Bus(Protocol):
         items: Sequence[bytes],
         limit: int,
         max_bytes: int | None = None,
+        *,
+        then: Sequence[tuple[str, bytes]] = (),
+        clear: bool = False,
     ) -> None:
-        """`publish_replayed` of each of `items` in turn, as one operation (one round trip on
-        Redis): what subscribers and the replay buffer see is exactly what those calls, one
-        after the other, would leave."""
+        """`publish_replayed` of each of `items` in turn, then, when `then` or `clear` is given,
+        `publish_all(then, key if clear else None)`, as one operation (one round trip on Redis;
+        on a Redis Cluster, whose `then` channels may live on other shards, one per step):
+        what subscribers and the replay buffer see is exactly what those calls, one after the
+        other, would leave. Every message is checked before the first is published. (A commit
+        sends the chunks it holds that are still unpublished, its invalidations and the clear
+        of the replay buffer this way.)"""
         ...
 
     @property

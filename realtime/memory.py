@@ -127,8 +127,11 @@ class MemoryBus(AsyncResource):
         items: Sequence[bytes],
         limit: int,
         max_bytes: int | None = None,
+        *,
+        then: Sequence[tuple[str, bytes]] = (),
+        clear: bool = False,
     ) -> None:
-        await publish_each_replayed(self, channel, key, items, limit, max_bytes)
+        await publish_each_replayed(self, channel, key, items, limit, max_bytes, then, clear)
 
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None

@@ -53,32 +53,80 @@ _PUBLISH_REPLAYED = _APPEND + "return redis.call('PUBLISH', ARGV[5], ARGV[1])\n"
 # The same on a cluster: a sharded publish, to the channel on the replay's slot (hash tag).
 SPUBLISH_REPLAYED = _APPEND + "return redis.call('SPUBLISH', ARGV[5], ARGV[1])\n"
 _PUBLISH_REPLAYED_SHA = hashlib.sha1(_PUBLISH_REPLAYED.encode()).hexdigest()
-# `publish_replayed_many`: the append and the publish above for each entry in turn, in one
-# script. ARGV: max entries, max bytes (0: none), TTL, channel, then the entries.
+# `publish_replayed_many`: the append and the publish above for each entry in turn, then the
+# `then` messages published and the buffer cleared, in one script. ARGV: max entries, max bytes
+# (0: none), TTL, channel, the number of entries n, clear ('1' or '0'), the n entries, then
+# channel, data pairs. When the buffer is cleared at the end the appends are skipped: a DEL
+# after them leaves what it leaves without them (no reader sees inside a script).
 _PUBLISH_REPLAYED_MANY = """
 local limit = tonumber(ARGV[1])
 local max_bytes = tonumber(ARGV[2])
-for i = 5, #ARGV do
+local last = 6 + tonumber(ARGV[5])
+local clear = ARGV[6] == '1'
+for i = 7, last do
   local entry = ARGV[i]
-  local count = redis.call('RPUSH', KEYS[1], entry)
-  local size
-  if count == 1 then
-    size = string.len(entry)
-    redis.call('SET', KEYS[2], size)
-  else
-    size = redis.call('INCRBY', KEYS[2], string.len(entry))
-  end
-  while count > 1 and (count > limit or (max_bytes > 0 and size > max_bytes)) do
-    size = redis.call('DECRBY', KEYS[2], string.len(redis.call('LPOP', KEYS[1])))
-    count = count - 1
+  if not clear then
+    local count = redis.call('RPUSH', KEYS[1], entry)
+    local size
+    if count == 1 then
+      size = string.len(entry)
+      redis.call('SET', KEYS[2], size)
+    else
+      size = redis.call('INCRBY', KEYS[2], string.len(entry))
+    end
+    while count > 1 and (count > limit or (max_bytes > 0 and size > max_bytes)) do
+      size = redis.call('DECRBY', KEYS[2], string.len(redis.call('LPOP', KEYS[1])))
+      count = count - 1
+    end
   end
   redis.call('PUBLISH', ARGV[4], entry)
 end
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+if last > 6 and not clear then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
+for i = last + 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+if clear then redis.call('DEL', KEYS[1]) end
 return 0
 """
 _PUBLISH_REPLAYED_MANY_SHA = hashlib.sha1(_PUBLISH_REPLAYED_MANY.encode()).hexdigest()
+
+
+def pack_command(*args: bytes | str | int) -> bytes:
+    """A command in the Redis protocol, the bytes redis-py's `Connection.pack_command` sends
+    (strings UTF-8, integers in decimal), packed in one join instead of one per argument."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            arg = arg.encode()
+        elif isinstance(arg, int):
+            arg = b"%d" % arg
+        elif not isinstance(arg, bytes):
+            raise TypeError(f"cannot send {type(arg).__name__} to Redis")
+        parts += (b"$%d\r\n" % len(arg), arg, b"\r\n")
+    return b"".join(parts)
+
+
+async def _round_trip(client: Redis, command: bytes) -> Any:
+    """Send a packed command on one of `client`'s pooled connections and read its reply (an
+    error reply is raised, e.g. `NoScriptError`), under the client's retry: a connection that
+    fails is dropped and the command sent again on a new one. What `execute_command` does for
+    our script calls, without its per-command work (argument encoding, redis-py's own metrics
+    and hooks), about a fifth of the CPU of a round trip."""
+    pool = client.connection_pool
+    connection = await pool.get_connection()
+
+    async def attempt() -> Any:
+        await connection.send_packed_command(command)
+        return await connection.read_response()
+
+    async def failed(error: Exception) -> None:
+        await connection.disconnect()
+
+    try:
+        return await connection.retry.call_with_retry(attempt, failed)
+    finally:
+        await pool.release(connection)
 
 
 async def _close_quietly(pubsub: PubSub) -> None:
@@ -201,11 +249,12 @@ class RedisBus(RedisBusCommon[Redis]):
     async def _script(
         self, client: Redis, script: str, sha: str, keys: list[str], args: list[Any]
     ) -> None:
+        command = pack_command("EVALSHA", sha, len(keys), *keys, *args)
         try:
-            await client.evalsha(sha, len(keys), *keys, *args)
+            await _round_trip(client, command)
         except NoScriptError:  # a restarted (or flushed) Redis: load the script again
             await client.script_load(script)
-            await client.evalsha(sha, len(keys), *keys, *args)
+            await _round_trip(client, command)
 
     async def publish_replayed(
         self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
@@ -225,15 +274,25 @@ class RedisBus(RedisBusCommon[Redis]):
         items: Sequence[bytes],
         limit: int,
         max_bytes: int | None = None,
+        *,
+        then: Sequence[tuple[str, bytes]] = (),
+        clear: bool = False,
     ) -> None:
         for data in items:
             check_message(data)
+        following: list[Any] = []
+        for then_channel, data in then:
+            check_message(data)
+            following += (self.prefix + then_channel, data)
         check_replay_bounds(limit, max_bytes)
-        if not items:
+        if not items and not then and not clear:
             return
         limits = self._append_args(b"", limit, max_bytes)[1:]
-        args = [*limits, self.prefix + channel, *items]
-        async with self._command(f"publish of {len(items)} to {channel!r} with replay") as client:
+        args = [
+            *limits, self.prefix + channel, len(items), 1 if clear else 0, *items, *following
+        ]
+        what = f"publish of {len(items) + len(then)} messages with replay {key!r}"
+        async with self._command(what) as client:
             await self._script(
                 client,
                 _PUBLISH_REPLAYED_MANY,

@@ -158,9 +158,13 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
         items: Sequence[bytes],
         limit: int,
         max_bytes: int | None = None,
+        *,
+        then: Sequence[tuple[str, bytes]] = (),
+        clear: bool = False,
     ) -> None:
-        """One `publish_replayed` each, in order."""
-        await publish_each_replayed(self, channel, key, items, limit, max_bytes)
+        """One `publish_replayed` each, in order, then `publish_all` (the `then` channels may
+        live on other shards than the replay's)."""
+        await publish_each_replayed(self, channel, key, items, limit, max_bytes, then, clear)
 
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None

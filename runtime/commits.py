@@ -39,34 +39,50 @@ async def commit(
     `then` is the phase a durable commit moves to; a commit carrying a run change ends the
     episode's work (ENDED) whatever phase it came from.
     """
-    return await uncancellable(_commit(deps, state, change, then))
+    change = change.model_copy(update={"next_seq": state.sink.seq})
+    # Taken with `next_seq`, before any await: a flusher started by the last emit would take
+    # them first, and then they would cost a round trip of their own.
+    chunks = state.sink.hold()
+    return await uncancellable(_commit(deps, state, change, then, chunks))
 
 
 async def _commit(
-    deps: EpisodeDeps, state: EpisodeState, change: StepCommit, then: Phase | None
+    deps: EpisodeDeps,
+    state: EpisodeState,
+    change: StepCommit,
+    then: Phase | None,
+    chunks: list[bytes],
 ) -> int:
-    change = change.model_copy(update={"next_seq": state.sink.seq})
     # Whatever happens to it, the commit may change messages the worker's cache holds.
     state.history_current = False
-    # Every chunk emitted so far is published before the commit that holds it.
-    await state.sink.drain()
-    committed = await deps.store.commit(deps.lease, change)
-    version = int(committed)
-    # Recorded in the same uninterrupted task as the write, before anything can observe it.
-    state.anchor += len(change.append)
-    state.tools = None
-    if change.run is not None:
-        state.phase = Phase.ENDED
-        state.outcome = change.run.status
-        state.admitted = commit_admitted(committed)
-        state.released = commit_released(committed)
-        telemetry.safe_add(telemetry.RUNS, 1, {"event": change.run.status.value})
-    elif then is not None:
-        state.enter(then)
-    # The invalidation, and the replay cleared: the commit holds every chunk so far, late
-    # joiners get the snapshot, not a replay (one bus operation).
-    await deps.publisher.committed(deps.thread_id, version)
-    return version
+    published = False
+    try:
+        # The batch already on the wire first: seq order.
+        await state.sink.settle()
+        committed = await deps.store.commit(deps.lease, change)
+        version = int(committed)
+        # Recorded in the same uninterrupted task as the write, before anything can observe it.
+        state.anchor += len(change.append)
+        state.tools = None
+        if change.run is not None:
+            state.phase = Phase.ENDED
+            state.outcome = change.run.status
+            state.admitted = commit_admitted(committed)
+            state.released = commit_released(committed)
+            telemetry.safe_add(telemetry.RUNS, 1, {"event": change.run.status.value})
+        elif then is not None:
+            state.enter(then)
+        # The chunks the commit holds that are not published yet, its invalidation, and the
+        # replay cleared (the commit holds every chunk so far: late joiners get the snapshot,
+        # not a replay), in one bus operation.
+        published = True
+        await deps.publisher.committed(deps.thread_id, version, chunks)
+        return version
+    finally:
+        if not published:
+            # Nothing durable, no invalidation: the held chunks still go out, on their own.
+            await deps.publisher.chunks(deps.thread_id, chunks)
+        state.sink.release()
 
 
 async def transition(

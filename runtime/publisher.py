@@ -66,7 +66,7 @@ class Publisher:
             self._replay_limit,
             self._replay_max_bytes,
         )
-        return await self._attempt("chunk", operation, also=("replay",))
+        return await self._attempt(operation, [("chunk", 1), ("replay", 1)])
 
     def chunk_data(
         self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any], episode: int = 0
@@ -87,7 +87,8 @@ class Publisher:
             self._replay_limit,
             self._replay_max_bytes,
         )
-        return await self._attempt("chunk", operation, also=("replay",), count=len(chunks))
+        count = len(chunks)
+        return await self._attempt(operation, [("chunk", count), ("replay", count)])
 
     async def invalidate(
         self,
@@ -103,37 +104,60 @@ class Publisher:
         messages, kinds, known = await self._invalidation(thread_id, version)
         if stop is not None:
             messages.append((CONTROL_CHANNEL, encode_stop(stop)))
-            kinds.append("stop")
+            kinds.append(("stop", 1))
         if wakeup is not None:
             messages.append((CONTROL_CHANNEL, encode_wakeup(wakeup)))
-            kinds.append("wakeup")
+            kinds.append(("wakeup", 1))
         if len(messages) == 1:
             operation = self._bus.publish(*messages[0])
         else:
             operation = self._bus.publish_all(messages)
-        return await self._attempt(kinds[0], operation, also=kinds[1:]) and known
+        return await self._attempt(operation, kinds) and known
 
     async def _invalidation(
         self, thread_id: str, version: int
-    ) -> tuple[list[tuple[str, bytes]], list[str], bool]:
+    ) -> tuple[list[tuple[str, bytes]], list[tuple[str, int]], bool]:
         """The thread's invalidation and, where its scope is known, the scope's announcement:
-        (channel, message) pairs, their kinds for telemetry, and whether the scope was known."""
+        (channel, message) pairs, their (kind, count) for telemetry, and whether the scope was
+        known."""
         messages = [(thread_channel(thread_id), encode_invalidate(thread_id, version))]
-        kinds = ["invalidate"]
+        kinds = [("invalidate", 1)]
         scope, known = await self._scope(thread_id)
         if scope is not None:
             envelope = encode_scope_invalidate(scope, thread_id, version)
             messages.append((scope_channel(scope), envelope))
-            kinds.append("scope_invalidate")
+            kinds.append(("scope_invalidate", 1))
         return messages, kinds, known
 
-    async def committed(self, thread_id: str, version: int) -> bool:
-        """After a runtime commit: `invalidate`, then `clear_replay` (the commit holds every
-        chunk so far: late joiners get the snapshot, not a replay), as one bus operation."""
+    async def committed(
+        self, thread_id: str, version: int, chunks: Sequence[bytes] = ()
+    ) -> bool:
+        """After a runtime commit: the chunks it holds that are not published yet (encoded by
+        `chunk_data`, in seq order, as `chunks` publishes them), then `invalidate`, then
+        `clear_replay` (the commit holds every chunk so far: late joiners get the snapshot, not
+        a replay), as one bus operation (one round trip on Redis). Subscribers see what
+        `chunks` then `invalidate` then `clear_replay` would show them."""
         messages, kinds, known = await self._invalidation(thread_id, version)
-        kinds.append("clear_replay")
-        operation = self._bus.publish_all(messages, replay_key(thread_id))
-        return await self._attempt(kinds[0], operation, also=kinds[1:]) and known
+        key = replay_key(thread_id)
+        if chunks:
+            operation = self._bus.publish_replayed_many(
+                thread_channel(thread_id),
+                key,
+                chunks,
+                self._replay_limit,
+                self._replay_max_bytes,
+                then=messages,
+                clear=True,
+            )
+            count = len(chunks)
+            kinds = [("chunk", count), ("replay", count), *kinds]
+            # A failure counts as the chunks' and the invalidation's, as two operations would.
+            failed = [("chunk", count), ("invalidate", 1)]
+        else:
+            operation = self._bus.publish_all(messages, key)
+            failed = None
+        kinds.append(("clear_replay", 1))
+        return await self._attempt(operation, kinds, failed) and known
 
     async def _scope(self, thread_id: str) -> tuple[str | None, bool]:
         """(the scope to announce an invalidation on, or None; False when it is unknown)."""
@@ -147,7 +171,8 @@ class Publisher:
 
     async def clear_replay(self, thread_id: str) -> bool:
         """Called after a step commit: its chunks are in the snapshot from now on."""
-        return await self._attempt("clear_replay", self._bus.clear_replay(replay_key(thread_id)))
+        operation = self._bus.clear_replay(replay_key(thread_id))
+        return await self._attempt(operation, [("clear_replay", 1)])
 
     async def wakeup(self, run_id: str | None = None) -> bool:
         return await self._publish(CONTROL_CHANNEL, "wakeup", encode_wakeup(run_id))
@@ -156,23 +181,28 @@ class Publisher:
         return await self._publish(CONTROL_CHANNEL, "stop", encode_stop(run_id))
 
     async def _publish(self, channel: str, kind: str, data: bytes) -> bool:
-        return await self._attempt(kind, self._bus.publish(channel, data))
+        return await self._attempt(self._bus.publish(channel, data), [(kind, 1)])
 
     async def _attempt(
-        self, kind: str, operation: Awaitable[None], also: Sequence[str] = (), count: int = 1
+        self,
+        operation: Awaitable[None],
+        published: Sequence[tuple[str, int]],
+        failed: Sequence[tuple[str, int]] | None = None,
     ) -> bool:
-        """`also`: more kinds the operation published (counted once it succeeded); `count`:
-        how many messages of each kind it held."""
+        """`published`: (kind, messages) the operation holds, counted once it succeeded; when it
+        fails, `failed` (by default its first kind) is counted as errors."""
         try:
             await operation
         except Exception as exc:
-            safe_add(PUBLISH_ERRORS, count, {"kind": kind})
+            for kind, count in failed or published[:1]:
+                safe_add(PUBLISH_ERRORS, count, {"kind": kind})
             if not self._failing:
+                kind = published[0][0]
                 log.warning("realtime %s failed (best effort, continuing): %s", kind, exc)
             self._failing = True
             return False
-        for published in (kind, *also):
-            safe_add(PUBLISHED, count, {"kind": published})
+        for kind, count in published:
+            safe_add(PUBLISHED, count, {"kind": kind})
         if self._failing:
             log.info("realtime publishing works again")
             self._failing = False

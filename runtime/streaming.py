@@ -46,9 +46,13 @@ class ChunkSink:
     `emit` queues the encoded chunk; one flusher task publishes what is queued, in seq order,
     one bus operation per batch (`Publisher.chunks`): a chunk emitted while a batch is on the
     wire goes with the next one, so chunks produced back to back cost one round trip together
-    and a lone chunk goes out at once. `drain` waits until every emitted chunk is published:
-    each commit drains first, so, as before, every chunk is published before the commit that
-    holds it (and before the commit's invalidation and replay clear)."""
+    and a lone chunk goes out at once. `drain` waits until every emitted chunk is published.
+
+    A commit takes the queued chunks instead (`hold`), waits for the batch on the wire
+    (`settle`), and publishes them with its invalidation, after the write, in one bus operation
+    (`Publisher.committed`): chunks first, then the invalidation, as before, one round trip
+    fewer. Chunks emitted meanwhile stay queued until `release`. So every chunk is published
+    before the invalidation of the commit that holds it (and before the replay clear)."""
 
     # Chunks queued beyond this make `emit` wait for the flusher (backpressure).
     MAX_PENDING = 64
@@ -68,33 +72,55 @@ class ChunkSink:
         self.episode = episode
         self._pending: list[bytes] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._held = False  # a commit holds the queue: no batch starts until `release`
 
     async def emit(self, chunk: StreamChunk) -> None:
         """Queue `chunk` with the next seq for publishing. The seq is taken and the chunk
         queued in one step, with no await in between: a stop that cancels the step never leaves
         a seq taken (the commit's `next_seq` counts it) but the chunk unpublished, and parallel
         tools emitting concurrently keep seq order on the wire. Once a stop's commit has
-        drained the queue and cleared the replay buffer, nothing emitted before is left to
-        publish."""
+        published the chunks it holds and cleared the replay buffer, nothing emitted before is
+        left to publish."""
         data = self.publisher.chunk_data(
             self.thread_id, self.run_id, self.seq, chunk.model_dump(mode="json"), self.episode
         )
         self.seq += 1
         self._pending.append(data)
-        if self._flusher is None:
+        if self._flusher is None and not self._held:
             self._flusher = asyncio.create_task(self._flush())
         if len(self._pending) >= self.MAX_PENDING:
             await self.drain()
 
     async def drain(self) -> None:
         """Wait until every chunk emitted so far is published (or its publish failed: best
-        effort, as every publish). A cancelled caller leaves the flusher running."""
+        effort, as every publish); while a commit holds the queue, until the batch on the wire
+        is. A cancelled caller leaves the flusher running."""
         while self._flusher is not None:
             await asyncio.shield(self._flusher)
 
+    def hold(self) -> list[bytes]:
+        """For a commit: the queued chunks (seqs below `seq`, in order), taken for the caller
+        to publish, and no new batch until `release`. No await: call it where the commit's
+        `next_seq` is read, before a flusher started by the last `emit` takes them."""
+        if self._held:
+            raise RuntimeError("the chunk queue is already held by a commit")
+        self._held = True
+        taken, self._pending = self._pending, []
+        return taken
+
+    async def settle(self) -> None:
+        """While held: wait until the batch on the wire (seqs before the held ones) is published."""
+        await self.drain()
+
+    def release(self) -> None:
+        """The commit is done: chunks emitted meanwhile are published as usual."""
+        self._held = False
+        if self._pending and self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+
     async def _flush(self) -> None:
         try:
-            while self._pending:
+            while self._pending and not self._held:
                 batch, self._pending = self._pending, []
                 await self.publisher.chunks(self.thread_id, batch)
         finally:
@@ -197,8 +223,8 @@ async def run_stream(
             elif isinstance(chunk, ToolCallChunk):
                 output.tool_calls.append(chunk)
             # `output` first: the emit queues the chunk before its first await, so once a stop
-            # cancels the step, every emitted chunk (published before the stop's commit) is in
-            # `output` (which the stop then commits), and no other is.
+            # cancels the step, every emitted chunk (published by the stop's commit at the
+            # latest) is in `output` (which the stop then commits), and no other is.
             await sink.emit(chunk)
     finally:
         aclose = getattr(stream, "aclose", None)

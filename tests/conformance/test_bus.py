@@ -260,6 +260,47 @@ async def test_publish_replayed_many_is_publish_replayed_in_turn(bus: Bus) -> No
     assert await bus.read_replay(key) == [b"e" * 3, b"f", b"g"]
 
 
+async def test_publish_replayed_many_then_publishes_after_the_entries_and_clears(
+    bus: Bus,
+) -> None:
+    """`then` and `clear`: the entries, then the `then` messages in order, then the clear, as
+    the separate calls would leave it; nothing is published when a message is not bytes."""
+    key, channel = replay_key("prt"), thread_channel("prt")
+    other = scope_channel("prt-scope")
+    await bus.append_replay(key, b"old", limit=5)
+    async with bus.subscribe(channel) as live, bus.subscribe(other) as scope:
+        then = [(channel, b"inv-1"), (other, b"scope-1"), (channel, b"inv-2")]
+        await bus.publish_replayed_many(
+            channel, key, [b"c1", b"c2"], limit=5, then=then, clear=True
+        )
+        assert await take(live, 4) == [b"c1", b"c2", b"inv-1", b"inv-2"]
+        assert await take(scope, 1) == [b"scope-1"]
+        assert await bus.read_replay(key) == []
+        # A buffer cleared this way counts its bytes anew (the byte bound still holds).
+        await bus.publish_replayed_many(channel, key, [b"d" * 4, b"e" * 4], limit=5, max_bytes=8)
+        assert await bus.read_replay(key) == [b"d" * 4, b"e" * 4]
+        # `then` without `clear`: the entries stay in the buffer, trimmed as usual.
+        await bus.publish_replayed_many(
+            channel, key, [b"f"], limit=2, then=[(channel, b"inv-3")]
+        )
+        assert await take(live, 4) == [b"d" * 4, b"e" * 4, b"f", b"inv-3"]
+        assert await bus.read_replay(key) == [b"e" * 4, b"f"]
+        # No entries: what `publish_all(then, key)` does.
+        await bus.publish_replayed_many(channel, key, [], limit=2, then=[(other, b"s")], clear=True)
+        assert await take(scope, 1) == [b"s"]
+        assert await bus.read_replay(key) == []
+        await bus.append_replay(key, b"kept", limit=5)
+        with pytest.raises(TypeError):
+            await bus.publish_replayed_many(
+                channel, key, [b"x"], limit=5, then=[(channel, "text")], clear=True  # type: ignore[list-item]
+            )
+        with pytest.raises(ValueError):
+            await bus.publish_replayed_many(channel, key, [], limit=0, then=[(channel, b"y")])
+        await assert_silent(live)
+        await assert_silent(scope)
+    assert await bus.read_replay(key) == [b"kept"]
+
+
 async def test_publish_all_publishes_in_order_then_clears(bus: Bus) -> None:
     key = replay_key("pa")
     await bus.append_replay(key, b"old", limit=5)
@@ -293,6 +334,31 @@ async def test_publisher_committed_invalidates_and_clears_the_replay(bus: Bus) -
             "type": "scope.invalidate", "scope": "acme", "thread_id": "t9", "version": 4
         }
     assert await bus.read_replay(replay_key("t9")) == []
+
+
+async def test_publisher_committed_publishes_the_held_chunks_first(bus: Bus) -> None:
+    """A commit's chunks not yet published, then its invalidation (and the scope's), then
+    the replay cleared: on the thread's channel exactly what `chunks` then `committed` show."""
+
+    async def scope_of(thread_id: str) -> str:
+        return "acme"
+
+    publisher = Publisher(bus, scope_of=scope_of)
+    delta = {"type": "text-delta", "delta": "x"}
+    data = [publisher.chunk_data("t8", "r", seq, delta) for seq in range(3)]
+    async with bus.subscribe(thread_channel("t8")) as live, bus.subscribe(
+        scope_channel("acme")
+    ) as scope:
+        assert await publisher.chunks("t8", data[:1])
+        assert await publisher.committed("t8", 6, data[1:])
+        frames = await take(live, 4)
+        assert frames[:3] == data
+        assert decode_thread_message(frames[3]) == InvalidateEnvelope(thread_id="t8", version=6)
+        assert orjson.loads((await take(scope, 1))[0])["version"] == 6
+        await assert_silent(live)
+    assert await bus.read_replay(replay_key("t8")) == []
+    await bus.close()
+    assert not await publisher.committed("t8", 7, data)
 
 
 async def test_replay_rejects_a_non_positive_limit(bus: Bus) -> None:
@@ -453,6 +519,35 @@ async def test_redis_publish_replayed_reloads_its_script(redis_bus: RedisBus) ->
         await redis_bus.publish_replayed_many(thread_channel("flushed"), key, [b"d"], limit=5)
         assert await take(subscription, 1) == [b"d"]
     assert await redis_bus.read_replay(key) == [b"a", b"b", b"d"]
+
+
+async def test_redis_script_calls_survive_a_killed_idle_connection(redis_bus: RedisBus) -> None:
+    """A pooled command connection that died while idle (Redis restarted, killed it) costs a
+    script call one retry on a new connection, as redis-py's own commands retry."""
+    key, channel = replay_key("killed"), thread_channel("killed")
+    async with redis_bus.subscribe(channel) as subscription, admin_redis() as admin:
+        await redis_bus.publish_replayed_many(channel, key, [b"a"], limit=5)
+        ids = await client_ids(admin, redis_bus.command_client_name)
+        assert ids
+        for client_id in ids:
+            await admin.client_kill_filter(_id=str(client_id))
+        await redis_bus.publish_replayed_many(
+            channel, key, [b"b"], limit=5, then=[(channel, b"inv")], clear=True
+        )
+        assert await take(subscription, 3) == [b"a", b"b", b"inv"]
+        assert set(await client_ids(admin, redis_bus.command_client_name)).isdisjoint(ids)
+    assert await redis_bus.read_replay(key) == []
+
+
+def test_redis_scripts_are_packed_as_redis_py_packs_them() -> None:
+    from redis.asyncio.connection import Connection
+
+    from realtime.redis import pack_command
+
+    args = ("EVALSHA", "ab12", 2, "k:{é}", "k:{é}:bytes", 0, 1048576, b"\x00\r\n", b"", "")
+    assert pack_command(*args) == b"".join(Connection().pack_command(*args))
+    with pytest.raises(TypeError):
+        pack_command("PUBLISH", "c", 1.5)  # type: ignore[arg-type]
 
 
 async def test_redis_subscribes_a_channel_once_per_process(redis_bus: RedisBus) -> None:
