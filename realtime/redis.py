@@ -217,7 +217,7 @@ class RedisBus(RedisBusCommon[Redis]):
 
     async def publish(self, channel: str, data: bytes) -> None:
         check_message(data)
-        async with self._command(f"publish to {channel!r}") as client:
+        async with self._command("publish to %r", channel) as client:
             await client.publish(self.prefix + channel, data)
 
     async def append_replay(
@@ -226,7 +226,7 @@ class RedisBus(RedisBusCommon[Redis]):
         check_replay_bounds(limit, max_bytes)
         # One script: append, trim by count and bytes, expire, atomically. The byte total lives
         # in a companion key (`<key>:bytes`) that expires with the list.
-        async with self._command(f"append to replay {key!r}") as client:
+        async with self._command("append to replay %r", key) as client:
             await self._script(
                 client,
                 _APPEND_REPLAY,
@@ -243,7 +243,7 @@ class RedisBus(RedisBusCommon[Redis]):
             check_message(data)
             args += (self.prefix + channel, data)
         keys = [] if clear_key is None else [self.prefix + clear_key]
-        async with self._command(f"publish of {len(messages)} messages") as client:
+        async with self._command("publish of %s messages", len(messages)) as client:
             await self._script(client, _PUBLISH_ALL, _PUBLISH_ALL_SHA, keys, args)
 
     async def _script(
@@ -262,7 +262,7 @@ class RedisBus(RedisBusCommon[Redis]):
         check_message(data)
         check_replay_bounds(limit, max_bytes)
         args = [*self._append_args(data, limit, max_bytes), self.prefix + channel]
-        async with self._command(f"publish to {channel!r} with replay {key!r}") as client:
+        async with self._command("publish to %r with replay %r", channel, key) as client:
             await self._script(
                 client, _PUBLISH_REPLAYED, _PUBLISH_REPLAYED_SHA, self._replay_keys(key), args
             )
@@ -291,8 +291,9 @@ class RedisBus(RedisBusCommon[Redis]):
         args = [
             *limits, self.prefix + channel, len(items), 1 if clear else 0, *items, *following
         ]
-        what = f"publish of {len(items) + len(then)} messages with replay {key!r}"
-        async with self._command(what) as client:
+        async with self._command(
+            "publish of %s messages with replay %r", len(items) + len(then), key
+        ) as client:
             await self._script(
                 client,
                 _PUBLISH_REPLAYED_MANY,

@@ -130,14 +130,14 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
 
     async def publish(self, channel: str, data: bytes) -> None:
         check_message(data)
-        async with self._command(f"publish to {channel!r}") as client:
+        async with self._command("publish to %r", channel) as client:
             await client.spublish(self.prefix + channel, data)
 
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None
     ) -> None:
         check_replay_bounds(limit, max_bytes)
-        async with self._command(f"append to replay {key!r}"):
+        async with self._command("append to replay %r", key):
             await self._append(
                 keys=self._replay_keys(key), args=self._append_args(data, limit, max_bytes)
             )
@@ -148,7 +148,7 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
         check_message(data)
         check_replay_bounds(limit, max_bytes)
         args = [*self._append_args(data, limit, max_bytes), self.prefix + channel]
-        async with self._command(f"publish to {channel!r} with replay {key!r}"):
+        async with self._command("publish to %r with replay %r", channel, key):
             await self._publish_replayed(keys=self._replay_keys(key), args=args)
 
     async def publish_replayed_many(

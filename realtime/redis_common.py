@@ -183,14 +183,17 @@ class RedisBusCommon(AsyncResource, Generic[ClientT]):
         return self._client
 
     @asynccontextmanager
-    async def _command(self, what: str) -> AsyncIterator[ClientT]:
-        """The command client, with our deadline and Redis failures as `BusUnavailableError`."""
+    async def _command(self, what: str, *args: object) -> AsyncIterator[ClientT]:
+        """The command client, with our deadline and Redis failures as `BusUnavailableError`
+        (`what % args` names the operation in it: formatted only then, not on every call)."""
         client = self._require_open()
         try:
             async with asyncio.timeout(self._command_timeout):
                 yield client
         except (RedisError, OSError) as exc:  # TimeoutError is an OSError
-            raise BusUnavailableError(f"{what} failed ({type(exc).__name__}: {exc})") from exc
+            raise BusUnavailableError(
+                f"{what % args} failed ({type(exc).__name__}: {exc})"
+            ) from exc
 
     # -- replay ----------------------------------------------------------------------------
 
@@ -204,12 +207,12 @@ class RedisBusCommon(AsyncResource, Generic[ClientT]):
         return [data, int(limit), 0 if max_bytes is None else int(max_bytes), self._replay_ttl]
 
     async def read_replay(self, key: str) -> list[bytes]:
-        async with self._command(f"read of replay {key!r}") as client:
+        async with self._command("read of replay %r", key) as client:
             items = await client.lrange(self.prefix + key, 0, -1)
         return cast(list[bytes], items)  # no decode_responses: always bytes
 
     async def clear_replay(self, key: str) -> None:
-        async with self._command(f"clear of replay {key!r}") as client:
+        async with self._command("clear of replay %r", key) as client:
             await client.delete(self.prefix + key)
 
     # -- subscriptions ---------------------------------------------------------------------
