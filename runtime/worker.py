@@ -14,7 +14,7 @@ from runtime.compose import compose_lifecycle
 from runtime.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decode_control
 from runtime.domain import RunStatus
 from runtime.episode import Episode
-from runtime.errors import LeaseLost
+from runtime.errors import LeaseLost, NotFound
 from runtime.history import HistoryCache
 from runtime.publisher import DEFAULT_REPLAY_MAX_BYTES, Publisher
 from runtime.scopes import ScopeCache
@@ -54,6 +54,10 @@ class Worker:
         # Parsed messages of the threads this worker runs (validated by a tail read each time).
         self.history = HistoryCache()
         self._wake = asyncio.Event()
+        # Runs named by wakeups since the last claim, taken by their id without a poll while
+        # nothing is left waiting for a slot (`_claim_named`); anything else wakes a poll.
+        self._named: list[str] = []
+        self._poll_due = True
         # Whether the last poll may have left runnable runs for lack of a free slot: an
         # episode that ends then polls again at once.
         self._backlog = False
@@ -90,6 +94,7 @@ class Worker:
                 await task
 
     def wake(self) -> None:
+        self._poll_due = True
         self._wake.set()
 
     # --- loops ----------------------------------------------------------------------------
@@ -113,25 +118,36 @@ class Worker:
             log.warning("ignoring malformed control message")
             return
         if isinstance(envelope, WakeupEnvelope):
-            self._wake.set()
+            if envelope.run_id is None:
+                self.wake()
+            else:
+                self._named.append(envelope.run_id)
+                self._wake.set()
         elif isinstance(envelope, StopEnvelope):
             episode = self.episodes.get(envelope.run_id)
             if episode is not None:
                 episode.stop_requested.set()
             else:
-                self._wake.set()  # a waiting run with a stop request needs a worker
+                self.wake()  # a waiting run with a stop request needs a worker
 
     async def _poll_loop(self) -> None:
         while not self._closing:
             self._wake.clear()
+            named, self._named = self._named, []
+            poll, self._poll_due = self._poll_due or not named or self._backlog, False
             try:
-                await self._claim()
+                if poll:
+                    await self._claim()
+                else:
+                    await self._claim_named(named)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.warning("worker poll failed", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            if not self._wake.is_set():
+                self._poll_due = True  # the periodic poll: lost wakeups strand nothing
 
     async def _claim(self) -> None:
         free = self.max_concurrent_runs - len(self.episodes)
@@ -141,22 +157,37 @@ class Worker:
         runs = await self.store.find_runnable_runs(limit=free)
         self._backlog = len(runs) >= free
         for run in runs:
-            if run.id in self.episodes or self._closing:
-                continue
-            # Before the request: the lease cannot expire earlier than this instant plus the TTL.
-            sent = asyncio.get_running_loop().time()
-            lease = await self.store.acquire_run_lease(run.id, self.owner, self.lease_ttl)
-            if lease is None:
-                continue  # another worker won it
-            episode = Episode(
-                self.store, self.publisher, self.agent, self.lifecycle, lease, self.history
-            )
-            self.episodes[run.id] = episode
-            task = asyncio.create_task(
-                self._run_episode(episode, sent + self.lease_ttl), name=f"episode-{run.id}"
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            await self._take(run.id)
+
+    async def _claim_named(self, run_ids: list[str]) -> None:
+        """The runs wakeups named, by id: one lease request each, no poll. Only while no run
+        waits for a slot (the poll's order is then moot: it would take them all); a run that
+        is not runnable, or that another worker took, gets no lease (`acquire_run_lease`)."""
+        for run_id in dict.fromkeys(run_ids):
+            if len(self.episodes) >= self.max_concurrent_runs:
+                self.wake()  # the rest wait for a slot, in the poll's order
+                return
+            with contextlib.suppress(NotFound):  # e.g. a thread deleted meanwhile
+                await self._take(run_id)
+
+    async def _take(self, run_id: str) -> None:
+        """Lease `run_id` and run an episode of it, unless running it already or closing."""
+        if run_id in self.episodes or self._closing:
+            return
+        # Before the request: the lease cannot expire earlier than this instant plus the TTL.
+        sent = asyncio.get_running_loop().time()
+        lease = await self.store.acquire_run_lease(run_id, self.owner, self.lease_ttl)
+        if lease is None:
+            return  # another worker won it, or it is not runnable
+        episode = Episode(
+            self.store, self.publisher, self.agent, self.lifecycle, lease, self.history
+        )
+        self.episodes[run_id] = episode
+        task = asyncio.create_task(
+            self._run_episode(episode, sent + self.lease_ttl), name=f"episode-{run_id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _run_episode(self, episode: Episode, deadline: float) -> None:
         # The heartbeat task starts when the first renewal is due: a run that ends sooner (most
@@ -187,10 +218,10 @@ class Worker:
         if outcome is not None and outcome.is_terminal and episode.admitted:
             # The terminal commit admitted a queued input as a new run: any worker may take it.
             await self.publisher.wakeup(None)
-            self._wake.set()
+            self.wake()
         elif self._backlog:
             # Runs were left waiting for a free slot, and this episode freed one.
-            self._wake.set()
+            self.wake()
 
     def _margin(self) -> float:
         # Stop a little early: the clocks of this process and the database may drift apart.

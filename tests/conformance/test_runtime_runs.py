@@ -140,9 +140,46 @@ async def test_admitted_input_runs_without_waiting_for_a_poll(runtime_for, monke
     snapshot = await asyncio.wait_for(rt.wait_for(thread_id, settled), 5)
     texts = [m.parts[0].text for m in snapshot.messages]
     assert texts == ["first", "echo first", "second", "echo second"]
-    # The admission's wakeup, then the admitting commit's; none after the last run.
+    # The admission's wakeup names its run: taken by id, without a poll. The admitting
+    # commit's names none: one poll. None after the last run.
     await asyncio.sleep(0.05)
-    assert polls[0] == 2
+    assert polls[0] == 1
+
+
+async def test_a_named_wakeup_without_a_free_slot_waits_for_the_poll(
+    runtime_for, monkeypatch
+) -> None:
+    """A wakeup names its run, but the worker's one slot is taken: the run is not leased by
+    id (it would jump the poll's fair order); it runs once the slot frees, after a poll."""
+    release = asyncio.Event()
+
+    async def slow(request):  # type: ignore[no-untyped-def]
+        text = request.messages[-1].parts[0].text
+        if text == "first":
+            await asyncio.wait_for(release.wait(), 10)
+        yield text_response(f"echo {text}")[0]
+
+    rt = await runtime_for(Agent(model=FunctionModel(slow)), workers=0)
+    await rt.start_worker(poll_interval=60.0, max_concurrent_runs=1)
+    leased: list[str] = []
+    acquire = rt.store.acquire_run_lease
+
+    async def recording(run_id: str, owner: str, ttl: float):  # type: ignore[no-untyped-def]
+        leased.append(run_id)
+        return await acquire(run_id, owner, ttl)
+
+    monkeypatch.setattr(rt.store, "acquire_run_lease", recording)
+    first, second = await rt.thread(), await rt.thread()
+    await asyncio.sleep(0.1)  # the worker's first poll, as it starts
+    one = await rt.service.send_message(ALICE, first, "first")
+    await rt.wait_status(first, RunStatus.RUNNING)
+    two = await rt.service.send_message(ALICE, second, "second")
+    await asyncio.sleep(0.1)
+    assert leased == [one.run_id]  # no lease asked for the second run while the slot is busy
+    release.set()
+    snapshot = await asyncio.wait_for(rt.wait_for(second, settled), 5)
+    assert [m.parts[0].text for m in snapshot.messages] == ["second", "echo second"]
+    assert leased == [one.run_id, two.run_id]
 
 
 async def test_interrupt_policy_stops_the_active_run_first(runtime_for) -> None:
