@@ -6,6 +6,7 @@ Prints its figures; asserts nothing.
                             [--seq-runs 40] [--lengths 10,200,2000]
                             [--postgres ADMIN_DSN] [--redis URL] [--scale-out]
                             [--profile FILE] [--profile-scale-out FILE] [--no-split]
+                            [--loop uvloop|asyncio] [--worker-loops uvloop,asyncio]
 
 With --postgres the benchmark creates a database of its own through ADMIN_DSN and drops it after.
 --scale-out adds the Postgres + Redis column on a throwaway cluster and redis-server of the
@@ -20,9 +21,12 @@ a run's CPU into the worker's (that process), the admission's (`ThreadService.se
 what a gateway spends on the request that starts the run, measured alone) and the driving
 client's (its subscription to the thread's chunks and invalidations, its read of the run),
 which in a deployment is a gateway's fan-out and a client's own work, not the run's;
---no-split skips that part. --profile FILE writes a cProfile of the
-sequential runs on the 200-message thread (embedded; the first length without 200) to FILE;
---profile-scale-out FILE does the same for the Postgres + Redis runs.
+--no-split skips that part. That worker runs on each event loop of --worker-loops in turn
+(THREADLINE_EVENT_LOOP), and the ratio of its CPU per run is printed. This process runs on
+--loop (uvloop by default, as `threadline serve` does when uvloop is installed).
+--profile FILE writes a cProfile of the sequential runs on the 200-message thread (embedded;
+the first length without 200) to FILE; --profile-scale-out FILE does the same for the
+Postgres + Redis runs.
 """
 
 from __future__ import annotations
@@ -264,11 +268,17 @@ async def wait_ended(store: Store, run_ids: list[str], polls: int = 1200) -> Non
 
 
 async def split_runs(
-    database_url: str, redis_url: str, length: int, seq_runs: int, runs: int, threads: int
+    database_url: str,
+    redis_url: str,
+    length: int,
+    seq_runs: int,
+    runs: int,
+    threads: int,
+    loop: str,
 ) -> list[Split]:
-    """The worker as deployed (`threadline serve --role worker`) and this process as the
-    gateway and client: each one's CPU per run on `length`-message threads, one run at a time
-    and on `threads` threads at once."""
+    """The worker as deployed (`threadline serve --role worker`, on event loop `loop`) and this
+    process as the gateway and client: each one's CPU per run on `length`-message threads, one
+    run at a time and on `threads` threads at once."""
     agent = demo_agent()
     # The served worker's bus prefix and polling: the defaults.
     async with open_store(database_url) as store, open_bus(redis_url) as bus:
@@ -294,7 +304,11 @@ async def split_runs(
             thread = await service.create_thread(PRINCIPAL, title=f"splitc{i}")
             await prefill(store, thread.thread.id, length)
             concurrent.append(thread.thread.id)
-        extra = {"THREADLINE_POLL_INTERVAL": "1.0", "THREADLINE_MAX_CONCURRENT_RUNS": "16"}
+        extra = {
+            "THREADLINE_POLL_INTERVAL": "1.0",
+            "THREADLINE_MAX_CONCURRENT_RUNS": "16",
+            "THREADLINE_EVENT_LOOP": loop,
+        }
         with common.deployment(database_url, redis_url, ["worker"], extra) as (worker,):
             pid = worker.process.pid
             await wait_ended(store, [a.run_id for a in admitted if a.run_id is not None])
@@ -304,12 +318,12 @@ async def split_runs(
             share = max(1, seq_runs // len(sequential))
             per_thread = max(1, runs // threads)
             for label, ids, each in (
-                (f"sequential, {length} messages", sequential, share),
-                (f"{threads} threads at once, {length} messages", concurrent, per_thread),
+                (f"{loop}: sequential, {length} messages", sequential, share),
+                (f"{loop}: {threads} threads at once, {length} m.", concurrent, per_thread),
             ):
                 worker_cpu, cpu = process_cpu(pid), time.process_time()
                 started = time.perf_counter()
-                if label.startswith("sequential"):
+                if ids is sequential:
                     for thread_id in ids:
                         await drive(service, bus, store, thread_id, each)
                 else:
@@ -333,7 +347,7 @@ def parse_lengths(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
-async def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small counts, for the smoke test")
     parser.add_argument("--chunks", type=int, default=400)
@@ -349,6 +363,17 @@ async def main() -> None:
     parser.add_argument(
         "--no-split", action="store_true", help="skip the worker-in-its-own-process part"
     )
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="this process's event loop (`threadline serve` takes uvloop when installed)",
+    )
+    parser.add_argument(
+        "--worker-loops",
+        default="uvloop,asyncio",
+        help="event loops of the served worker in the split part, side by side",
+    )
     parser.add_argument("--profile", help="write a cProfile of the embedded 200-message runs")
     parser.add_argument(
         "--profile-scale-out", help="write a cProfile of the Postgres + Redis 200-message runs"
@@ -356,6 +381,10 @@ async def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.chunks, args.runs, args.seq_runs = 60, 24, 10
+    return args
+
+
+async def main(args: argparse.Namespace) -> None:
     async with contextlib.AsyncExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         if args.scale_out:
@@ -406,17 +435,29 @@ async def main() -> None:
         if args.postgres and args.redis and not args.no_split:
             dsn = await stack.enter_async_context(common.own_database(args.postgres))
             length = 200 if 200 in args.lengths else args.lengths[0]
-            split = await split_runs(
-                dsn, args.redis, length, args.seq_runs, args.runs, args.threads
-            )
+            loops = [name for name in args.worker_loops.split(",") if name]
+            split: dict[str, list[Split]] = {}
+            for loop in loops:
+                split[loop] = await split_runs(
+                    dsn, args.redis, length, args.seq_runs, args.runs, args.threads, loop
+                )
             print()
             print("Postgres + Redis, the worker in a process of its own (serve --role worker):"
                   " CPU ms per run")
-            print(f"{'':36} {'worker':>8} {'admission':>10} {'run':>8} {'client':>8}"
+            print(f"{'':45} {'worker':>8} {'admission':>10} {'run':>8} {'client':>8}"
                   f" {'runs/s':>8}")
-            for row in split:
-                print(f"{row.label:36} {row.worker_ms:8.2f} {row.admission_ms:10.2f}"
-                      f" {row.run_ms:8.2f} {row.client_ms:8.2f} {row.rate:8.1f}  ({row.runs} runs)")
+            for rows in split.values():
+                for row in rows:
+                    print(f"{row.label:45} {row.worker_ms:8.2f} {row.admission_ms:10.2f}"
+                          f" {row.run_ms:8.2f} {row.client_ms:8.2f} {row.rate:8.1f}"
+                          f"  ({row.runs} runs)")
+            if len(loops) == 2:
+                first, second = (split[loop] for loop in loops)
+                ratios = ", ".join(
+                    f"{a.worker_ms / b.worker_ms:.2f}x" for a, b in zip(first, second, strict=True)
+                )
+                print(f"worker CPU per run, {loops[0]} / {loops[1]} (sequential, concurrent):"
+                      f" {ratios}")
             print("run = worker + admission (the gateway's send_message); client = the driving"
                   " client's subscription and reads (a gateway's fan-out in a deployment)")
         for path, profile in profiles.values():
@@ -426,4 +467,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    arguments = parse_args()
+    if arguments.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(arguments))
+    else:
+        asyncio.run(main(arguments))

@@ -122,6 +122,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         port=settings.port,
         log_level=settings.log_level,
         log_config=uvicorn_log_config(),
+        loop=settings.event_loop,
         # The app closes oversize frames with 1009 itself; uvicorn's bound (same code) only
         # guards memory against frames far beyond it.
         ws_max_size=settings.ws_max_frame_bytes * 4,

@@ -10,6 +10,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from runtime.permissions import PermissionPolicy, Who
 
 ServerRole = Literal["all", "gateway", "worker"]
+# uvicorn's loop setting: auto takes uvloop when it is installed (a dependency), else asyncio's.
+EventLoop = Literal["auto", "asyncio", "uvloop"]
 
 
 class Settings(BaseSettings):
@@ -26,6 +28,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     role: ServerRole = "all"
+    # uvloop roughly halves the CPU of each Postgres and Redis round trip (docs/operations.md).
+    event_loop: EventLoop = "auto"
 
     lease_ttl: float = Field(default=15.0, gt=0)
     poll_interval: float = Field(default=1.0, gt=0)
