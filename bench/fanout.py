@@ -8,11 +8,13 @@ RSS per idle connection.
                            [--compare-subscribers 1000] [--compare-idle 1000,5000]
                            [--rates 10,20,40,80,120,160] [--step-seconds 3]
                            [--postgres ADMIN_DSN] [--redis URL] [--quick]
+                           [--loop uvloop|asyncio]
 
 Two parts. First, Threadline beside a raw `websockets` + Redis reference measured in the same
 run (bench/fanout_compare.py: server CPU per delivery, p50/p99/p99.9, deliveries/s kept up, RSS
 per idle subscribed connection, with and without permessage-deflate offered and accepted).
-Second, the end-to-end fan-out below.
+Second, the end-to-end fan-out below. Both servers of the comparison run on --loop (uvloop by
+default, what `threadline serve` takes when it is installed).
 
 Everything runs on loopback: a database of its own (created through ADMIN_DSN, dropped after;
 without --postgres or --redis, a throwaway cluster or redis-server of the run's own),
@@ -329,6 +331,9 @@ async def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=3.0, help="length of a rate step")
     parser.add_argument("--compare-only", action="store_true", help="skip the end-to-end part")
     parser.add_argument("--quick", action="store_true", help="a few seconds of each part")
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
+                        help="event loop of both servers compared (the gateway's default:"
+                             " uvloop when installed)")
     args = parser.parse_args()
     if args.quick:
         args.subscribers, args.messages, args.idle = "1,20", 5, "200"

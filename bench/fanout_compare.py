@@ -118,7 +118,7 @@ def pct(values: list[int], q: float) -> float:
 
 @contextlib.asynccontextmanager
 async def threadline(
-    database_url: str, redis_url: str, deflate: bool, log_dir: Path
+    database_url: str, redis_url: str, deflate: bool, log_dir: Path, loop: str
 ) -> AsyncIterator[Peer]:
     env = harness.server_env(
         database_url,
@@ -127,6 +127,7 @@ async def threadline(
             "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
             "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
             "THREADLINE_WS_PER_MESSAGE_DEFLATE": "true" if deflate else "false",
+            "THREADLINE_EVENT_LOOP": loop,
         },
     )
     handle = harness.start("gateway", env, log_dir=log_dir)
@@ -146,11 +147,13 @@ async def threadline(
 
 
 @contextlib.asynccontextmanager
-async def reference(redis_url: str, deflate: bool, thread_id: str) -> AsyncIterator[Peer]:
+async def reference(
+    redis_url: str, deflate: bool, thread_id: str, loop: str
+) -> AsyncIterator[Peer]:
     port = harness.free_port()
     channel = "threadline:" + thread_channel(thread_id)  # the bus's default prefix
     command = [sys.executable, str(Path(__file__).with_name("reference.py")), "--port",
-               str(port), "--redis", redis_url, "--channel", channel]
+               str(port), "--redis", redis_url, "--channel", channel, "--loop", loop]
     process = await asyncio.create_subprocess_exec(
         *command, *(["--deflate"] if deflate else []), stdout=subprocess.PIPE
     )
@@ -300,8 +303,8 @@ async def run(args: argparse.Namespace, database_url: str, redis_url: str) -> No
         # Deflate offered and accepted: the first rate step and the idle memory only.
         for deflate, step_rates in ((False, rates), (True, rates[:1])):
             async with (
-                reference(redis_url, deflate, f"ref-{os.urandom(4).hex()}") as ref,
-                threadline(database_url, redis_url, deflate, log_dir) as ours,
+                reference(redis_url, deflate, f"ref-{os.urandom(4).hex()}", args.loop) as ref,
+                threadline(database_url, redis_url, deflate, log_dir, args.loop) as ours,
             ):
                 subjects = [await subscribed(peer, deflate, subscribers, idle)
                             for peer in (ref, ours)]

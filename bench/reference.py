@@ -1,6 +1,7 @@
 """The fan-out reference: a plain `websockets` + Redis pub/sub broadcaster, nothing else.
 
     python bench/reference.py --port PORT --redis URL --channel NAME [--deflate]
+                              [--loop uvloop|asyncio]
 
 Every connection is a subscriber of CHANNEL; each message published on it is sent as is to every
 connection with `websockets.broadcast` (framed and written per connection, no task wake-up per
@@ -52,5 +53,13 @@ if __name__ == "__main__":
     parser.add_argument("--redis", required=True)
     parser.add_argument("--channel", required=True)
     parser.add_argument("--deflate", action="store_true", help="accept permessage-deflate")
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
+                        help="event loop (the gateway's: uvloop when installed)")
     args = parser.parse_args()
-    asyncio.run(main(args.port, args.redis, args.channel, args.deflate))
+    serving = main(args.port, args.redis, args.channel, args.deflate)
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(serving)
+    else:
+        asyncio.run(serving)
