@@ -67,6 +67,18 @@ def compose_lifecycle(*lifecycles: object) -> AgentLifecycle:
     return _ComposedLifecycle(lifecycles)
 
 
+def defines_hook(lifecycle: object, name: str) -> bool:
+    """Whether `lifecycle` has a `name` hook that can do anything: AgentLifecycle's own no-op
+    default does not count, and a composed lifecycle defines one when any of its parts does.
+    (The runtime skips a step between phases that only such a hook could observe.)"""
+    if isinstance(lifecycle, _ComposedLifecycle):
+        return any(defines_hook(part, name) for part in lifecycle.lifecycles)
+    hook = getattr(lifecycle, name, None)
+    if not callable(hook):
+        return False
+    return getattr(hook, "__func__", None) is not getattr(AgentLifecycle, name, None)
+
+
 def as_lifecycle(obj: object) -> AgentLifecycle:
     """A full AgentLifecycle for `obj`, so the runtime can call every hook unconditionally.
 

@@ -260,6 +260,8 @@ class Episode:
                 raise RunFailed(f"the run exceeded max_steps={self.deps.agent.max_steps}")
             step_ctx = StepContext(run=ctx.run, step=step, local=ctx.local, extra_messages=extra)
             outcome = await run_step(self.deps, state, step_ctx)
+            if state.ended:  # the step's commit carried the run transition: no after_step
+                return
             extra = await after_step(self.deps, step_ctx, outcome)
             if outcome.pending:
                 await transition(self.deps, state, RunStatus.WAITING)

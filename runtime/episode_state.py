@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.agent import Agent
+from runtime.compose import defines_hook
 from runtime.domain import Lease, Run, RunStatus
 from runtime.history import HistoryCache
 from runtime.lifecycle import AgentLifecycle, StepContext
@@ -106,6 +108,14 @@ class EpisodeDeps:
     lease: Lease
     # Parsed messages of the thread, shared by the worker's episodes: reads are tail reads.
     history: HistoryCache = field(default_factory=HistoryCache)
+
+    @functools.cached_property
+    def transition_with_step(self) -> bool:
+        """Whether a step that ends the run (it suspends, or nothing follows it) commits the
+        run transition in its own commit: when no after_step hook is defined, nothing runs
+        between the two (the spec: afterStep runs after the canonical step commit and before
+        the run transition), so one owner-fenced commit writes both, a commit fewer."""
+        return not defines_hook(self.lifecycle, "after_step")
 
     @property
     def run_id(self) -> str:

@@ -264,30 +264,36 @@ async def commit_step(
     parts: list[ToolCallPart],
     terminal: bool,
 ) -> StepOutcome:
-    """step-finish, then one commit: the step's assistant message (text, then tool parts)."""
+    """step-finish, then one commit: the step's assistant message (text, then tool parts).
+    When the step ends the run and no after_step hook runs (`EpisodeDeps.transition_with_step`),
+    the same commit carries the run transition (waiting or completed) and the episode ENDS."""
     output = state.output
     await state.sink.emit(StepFinishChunk(step=ctx.step, finish_reason=output.finish_reason))
     content = [*step_text_parts(output.text), *parts]
+    pending = any(p.is_pending for p in parts)
+    continues = bool(parts) and not pending and not terminal
+    run = None
+    if not continues and deps.transition_with_step:
+        run = RunChange(status=RunStatus.WAITING if pending else RunStatus.COMPLETED)
     if state.phase is Phase.EXECUTING and state.started_message is not None:
         # The message was committed when its tools started: now their results.
         update = TailUpdate(message_id=state.started_message, parts=tuple(content))
         state.started_message = None
-        await commit(deps, state, StepCommit(update_tail=update), Phase.AFTER_STEP)
+        await commit(deps, state, StepCommit(update_tail=update, run=run), Phase.AFTER_STEP)
     else:
         state.enter(Phase.COMMIT)
         message = NewMessage(
             role=MessageRole.ASSISTANT, parts=tuple(content), run_id=state.run.id
         )
-        change = StepCommit(append=(message,) if content else ())
+        change = StepCommit(append=(message,) if content else (), run=run)
         await commit(deps, state, change, Phase.AFTER_STEP)
-    pending = any(p.is_pending for p in parts)
     results = tuple((ToolCall(p.tool_call_id, p.name, p.input), _result_of(p)) for p in parts)
     result = StepResult(
         step=ctx.step,
         text=output.text,
         tool_results=results,
         finish_reason=output.finish_reason,
-        continues=bool(parts) and not pending and not terminal,
+        continues=continues,
     )
     return StepOutcome(result=result, pending=pending)
 

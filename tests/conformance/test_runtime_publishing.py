@@ -158,17 +158,17 @@ async def test_a_step_commit_publishes_its_last_chunks_with_its_invalidation(
         recording = RecordingBus(bus, store)
         frames, snapshot = await _run(bus, store, recording)
     assert snapshot.run.status is RunStatus.COMPLETED
-    # What watchers see is unchanged: admission, start, the step's chunks, then the step's
-    # commit and the completion, each chunk once, in seq order.
+    # What watchers see: admission, start, the step's chunks, then the step's commit, which
+    # (no after_step hook) carries the completion, each chunk once, in seq order.
     kinds = _kinds(frames)
     assert kinds[:2] == ["invalidate", "invalidate"]
-    assert kinds[2] == "step-start" and kinds[-3:] == ["step-finish", "invalidate", "invalidate"]
-    assert kinds[3:-3] == ["text-delta"] * 4
+    assert kinds[2] == "step-start" and kinds[-2:] == ["step-finish", "invalidate"]
+    assert kinds[3:-2] == ["text-delta"] * 4
     chunks = [f for f in frames if f["type"] == "chunk"]
     assert [c["seq"] for c in chunks] == list(range(snapshot.run.next_seq))
     versions = [f["version"] for f in frames if f["type"] == "invalidate"]
     assert versions == sorted(versions) and versions[-1] == snapshot.thread.version
-    step_version = versions[-2]
+    step_version = versions[-1]
     # The step's commit: its last chunks (step-finish at least), its invalidation, the clear,
     # in one operation, sent once the commit was durable.
     (step,) = [op for op in recording.operations if step_version in op.versions]

@@ -456,6 +456,39 @@ async def test_after_step_replace_resets_the_next_step_context(runtime_for) -> N
     assert all(m.role != "system" for m in done.messages)
 
 
+async def test_after_step_runs_after_the_step_commit_and_before_the_run_transition(
+    runtime_for,
+) -> None:
+    """Row `afterStep` ("runs after the canonical step commit and before the run transition"):
+    the hook finds the step's message committed and the run still running, and the
+    transition is a commit of its own after it. Without an after_step hook nothing runs
+    between the two, so the last step's commit carries the transition: one version fewer,
+    the same committed messages.
+
+    Breaks with: EpisodeDeps.transition_with_step returning True whatever the lifecycle."""
+    seen: list[tuple[RunStatus, list[str]]] = []
+    stores: list[Any] = []
+
+    class Watch(AgentLifecycle):
+        async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
+            snapshot = await stores[0].snapshot(ctx.run.thread_id, [SCOPE])
+            seen.append((snapshot.run.status, [m.role.value for m in snapshot.messages]))
+            return None
+
+    ended = []
+    for lifecycle in (Watch(), AgentLifecycle()):
+        model = ScriptedModel([text_response("the answer")])
+        rt = await runtime_for(Agent(model=model, lifecycle=lifecycle))
+        stores[:] = [rt.store]
+        thread_id = await start(rt)
+        ended.append(await rt.wait_status(thread_id, RunStatus.COMPLETED))
+        model.assert_consumed()
+    assert seen == [(RunStatus.RUNNING, ["user", "assistant"])]
+    watched, plain = ended
+    assert [m.parts for m in plain.messages] == [m.parts for m in watched.messages]
+    assert plain.thread.version == watched.thread.version - 1
+
+
 # --- Commit -----------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.domain import Lease, MessageRole, RunStatus, Snapshot, TextPart, ToolCallPart
+from runtime.lifecycle import AfterStepDecision, AgentLifecycle, StepContext, StepResult
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
@@ -65,7 +66,28 @@ def _completes(commit: StepCommit) -> bool:
     return commit.run is not None and commit.run.status is RunStatus.COMPLETED
 
 
-GATES = {"step": (_appends_answer, RunStatus.CANCELLED), "transition": (_completes, None)}
+def _completes_alone(commit: StepCommit) -> bool:
+    return _completes(commit) and not commit.append
+
+
+def _answers_and_completes(commit: StepCommit) -> bool:
+    return _completes(commit) and any(m.role is MessageRole.ASSISTANT for m in commit.append)
+
+
+class ObservesSteps(AgentLifecycle):
+    """An after_step hook: the step commit and the run transition are then two commits (the hook
+    runs between them); without one, the last step's commit carries the transition."""
+
+    async def after_step(self, ctx: StepContext, result: StepResult) -> AfterStepDecision | None:
+        return None
+
+
+# gate: (the commit it pauses, the run's status after a stop during it, an after_step hook?)
+GATES = {
+    "step": (_appends_answer, RunStatus.CANCELLED, True),
+    "transition": (_completes_alone, None, True),
+    "step-and-transition": (_answers_and_completes, None, False),
+}
 
 
 def _assistant_messages(snapshot: Snapshot, run_id: str) -> list[Any]:
@@ -88,9 +110,9 @@ def _assert_converged(snapshot: Snapshot, rec: Recorder, run_id: str) -> None:
 async def test_stop_during_a_commit_neither_duplicates_nor_fails(
     runtime_for: Any, gate: str, where: str
 ) -> None:
-    match, stopped_status = GATES[gate]
+    match, stopped_status, observed = GATES[gate]
     model = ScriptedModel([text_response("the whole answer", chunks=3)])
-    agent = Agent(model=model)
+    agent = Agent(model=model, lifecycle=ObservesSteps() if observed else AgentLifecycle())
     rt: Runtime = await runtime_for(agent, workers=0)
     gated = GatedCommits(rt.store, match, where)
     worker = Worker(gated, rt.bus, agent, lease_ttl=5.0, poll_interval=0.05)
@@ -126,7 +148,8 @@ async def test_stop_during_a_commit_neither_duplicates_nor_fails(
     assert admission.run_id not in worker.episodes
     assert snapshot.run is not None
     # The step commit could not be torn: a stop during it ends the run cancelled after it; a
-    # run transition in flight wins (the run had already finished).
+    # run transition in flight wins (the run had already finished), also when the step's
+    # commit carries it.
     expected = stopped_status or RunStatus.COMPLETED
     assert snapshot.run.status is expected, snapshot.run.error
     assert episode.outcome is expected

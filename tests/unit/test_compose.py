@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from runtime.chunks import StreamChunk, TextDeltaChunk
-from runtime.compose import compose_lifecycle
+from runtime.compose import as_lifecycle, compose_lifecycle, defines_hook
 from runtime.domain import MessageRole, RunTrigger, TextPart
 from runtime.lifecycle import (
     AfterStepDecision,
+    AgentLifecycle,
     Block,
     ContextNext,
     ModelCall,
@@ -457,3 +458,30 @@ async def test_after_step_runs_a_b_c_and_accumulates_without_mutating_shared_inp
     assert decision is not None and decision.replace is None
     assert next_step_extra((message("old"),), decision) == ["old", "a1", "c1"]
     assert await compose_lifecycle(Observer("d", None)).after_step(step_ctx(), result) is None
+
+
+# --- defines_hook: which hooks can do anything --------------------------------------------
+
+
+def test_defines_hook_ignores_the_no_op_defaults_and_looks_into_compositions() -> None:
+    class Steps(AgentLifecycle):
+        async def after_step(self, ctx: StepContext, result: StepResult) -> None:
+            return None
+
+    class Duck:
+        async def after_step(self, ctx: StepContext, result: StepResult) -> None:
+            return None
+
+    class Other:
+        async def prepare_run(self, ctx: RunContext) -> None:
+            return None
+
+    assert not defines_hook(AgentLifecycle(), "after_step")
+    assert defines_hook(Steps(), "after_step")
+    assert defines_hook(Duck(), "after_step")
+    assert not defines_hook(Other(), "after_step")
+    assert not defines_hook(compose_lifecycle(AgentLifecycle(), Other()), "after_step")
+    nested = compose_lifecycle(compose_lifecycle(Other(), AgentLifecycle()), Steps())
+    assert defines_hook(nested, "after_step")
+    assert defines_hook(compose_lifecycle(Other(), compose_lifecycle(Duck())), "after_step")
+    assert not defines_hook(as_lifecycle(Other()), "after_step")
