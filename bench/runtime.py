@@ -137,11 +137,12 @@ async def prefill(store: Store, thread_id: str, messages: int) -> None:
 
 async def until_ended(frames: AsyncIterator[bytes], store: Store, run_id: str, after: int) -> None:
     """Like a client: wait for invalidations, and read the run once one is recent enough for an
-    echo run to have ended (start, step commit and completion follow the admission)."""
+    echo run to have ended (the start, then the step's commit, which carries the completion:
+    the demo agent has no after_step hook; a later one is read too if the run had not)."""
     async with asyncio.timeout(30):  # one deadline per run, not one timer per frame
         while True:
             frame = orjson.loads(await anext(frames))
-            if frame["type"] != "invalidate" or frame["version"] < after + 3:
+            if frame["type"] != "invalidate" or frame["version"] < after + 2:
                 continue
             if (await store.get_run(run_id)).status.is_terminal:
                 return
@@ -319,7 +320,7 @@ async def split_runs(
             per_thread = max(1, runs // threads)
             for label, ids, each in (
                 (f"{loop}: sequential, {length} messages", sequential, share),
-                (f"{loop}: {threads} threads at once, {length} m.", concurrent, per_thread),
+                (f"{loop}: {threads} threads at once, {length} messages", concurrent, per_thread),
             ):
                 worker_cpu, cpu = process_cpu(pid), time.process_time()
                 started = time.perf_counter()

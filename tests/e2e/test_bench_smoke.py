@@ -74,12 +74,17 @@ def test_runtime_bench_quick() -> None:
     # Thread-length scaling: CPU and wall ms per run for both setups, per length.
     for length in ("10", "200", "2000"):
         assert len(rows[length]) == 5 and all(float(v) > 0 for v in rows[length][1:]), stdout
-    # The worker in a process of its own: worker, admission, run, client ms, runs/s per row.
+    # The worker in a process of its own, on each event loop: worker, admission, run, client
+    # ms, runs/s per row, and the ratio of the worker's CPU on the two loops.
     split = [
         line.split() for line in stdout.splitlines()
         if "messages " in line and line.endswith(" runs)")
     ]
-    assert [row[0] for row in split] == ["sequential,", "8"], stdout
+    assert [row[:2] for row in split] == [
+        ["uvloop:", "sequential,"], ["uvloop:", "8"], ["asyncio:", "sequential,"], ["asyncio:", "8"]
+    ], stdout
+    (ratio,) = [line for line in stdout.splitlines() if line.startswith("worker CPU per run,")]
+    assert all(float(r.rstrip("x,")) > 0 for r in ratio.split(":")[1].split()), stdout
     for row in split:
         figures = [float(v) for v in row[row.index("messages") + 1 :][:5]]
         worker, admission, run, _client, rate = figures
