@@ -235,27 +235,66 @@ async def append_message(
     tail: Row | Literal["unread"] | None = "unread",
 ) -> str:
     """Append after the tail; refused while the tail still holds a pending action. `tail`:
-    the tail row when the caller read it already in this transaction (None: no message)."""
+    the tail row when the caller read it already in this transaction (None: no message).
+    Returns the new message's id."""
+    row = await append_message_row(
+        conn,
+        thread_id,
+        role=role,
+        parts_json=parts_json,
+        client_request_id=client_request_id,
+        run_id=run_id,
+        message_id=message_id,
+        tail=tail,
+    )
+    return str(row["id"])
+
+
+async def append_message_row(
+    conn: Conn,
+    thread_id: str,
+    *,
+    role: MessageRole,
+    parts_json: str,
+    client_request_id: str | None = None,
+    run_id: str | None = None,
+    message_id: str | None = None,
+    tail: Row | Literal["unread"] | None = "unread",
+) -> Row:
+    """`append_message`, returning the row written: the thread's tail from now on in this
+    transaction (what `tail_row` would read back, timestamps as written), so a caller that
+    needs the tail again reads nothing."""
     if isinstance(tail, str):
         tail = await tail_row(conn, thread_id)
     check_append(None if tail is None else tail["id"], decode_parts(tail["parts"]) if tail else ())
-    position = 0 if tail is None else int(tail["position"]) + 1
-    message_id = message_id or new_id("msg")
+    now = await conn.now()
+    row: Row = {
+        "id": message_id or new_id("msg"),
+        "thread_id": thread_id,
+        "position": 0 if tail is None else int(tail["position"]) + 1,
+        "role": role.value,
+        "parts": parts_json,
+        "visibility": Visibility.VISIBLE.value,
+        "run_id": run_id,
+        "client_request_id": client_request_id,
+        "created_at": now,
+        "updated_at": now,
+    }
     await conn.execute_later(
         "INSERT INTO messages (id, thread_id, position, role, parts, visibility, run_id,"
         " client_request_id, created_at, updated_at)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
-        message_id,
+        row["id"],
         thread_id,
-        position,
+        row["position"],
         role.value,
         parts_json,
         Visibility.VISIBLE.value,
         run_id,
         client_request_id,
-        await conn.now(),
+        now,
     )
-    return message_id
+    return row
 
 
 async def create_run(

@@ -36,7 +36,7 @@ from runtime.storage.decisions import (
 from runtime.storage.sql_actions import index_actions
 from runtime.storage.sql_core import Conn, bump, lock_thread
 from runtime.storage.sql_leases import Fenced, fence, live_lease, release_with_commit
-from runtime.storage.sql_queue import admit_next, append_message
+from runtime.storage.sql_queue import admit_next, append_message_row
 from runtime.storage.sql_rows import (
     Row,
     decode_parts,
@@ -228,18 +228,19 @@ async def commit(
         known = None
         changed = True
     for message, parts_json in appends:
-        await _append_run_message(conn, thread_id, run_id, message, parts_json, known)
-        known = None
+        tail = await _append_run_message(conn, thread_id, run_id, message, parts_json, known)
+        # The message just written is the tail now: a later write here reads nothing.
+        known = Fenced(thread, run, tail, tail_read=True)
         changed = True
     terminal = False
+    next_seq = step.next_seq if next_seq_changes(int(run["next_seq"]), step.next_seq) else None
     if step.run is not None:
         check_run_transition(status, step.run.status)
         terminal = step.run.status.is_terminal
-        changed = await _transition(conn, thread_id, run_id, step.run, known) or changed
-    if next_seq_changes(int(run["next_seq"]), step.next_seq):
-        await conn.execute_later(
-            "UPDATE runs SET next_seq = $2 WHERE id = $1", run_id, step.next_seq
-        )
+        if await _transition(conn, thread_id, run_id, step.run, known, next_seq):
+            changed, next_seq = True, None  # written with the status
+    if next_seq is not None:
+        await conn.execute_later("UPDATE runs SET next_seq = $2 WHERE id = $1", run_id, next_seq)
         changed = True
     admitted = False
     if terminal and step.admit_next:
@@ -280,7 +281,8 @@ async def _append_run_message(
     message: NewMessage,
     parts_json: str,
     known: Fenced | None,
-) -> None:
+) -> Row:
+    """Append a run's message after the tail; returns its row (the new tail)."""
     check_run_message(run_id, message.run_id)
     if message.id is not None and await conn.fetchval(
         "SELECT 1 FROM messages WHERE id = $1", message.id
@@ -292,7 +294,7 @@ async def _append_run_message(
         message.client_request_id,
     ):
         raise Conflict(f"client_request_id {message.client_request_id} is already used")
-    message_id = await append_message(
+    row = await append_message_row(
         conn,
         thread_id,
         role=message.role,
@@ -302,13 +304,20 @@ async def _append_run_message(
         message_id=message.id,
         tail=await _tail(conn, thread_id, known),
     )
-    await index_actions(conn, thread_id, message_id, message.parts)
+    await index_actions(conn, thread_id, str(row["id"]), message.parts)
+    return row
 
 
 async def _transition(
-    conn: Conn, thread_id: str, run_id: str, change: RunChange, known: Fenced | None
+    conn: Conn,
+    thread_id: str,
+    run_id: str,
+    change: RunChange,
+    known: Fenced | None,
+    next_seq: int | None = None,
 ) -> bool:
-    """Apply a run transition as `plan_run_target` decides; False: the status stays."""
+    """Apply a run transition as `plan_run_target` decides; False: the status stays. A
+    `next_seq` to store goes in the same statement when the status is written."""
     target = change.status
     tail = None
     if target is RunStatus.WAITING or target.is_terminal:
@@ -323,16 +332,15 @@ async def _transition(
         await _write_parts(conn, tail["id"], encode_parts(plan.tail_parts))
     if not plan.apply_status:
         return False
-    await conn.execute_later(
+    update = (
         "UPDATE runs SET status = $2, error = $3,"
-        " stop_requested = CASE WHEN $4 THEN FALSE ELSE stop_requested END,"
-        " updated_at = $5 WHERE id = $1",
-        run_id,
-        target.value,
-        change.error,
-        target.is_terminal,
-        await conn.now(),
+        " stop_requested = CASE WHEN $4 THEN FALSE ELSE stop_requested END, updated_at = $5"
     )
+    args: list[Any] = [run_id, target.value, change.error, target.is_terminal, await conn.now()]
+    if next_seq is not None:
+        update += ", next_seq = $6"
+        args.append(next_seq)
+    await conn.execute_later(update + " WHERE id = $1", *args)
     return True
 
 

@@ -483,6 +483,9 @@ async def test_after_step_runs_after_the_step_commit_and_before_the_run_transiti
         thread_id = await start(rt)
         ended.append(await rt.wait_status(thread_id, RunStatus.COMPLETED))
         model.assert_consumed()
+        for worker in rt.workers:  # one store: the next agent's run is not this worker's
+            await worker.stop()
+        rt.workers.clear()
     assert seen == [(RunStatus.RUNNING, ["user", "assistant"])]
     watched, plain = ended
     assert [m.parts for m in plain.messages] == [m.parts for m in watched.messages]

@@ -21,7 +21,7 @@ from runtime.errors import (
     LeaseLost,
     TooLarge,
 )
-from runtime.storage import SqlStore
+from runtime.storage import SqlStore, sql_runs
 from runtime.storage.base import RunChange, StepCommit, TailUpdate
 from tests.conformance.store_helpers import (
     SCOPES,
@@ -38,6 +38,42 @@ from tests.conformance.store_helpers import (
 
 async def version_of(store: SqlStore, thread_id: str) -> int:
     return (await store.get_thread(thread_id, SCOPES)).version
+
+
+async def test_a_final_step_commit_appends_ends_the_run_and_stores_next_seq_at_once(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit a run-ending step makes (its message, the completion, next_seq): one version,
+    the run ended and its lease released, and the tail the append wrote is the one the
+    transition checks: not read again (the fence read it; `sql_runs.commit`)."""
+    thread = await new_thread(store)
+    admission, lease = await start_run(store, thread.id)
+    before = await version_of(store, thread.id)
+    reads: list[str] = []
+    real_tail_row = sql_runs.tail_row
+
+    async def counting_tail_row(conn: object, thread_id: str) -> object:
+        reads.append(thread_id)
+        return await real_tail_row(conn, thread_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sql_runs, "tail_row", counting_tail_row)
+    change = StepCommit(
+        append=(assistant(text("the answer")),),
+        run=RunChange(status=RunStatus.COMPLETED),
+        next_seq=7,
+    )
+    committed = await store.commit(lease, change)
+    assert int(committed) == before + 1 and reads == []
+    run = await store.get_run(admission.run_id or "")
+    assert run.status is RunStatus.COMPLETED and run.next_seq == 7
+    messages = await store.list_messages(thread.id)
+    assert [(m.position, m.text(), m.run_id) for m in messages] == [
+        (0, messages[0].text(), None),
+        (1, "the answer", admission.run_id),
+    ]
+    # The lease went with the terminal commit: another commit under it is fenced out.
+    with pytest.raises(LeaseLost):
+        await store.commit(lease, StepCommit(append=(assistant(text("late")),)))
 
 
 async def test_commit_appends_updates_tail_and_bumps_once(store: SqlStore) -> None:
