@@ -24,6 +24,9 @@ fi
 if [[ -z ${THREADLINE_TEST_CHROMIUM:-} && ! -x /usr/bin/chromium ]]; then
   missing+=("Chromium (/usr/bin/chromium)"); packages+=(chromium)
 fi
+if ! command -v callgrind_control >/dev/null 2>&1; then
+  missing+=("valgrind (bench/instructions.py's smoke test)"); packages+=(valgrind)
+fi
 if ! command -v node >/dev/null 2>&1; then
   missing+=("node (for tests/unit/js and tests/js)"); packages+=(nodejs)
 fi

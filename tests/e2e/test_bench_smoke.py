@@ -1,4 +1,4 @@
-"""`bench/fanout.py --quick` runs to completion against real processes and prints its tables."""
+"""Each benchmark's `--quick` run completes against real processes and prints its tables."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.services import require_postgres, require_redis
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
-def run_bench(script: str) -> str:
+def run_bench(script: str, timeout: float = 150) -> str:
     """Run `bench/<script> --quick` on the suite's Postgres and Redis; its stdout, once it
     exited 0. A session of its own: on a timeout the bench and the servers it started die
     together."""
@@ -29,7 +29,7 @@ def run_bench(script: str) -> str:
         start_new_session=True,
     )
     try:
-        stdout, stderr = bench.communicate(timeout=150)
+        stdout, stderr = bench.communicate(timeout=timeout)
     finally:
         if bench.poll() is None:
             os.killpg(bench.pid, signal.SIGKILL)
@@ -90,3 +90,11 @@ def test_runtime_bench_quick() -> None:
         worker, admission, run, _client, rate = figures
         assert worker > 0 and admission > 0 and rate > 0, stdout
         assert abs(run - (worker + admission)) < 0.02, stdout
+
+
+def test_instructions_bench_quick() -> None:
+    stdout = run_bench("instructions.py", timeout=450)  # a worker under valgrind: ~50x slower
+    lines = stdout.splitlines()
+    assert lines[1].split()[1:] == ["uvloop"], stdout
+    # This tree's row: instructions per run, in millions.
+    assert float(lines[2].split()[-1]) > 0, stdout
