@@ -52,12 +52,16 @@ class FaultRuntime:
         await asyncio.wait_for(ready.wait(), 5)
 
     async def settle(self, thread_id: str, timeout: float = 30.0) -> Snapshot:
-        """Committed state once the thread's run ended and its queue is empty (bounded)."""
+        """Committed state once the thread's run ended and its queue is empty, and the worker's
+        episode of that run is over (bounded). The end is durable before the episode knows it
+        (a COMMIT whose reply was cut goes through, and the retry finds it): what the episode
+        publishes then is still to come, and watchers must be there to see it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             snapshot = await self.service_store.snapshot(thread_id, [SCOPE])
-            if snapshot.run is not None and snapshot.run.status.is_terminal and not snapshot.queue:
+            ended = snapshot.run is not None and snapshot.run.status.is_terminal
+            if ended and not snapshot.queue and snapshot.run.id not in self.worker.episodes:
                 return snapshot
             if loop.time() > deadline:
                 raise AssertionError(f"run did not settle: {snapshot.model_dump()}")
