@@ -3,17 +3,35 @@ a deployment of `threadline serve` processes."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.e2e import harness
 from tests.servers import own_postgres_server, own_redis_server
 from tests.services import own_postgres_database
+
+
+def runtime_bench() -> Any:
+    """bench/runtime.py as a module (`bench_runtime`: the name `runtime` is the package), loaded
+    by path once, for the benchmarks that reuse its drivers."""
+    loaded: ModuleType | None = sys.modules.get("bench_runtime")
+    if loaded is None:
+        spec = importlib.util.spec_from_file_location(
+            "bench_runtime", Path(__file__).resolve().parent / "runtime.py"
+        )
+        assert spec is not None and spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules["bench_runtime"] = loaded
+        spec.loader.exec_module(loaded)
+    return loaded
 
 
 def pct(values: list[float], q: float) -> float:

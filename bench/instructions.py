@@ -131,15 +131,13 @@ async def measure(
     tree: Path, loop: str, admin_dsn: str, redis_url: str, runs: int, length: int
 ) -> float:
     """Worker instructions per run for one tree and event loop."""
-    import bench_runtime  # bench/runtime.py's prefill, loaded by `main`
-
     async with common.own_database(admin_dsn) as database_url:
         out_dir = Path(tempfile.mkdtemp(prefix="threadline-callgrind-"))
         try:
             async with open_store(database_url) as store, open_bus(redis_url) as bus:
                 service = ThreadService(store, Publisher(bus), demo_agent())
                 thread_id = (await service.create_thread(PRINCIPAL, title="ir")).thread.id
-                await bench_runtime.prefill(store, thread_id, length)
+                await common.runtime_bench().prefill(store, thread_id, length)
                 env = harness.server_env(
                     database_url,
                     {
@@ -219,13 +217,4 @@ def _label(tree: Path) -> str:
 
 
 if __name__ == "__main__":
-    import importlib.util
-
-    _spec = importlib.util.spec_from_file_location(
-        "bench_runtime", Path(__file__).resolve().parent / "runtime.py"
-    )
-    assert _spec is not None and _spec.loader is not None
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["bench_runtime"] = _module
-    _spec.loader.exec_module(_module)
     asyncio.run(main(parse_args()))

@@ -26,20 +26,11 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["THREADLINE_DEMO_DELAY_MS"] = "0"
 
-import importlib.util
-
 import asyncpg
 import common  # bench/common.py, next to this script
 from redis.asyncio.connection import AbstractConnection
 
-# bench/runtime.py, by path: the name `runtime` is the package.
-_spec = importlib.util.spec_from_file_location(
-    "bench_runtime", Path(__file__).resolve().parent / "runtime.py"
-)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_runtime"] = bench
-_spec.loader.exec_module(bench)
+bench = common.runtime_bench()
 
 from realtime import open_bus  # noqa: E402
 from runtime.demo import demo_agent  # noqa: E402

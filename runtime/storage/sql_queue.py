@@ -71,7 +71,7 @@ async def submit_input(
     if action is AdmissionAction.START_RUN:
         if limits is not None:
             await _check_scope_runs(conn, str(thread["scope"]), limits)
-        message_id = await append_message(
+        appended = await append_message(
             conn,
             thread_id,
             role=MessageRole.USER,
@@ -79,6 +79,7 @@ async def submit_input(
             client_request_id=client_request_id,
             tail=TAIL.joined(row),
         )
+        message_id = str(appended["id"])
         run_id = await create_run(
             conn,
             thread_id,
@@ -233,37 +234,12 @@ async def append_message(
     run_id: str | None = None,
     message_id: str | None = None,
     tail: Row | Literal["unread"] | None = "unread",
-) -> str:
+) -> Row:
     """Append after the tail; refused while the tail still holds a pending action. `tail`:
     the tail row when the caller read it already in this transaction (None: no message).
-    Returns the new message's id."""
-    row = await append_message_row(
-        conn,
-        thread_id,
-        role=role,
-        parts_json=parts_json,
-        client_request_id=client_request_id,
-        run_id=run_id,
-        message_id=message_id,
-        tail=tail,
-    )
-    return str(row["id"])
-
-
-async def append_message_row(
-    conn: Conn,
-    thread_id: str,
-    *,
-    role: MessageRole,
-    parts_json: str,
-    client_request_id: str | None = None,
-    run_id: str | None = None,
-    message_id: str | None = None,
-    tail: Row | Literal["unread"] | None = "unread",
-) -> Row:
-    """`append_message`, returning the row written: the thread's tail from now on in this
-    transaction (what `tail_row` would read back, timestamps as written), so a caller that
-    needs the tail again reads nothing."""
+    Returns the row written: the thread's tail from now on in this transaction (what
+    `tail_row` would read back, timestamps as written), so a caller that needs the tail again
+    reads nothing."""
     if isinstance(tail, str):
         tail = await tail_row(conn, thread_id)
     check_append(None if tail is None else tail["id"], decode_parts(tail["parts"]) if tail else ())
@@ -376,13 +352,14 @@ async def admit_next(
     if item is None:
         return None
     await conn.execute("UPDATE queued_items SET status = 'admitted' WHERE id = $1", item["id"])
-    message_id = await append_message(
+    appended = await append_message(
         conn,
         thread_id,
         role=MessageRole.USER,
         parts_json=text_parts(item["text"]),
         client_request_id=item["client_request_id"],
     )
+    message_id = str(appended["id"])
     run_id = await create_run(
         conn,
         thread_id,

@@ -36,7 +36,7 @@ from runtime.storage.decisions import (
 from runtime.storage.sql_actions import index_actions
 from runtime.storage.sql_core import Conn, bump, lock_thread
 from runtime.storage.sql_leases import Fenced, fence, live_lease, release_with_commit
-from runtime.storage.sql_queue import admit_next, append_message_row
+from runtime.storage.sql_queue import admit_next, append_message
 from runtime.storage.sql_rows import (
     Row,
     decode_parts,
@@ -294,7 +294,7 @@ async def _append_run_message(
         message.client_request_id,
     ):
         raise Conflict(f"client_request_id {message.client_request_id} is already used")
-    row = await append_message_row(
+    row = await append_message(
         conn,
         thread_id,
         role=message.role,
