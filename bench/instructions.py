@@ -46,6 +46,7 @@ from runtime.domain import Principal, Role
 from runtime.publisher import Publisher
 from runtime.service import ThreadService
 from runtime.storage import open_store
+from runtime.storage.base import Store
 from tests.e2e import harness
 
 PRINCIPAL = Principal(subject="bench", role=Role.USER, scopes=frozenset({"bench"}))
@@ -116,12 +117,12 @@ class Traced:
         self.log.close()
 
 
-async def run_once(service: ThreadService, store: object, thread_id: str, n: int) -> None:
+async def run_once(service: ThreadService, store: Store, thread_id: str, n: int) -> None:
     admission = await service.send_message(PRINCIPAL, thread_id, f"hello number {n}")
     assert admission.run_id is not None
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline:
-        if (await store.get_run(admission.run_id)).status.is_terminal:  # type: ignore[attr-defined]
+        if (await store.get_run(admission.run_id)).status.is_terminal:
             return
         await asyncio.sleep(0.02)
     raise TimeoutError(f"run {admission.run_id} did not end in {RUN_TIMEOUT}s")
