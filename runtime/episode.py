@@ -36,7 +36,14 @@ from runtime.phases import (
     runtime_context,
 )
 from runtime.publisher import Publisher
-from runtime.storage.base import EpisodeStart, RunChange, StepCommit, Store, commit_released
+from runtime.storage.base import (
+    EpisodeStart,
+    RunChange,
+    StartedRun,
+    StepCommit,
+    Store,
+    commit_released,
+)
 from runtime.streaming import ChunkSink
 
 log = logging.getLogger(__name__)
@@ -58,10 +65,13 @@ class Episode:
         lifecycle: AgentLifecycle,
         lease: Lease,
         history: HistoryCache | None = None,
+        started: StartedRun | None = None,
     ) -> None:
         self.deps = EpisodeDeps(
             store, publisher, agent, lifecycle, lease, history or HistoryCache()
         )
+        # start_episode, when made with the lease (`Store.start_run`); None: `_begin` makes it.
+        self._started = started
         self.run_id = lease.resource_id
         self.thread_id = lease.thread_id
         self.stop_requested = StopSignal()
@@ -165,10 +175,17 @@ class Episode:
 
     async def _begin(self) -> EpisodeStart:
         """start_episode and the reads the episode starts from, in one transaction; the
-        thread's messages are read from its tail cached by the worker (`HistoryCache`)."""
+        thread's messages are read from its tail cached by the worker (`HistoryCache`). Where
+        the start was made with the lease, only the messages are read (after it: while the
+        run is active, input is queued, not appended, and a rewrite moves the history epoch,
+        which the cache checks)."""
         deps = self.deps
         history_from = deps.history.read_from(self.thread_id)
-        started = await deps.store.begin_episode(deps.lease, history_from or 0)
+        if self._started is None:
+            started = await deps.store.begin_episode(deps.lease, history_from or 0)
+        else:
+            history = await deps.store.read_history(self.thread_id, history_from or 0)
+            started = EpisodeStart(**dict(self._started), history=history)
         self._messages = deps.history.apply(self.thread_id, history_from, started.history)
         return started
 

@@ -162,7 +162,7 @@ class Worker:
     async def _claim_named(self, run_ids: list[str]) -> None:
         """The runs wakeups named, by id: one lease request each, no poll. Only while no run
         waits for a slot (the poll's order is then moot: it would take them all); a run that
-        is not runnable, or that another worker took, gets no lease (`acquire_run_lease`)."""
+        is not runnable, or that another worker took, gets no lease (`start_run`)."""
         for run_id in dict.fromkeys(run_ids):
             if len(self.episodes) >= self.max_concurrent_runs:
                 self.wake()  # the rest wait for a slot, in the poll's order
@@ -176,11 +176,17 @@ class Worker:
             return
         # Before the request: the lease cannot expire earlier than this instant plus the TTL.
         sent = asyncio.get_running_loop().time()
-        lease = await self.store.acquire_run_lease(run_id, self.owner, self.lease_ttl)
-        if lease is None:
+        start = await self.store.start_run(run_id, self.owner, self.lease_ttl)
+        if start is None:
             return  # another worker won it, or it is not runnable
         episode = Episode(
-            self.store, self.publisher, self.agent, self.lifecycle, lease, self.history
+            self.store,
+            self.publisher,
+            self.agent,
+            self.lifecycle,
+            start.lease,
+            self.history,
+            started=start.started,
         )
         self.episodes[run_id] = episode
         task = asyncio.create_task(

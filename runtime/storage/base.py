@@ -166,16 +166,31 @@ class HistoryRead(BaseModel):
     messages: tuple[Message, ...]
 
 
-class EpisodeStart(BaseModel):
-    """What `begin_episode` read and did in one transaction: the run before and after
-    `start_episode`, the version after it, the thread, and its messages from a position on."""
+class StartedRun(BaseModel):
+    """What `start_episode` did: the run before and after it, the thread's version after it,
+    and the thread."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     before: Run
     run: Run
     version: int
     thread: Thread
+
+
+class EpisodeStart(StartedRun):
+    """What `begin_episode` read and did in one transaction: `StartedRun`, and the thread's
+    messages from a position on."""
+
     history: HistoryRead
+
+
+class RunStart(BaseModel):
+    """What `start_run` did: the run lease, and `started` where the episode was started with
+    it (None: the caller starts it, `begin_episode`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    lease: Lease
+    started: StartedRun | None = None
 
 
 class StopResult(BaseModel):
@@ -264,6 +279,11 @@ class Store(Protocol):
     async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None: ...
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease: ...
     async def release_lease(self, lease: Lease) -> None: ...
+    async def start_run(self, run_id: str, owner: str, ttl: float) -> RunStart | None:
+        """`acquire_run_lease`, and `start_episode` with it where the backend does both in one
+        round trip (Postgres: `RunStart.started`); None when no lease was granted. Where
+        `started` is None, the episode is still to be started (`begin_episode`)."""
+        ...
     async def start_episode(self, lease: Lease) -> tuple[Run, int]: ...
     async def begin_episode(self, lease: Lease, history_from: int = 0) -> EpisodeStart:
         """`start_episode` plus the reads an episode starts with (the run as it was, the
@@ -336,8 +356,10 @@ __all__ = [
     "ResolveResult",
     "RewriteResult",
     "RunChange",
+    "RunStart",
     "Scopes",
     "SetVisibility",
+    "StartedRun",
     "StepCommit",
     "StopResult",
     "Store",

@@ -57,6 +57,11 @@ class Dialect:
     # one statement (`sql_leases.acquire_run_lease_call`; a migration adds it); None: the
     # transaction runs statement by statement.
     run_lease_function: str | None = None
+    # A database function doing `start_run` in one statement: the run lease (as
+    # `run_lease_function`, keyed alike) and `start_episode` with it
+    # (`sql_leases.start_run_call`; a migration adds it); None: `start_run` takes the lease
+    # alone and the episode is started by `begin_episode`.
+    start_run_function: str | None = None
     # Whether this process always knows if a COMMIT went through (SQLite: COMMIT is a local
     # call, and one that fails leaves nothing committed), so a retried write needs no
     # idempotency key: its pool marks a committed `Conn` (`Conn.committed`) and the retry

@@ -139,6 +139,7 @@ POSTGRES = Dialect(
     scope_lock=f"SELECT pg_advisory_xact_lock({_SCOPE_LOCK_CLASS}, hashtext($1))",
     writing_ctes=True,
     run_lease_function="threadline_acquire_run_lease",
+    start_run_function="threadline_start_run",
 )
 
 

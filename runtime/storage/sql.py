@@ -39,6 +39,7 @@ from runtime.storage.base import (
     RetryRun,
     RewriteOp,
     RewriteResult,
+    RunStart,
     SetVisibility,
     StepCommit,
     StopResult,
@@ -276,6 +277,20 @@ class SqlStore(SqlTransactions):
         if lease is None:
             sql_leases.lease_event("busy", LeaseKind.RUN)
         return lease
+
+    async def start_run(self, run_id: str, owner: str, ttl: float) -> RunStart | None:
+        function = self.dialect.start_run_function
+        if function is None:
+            lease = await self.acquire_run_lease(run_id, owner, ttl)
+            return None if lease is None else RunStart(lease=lease)
+        # One statement, keyed inside the database function, as `acquire_run_lease`'s.
+        ttl, owner, key = check_ttl(ttl), check_owner(owner), new_id("tx")
+        start = await self._write_statement(
+            lambda conn: sql_leases.start_run_call(conn, key, run_id, owner, ttl)
+        )
+        if start is None:
+            sql_leases.lease_event("busy", LeaseKind.RUN)
+        return start
 
     async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
         return await self._acquire(

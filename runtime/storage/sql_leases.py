@@ -10,6 +10,7 @@ from typing import Any, Literal
 from runtime import telemetry
 from runtime.domain import Lease, LeaseKind, RunStatus
 from runtime.errors import LeaseLost, NotFound
+from runtime.storage.base import RunStart, StartedRun
 from runtime.storage.decisions import (
     StoredLease,
     check_lease_kind,
@@ -18,7 +19,7 @@ from runtime.storage.decisions import (
     run_leasable,
 )
 from runtime.storage.sql_core import NOW_COLUMN, Conn, lock_thread, prelocked
-from runtime.storage.sql_rows import Row, lease_from_row
+from runtime.storage.sql_rows import Row, lease_from_row, loads, run_from_row, thread_from_row
 from runtime.storage.sql_threads import (
     FIRST_QUEUED,
     TAIL,
@@ -98,6 +99,46 @@ async def acquire_run_lease_call(
     event = "taken_over" if row["taken_over"] else "acquired"
     conn.on_commit(lambda: lease_event(event, LeaseKind.RUN))
     return lease_from_row(row)
+
+
+async def start_run_call(
+    conn: Conn, key: str, run_id: str, owner: str, ttl: float
+) -> RunStart | None:
+    """`Store.start_run` as one statement: the dialect's `start_run_function`, which grants as
+    `acquire_run_lease_call` does (its key claimed first, its replay alike) and starts the
+    episode under the lock the grant took. A replay (after an unknown outcome) gets the run as
+    it was before the start back from the key's row, and the run and thread as they are now
+    (only this lease's holder has changed them since)."""
+    function = conn.dialect.start_run_function
+    assert function is not None
+    try:
+        row = await conn.fetchrow(
+            f"SELECT * FROM {function}($1, $2, $3, $4)", key, run_id, owner, float(ttl)
+        )
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) == "P0002":  # no_data_found: the run does not exist
+            raise NotFound(f"run {run_id} not found") from None
+        raise
+    assert row is not None
+    if row["token"] is None:
+        return None
+    lease = lease_from_row(row)
+    if row["outcome"] == "granted":
+        event = "taken_over" if row["taken_over"] else "acquired"
+        conn.on_commit(lambda: lease_event(event, LeaseKind.RUN))
+    if row["before_run"] is None or row["run"] is None or row["thread"] is None:
+        return RunStart(lease=lease)  # e.g. a replay after the thread was deleted: fenced later
+    thread = loads(row["thread"])
+    scope = {"scope": thread["scope"]}
+    return RunStart(
+        lease=lease,
+        started=StartedRun(
+            before=run_from_row({**loads(row["before_run"]), **scope}),
+            run=run_from_row({**loads(row["run"]), **scope}),
+            version=int(thread["version"]),
+            thread=thread_from_row(thread),
+        ),
+    )
 
 
 def _expiry(value: Any) -> float | None:

@@ -162,13 +162,13 @@ async def test_a_named_wakeup_without_a_free_slot_waits_for_the_poll(
     rt = await runtime_for(Agent(model=FunctionModel(slow)), workers=0)
     await rt.start_worker(poll_interval=60.0, max_concurrent_runs=1)
     leased: list[str] = []
-    acquire = rt.store.acquire_run_lease
+    start_run = rt.store.start_run  # the worker's lease request
 
     async def recording(run_id: str, owner: str, ttl: float):  # type: ignore[no-untyped-def]
         leased.append(run_id)
-        return await acquire(run_id, owner, ttl)
+        return await start_run(run_id, owner, ttl)
 
-    monkeypatch.setattr(rt.store, "acquire_run_lease", recording)
+    monkeypatch.setattr(rt.store, "start_run", recording)
     first, second = await rt.thread(), await rt.thread()
     await asyncio.sleep(0.1)  # the worker's first poll, as it starts
     one = await rt.service.send_message(ALICE, first, "first")

@@ -43,6 +43,7 @@ MIGRATIONS = [
     "0006_history_epoch",
     "0007_token_display_name",
     "0008_acquire_run_lease",
+    "0009_start_run",
 ]
 
 

@@ -1,0 +1,167 @@
+"""Store conformance: `start_run`, the run lease with the episode's start where the backend
+makes both in one round trip (Postgres), the lease alone where it does not (SQLite)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime.domain import Lease, RunStatus
+from runtime.errors import NotFound
+from runtime.storage import SqlStore, sql_leases
+from runtime.storage.base import RunStart, StartedRun
+from runtime.storage.sql_core import Conn
+from tests.conformance.store_helpers import SCOPES, finish, new_thread, start_run, suspend
+
+SHORT_TTL = 0.3
+
+
+async def queued_run(store: SqlStore) -> tuple[str, str]:
+    thread = await new_thread(store)
+    admission = await store.submit_input(thread.id, SCOPES, text="go", submitted_by="alice")
+    assert admission.run_id is not None
+    return thread.id, admission.run_id
+
+
+async def started(store: SqlStore, start: RunStart) -> StartedRun:
+    """What `start_run` started, or, where it left the start to the caller, `begin_episode`'s."""
+    if start.started is not None:
+        return start.started
+    return await store.begin_episode(start.lease)
+
+
+async def written(store: SqlStore) -> tuple[int, int]:
+    """(idempotency keys stored, the fencing counter)."""
+
+    async def read(conn: Conn) -> tuple[int, int]:
+        keys = await conn.fetchval("SELECT COUNT(*) FROM commit_keys")
+        return int(keys), int(await conn.fetchval("SELECT value FROM fencing_counter"))
+
+    return await store._read(read)
+
+
+async def test_start_run_leases_and_starts_a_queued_run(store: SqlStore) -> None:
+    thread_id, run_id = await queued_run(store)
+    version = (await store.get_thread(thread_id, SCOPES)).version
+    start = await store.start_run(run_id, "w1", 10.0)
+    assert start is not None
+    assert (start.lease.resource_id, start.lease.thread_id, start.lease.owner) == (
+        run_id,
+        thread_id,
+        "w1",
+    )
+    # Postgres starts the episode with the lease; SQLite leaves it to begin_episode.
+    assert (start.started is not None) == (store.dialect.start_run_function is not None)
+    began = await started(store, start)
+    assert (began.before.status, began.before.episode) == (RunStatus.QUEUED, 0)
+    assert (began.run.status, began.run.episode) == (RunStatus.RUNNING, 1)
+    # queued -> running is a visible change: one version, which the thread says too.
+    assert began.version == version + 1 == began.thread.version
+    stored = await store.get_thread(thread_id, SCOPES)
+    assert stored.version == began.version
+    assert stored.model_dump(exclude={"updated_at"}) == began.thread.model_dump(
+        exclude={"updated_at"}
+    )
+    assert (await store.get_run(run_id)).model_dump(exclude={"updated_at"}) == (
+        began.run.model_dump(exclude={"updated_at"})
+    )
+    # The lease is live: nobody else gets the run, its owner included.
+    assert await store.start_run(run_id, "w2", 10.0) is None
+    assert await store.start_run(run_id, "w1", 10.0) is None
+    # And it fences: the episode commits under it.
+    await finish(store, start.lease)
+    assert (await store.get_run(run_id)).status is RunStatus.COMPLETED
+
+
+async def test_start_run_refuses_what_acquire_run_lease_refuses(store: SqlStore) -> None:
+    thread = await new_thread(store)
+    admission, lease = await start_run(store, thread.id)
+    await suspend(store, lease)
+    await store.release_lease(lease)
+    run_id = admission.run_id or ""
+    version = (await store.get_thread(thread.id, SCOPES)).version
+    # Waiting with nothing to do: no lease, nothing started.
+    assert await store.start_run(run_id, "w2", 10.0) is None
+    await store.request_stop(thread.id, SCOPES, run_id)
+    # Waiting with a stop request: leased to be finalised, in a new episode that stays waiting
+    # (no visible change, no version).
+    start = await store.start_run(run_id, "w2", 10.0)
+    assert start is not None
+    began = await started(store, start)
+    assert (began.before.status, began.run.status) == (RunStatus.WAITING, RunStatus.WAITING)
+    assert began.run.episode == began.before.episode + 1
+    assert began.run.stop_requested
+    assert began.version == version == (await store.get_thread(thread.id, SCOPES)).version
+    await finish(store, start.lease, RunStatus.CANCELLED)
+    assert await store.start_run(run_id, "w3", 10.0) is None  # ended
+
+
+async def test_start_run_of_an_unknown_run_raises_and_writes_nothing(store: SqlStore) -> None:
+    await queued_run(store)
+    before = await written(store)
+    with pytest.raises(NotFound):
+        await store.start_run("run_missing", "w1", 10.0)
+    assert await written(store) == before
+
+
+async def test_start_run_takes_over_an_expired_lease(store: SqlStore) -> None:
+    thread_id, run_id = await queued_run(store)
+    first = await store.start_run(run_id, "w1", SHORT_TTL)
+    assert first is not None
+    first_start = await started(store, first)
+    await asyncio.sleep(SHORT_TTL + 0.2)
+    second = await store.start_run(run_id, "w2", 10.0)
+    assert second is not None and second.lease.token > first.lease.token
+    began = await started(store, second)
+    # A takeover: the run was running already (no version), one episode later.
+    assert (began.before.status, began.before.episode) == (RunStatus.RUNNING, 1)
+    assert (began.run.status, began.run.episode) == (RunStatus.RUNNING, 2)
+    assert began.version == first_start.version
+    assert (await store.get_thread(thread_id, SCOPES)).version == began.version
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
+async def test_one_statement_start_replays_after_an_unknown_outcome(store: SqlStore) -> None:
+    """A retry of a `start_run` call whose reply was lost (same key) answers what that call
+    did: the lease it granted this owner and the run as it was before the start, with the run
+    and thread as they are now. It starts nothing twice and grants nothing more."""
+    assert store.dialect.start_run_function is not None
+    thread_id, run_id = await queued_run(store)
+
+    async def call(key: str, owner: str) -> RunStart | None:
+        async with store.pool.autocommit() as conn:
+            return await sql_leases.start_run_call(conn, key, run_id, owner, 10.0)
+
+    first = await call("tx_start", "w1")
+    assert first is not None and first.started is not None
+    keys, counter = await written(store)
+    version = (await store.get_thread(thread_id, SCOPES)).version
+    again = await call("tx_start", "w1")
+    assert again is not None and again.lease == first.lease
+    assert again.started is not None
+    # How the episode began, as the first attempt saw it (a fresh start, not a takeover).
+    assert again.started.before == first.started.before
+    assert again.started.before.status is RunStatus.QUEUED
+    assert (again.started.run.status, again.started.run.episode) == (RunStatus.RUNNING, 1)
+    assert again.started.version == version
+    assert await call("tx_start", "w2") is None  # not this owner's lease: nothing to answer
+    assert await call("tx_other", "w2") is None  # a new call: the live lease refuses
+    assert await written(store) == (keys + 1, counter)
+    assert (await store.get_run(run_id)).episode == 1
+    assert (await store.get_thread(thread_id, SCOPES)).version == version
+    await store.release_lease(first.lease)
+    assert await call("tx_start", "w1") is None  # released: nothing live to answer
+
+
+async def test_concurrent_start_runs_grant_one_lease_and_one_start(store: SqlStore) -> None:
+    """Workers racing for one run: one lease, one episode, one version; the others get None."""
+    thread_id, run_id = await queued_run(store)
+    version = (await store.get_thread(thread_id, SCOPES)).version
+    starts = await asyncio.gather(*(store.start_run(run_id, f"w{i}", 10.0) for i in range(8)))
+    granted: list[Lease] = [start.lease for start in starts if start is not None]
+    assert len(granted) == 1
+    run = await store.get_run(run_id)
+    assert (run.status, run.episode) == (RunStatus.RUNNING, 1)
+    assert (await store.get_thread(thread_id, SCOPES)).version == version + 1
