@@ -12,7 +12,9 @@ CONTROL_CHANNEL = "control"
 
 
 class _Signal(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Fields a newer sender adds are ignored, so a worker still takes the signal during a
+    # rolling upgrade; the fields it knows are checked.
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class WakeupEnvelope(_Signal):
@@ -20,6 +22,9 @@ class WakeupEnvelope(_Signal):
 
     type: Literal["wakeup"] = "wakeup"
     run_id: str | None = None
+    # The run's thread, when the sender knows it: the worker reads the thread's messages with
+    # the run's start (`Store.start_run`).
+    thread_id: str | None = None
 
 
 class StopEnvelope(_Signal):
@@ -38,11 +43,13 @@ def decode_control(data: bytes) -> WakeupEnvelope | StopEnvelope:
     return CONTROL_MESSAGE_ADAPTER.validate_json(data)
 
 
-def encode_wakeup(run_id: str | None = None) -> bytes:
-    """`encode(WakeupEnvelope(run_id=...))`, byte for byte, without building the model."""
-    if run_id is not None and not isinstance(run_id, str):
-        raise ValueError("run_id must be a string or None")
-    return orjson.dumps({"type": "wakeup", "run_id": run_id})
+def encode_wakeup(run_id: str | None = None, thread_id: str | None = None) -> bytes:
+    """`encode(WakeupEnvelope(run_id=..., thread_id=...))`, byte for byte, without building
+    the model."""
+    for name, value in (("run_id", run_id), ("thread_id", thread_id)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string or None")
+    return orjson.dumps({"type": "wakeup", "run_id": run_id, "thread_id": thread_id})
 
 
 def encode_stop(run_id: str) -> bytes:

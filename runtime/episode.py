@@ -39,7 +39,7 @@ from runtime.publisher import Publisher
 from runtime.storage.base import (
     EpisodeStart,
     RunChange,
-    StartedRun,
+    RunStart,
     StepCommit,
     Store,
     commit_released,
@@ -65,13 +65,18 @@ class Episode:
         lifecycle: AgentLifecycle,
         lease: Lease,
         history: HistoryCache | None = None,
-        started: StartedRun | None = None,
+        *,
+        start: RunStart | None = None,
+        history_from: int | None = None,
     ) -> None:
         self.deps = EpisodeDeps(
             store, publisher, agent, lifecycle, lease, history or HistoryCache()
         )
-        # start_episode, when made with the lease (`Store.start_run`); None: `_begin` makes it.
-        self._started = started
+        # What `Store.start_run` did with the lease (None, or `started` None: `_begin` makes the
+        # start), and where its read of the thread's messages started (`HistoryCache.read_from`
+        # then; None: the whole thread).
+        self._run_start = start
+        self._history_from = history_from
         self.run_id = lease.resource_id
         self.thread_id = lease.thread_id
         self.stop_requested = StopSignal()
@@ -174,20 +179,25 @@ class Episode:
     # --- start -----------------------------------------------------------------------------
 
     async def _begin(self) -> EpisodeStart:
-        """start_episode and the reads the episode starts from, in one transaction; the
-        thread's messages are read from its tail cached by the worker (`HistoryCache`). Where
-        the start was made with the lease, only the messages are read (after it: while the
-        run is active, input is queued, not appended, and a rewrite moves the history epoch,
+        """start_episode and the reads the episode starts from, in one transaction
+        (`begin_episode`); the thread's messages are read from its tail cached by the worker
+        (`HistoryCache`). Where `Store.start_run` made the start with the lease, only the
+        messages are left, read with it or now: after the start, which changes none (while the
+        run is active input is queued, not appended, and a rewrite moves the history epoch,
         which the cache checks)."""
-        deps = self.deps
-        history_from = deps.history.read_from(self.thread_id)
-        if self._started is None:
-            started = await deps.store.begin_episode(deps.lease, history_from or 0)
+        deps, start = self.deps, self._run_start
+        if start is None or start.started is None:
+            history_from = deps.history.read_from(self.thread_id)
+            began = await deps.store.begin_episode(deps.lease, history_from or 0)
+            self._messages = deps.history.apply(self.thread_id, history_from, began.history)
+            return began
+        if start.history is not None:  # read with the start, from where the cache said then
+            history_from, history = self._history_from, start.history
         else:
+            history_from = deps.history.read_from(self.thread_id)
             history = await deps.store.read_history(self.thread_id, history_from or 0)
-            started = EpisodeStart(**dict(self._started), history=history)
-        self._messages = deps.history.apply(self.thread_id, history_from, started.history)
-        return started
+        self._messages = deps.history.apply(self.thread_id, history_from, history)
+        return EpisodeStart(**dict(start.started), history=history)
 
     async def _start(self, started: EpisodeStart) -> EpisodeState:
         """start_episode: fenced, +1 episode, queued -> running (+1 version when it changed)."""

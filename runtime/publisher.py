@@ -106,7 +106,7 @@ class Publisher:
             messages.append((CONTROL_CHANNEL, encode_stop(stop)))
             kinds.append(("stop", 1))
         if wakeup is not None:
-            messages.append((CONTROL_CHANNEL, encode_wakeup(wakeup)))
+            messages.append((CONTROL_CHANNEL, encode_wakeup(wakeup, thread_id)))
             kinds.append(("wakeup", 1))
         if len(messages) == 1:
             operation = self._bus.publish(*messages[0])
@@ -174,8 +174,9 @@ class Publisher:
         operation = self._bus.clear_replay(replay_key(thread_id))
         return await self._attempt(operation, [("clear_replay", 1)])
 
-    async def wakeup(self, run_id: str | None = None) -> bool:
-        return await self._publish(CONTROL_CHANNEL, "wakeup", encode_wakeup(run_id))
+    async def wakeup(self, run_id: str | None = None, thread_id: str | None = None) -> bool:
+        """Work for workers: run `run_id` (of `thread_id`, when known), or any (None)."""
+        return await self._publish(CONTROL_CHANNEL, "wakeup", encode_wakeup(run_id, thread_id))
 
     async def stop(self, run_id: str) -> bool:
         return await self._publish(CONTROL_CHANNEL, "stop", encode_stop(run_id))

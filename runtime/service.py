@@ -289,7 +289,7 @@ class ThreadService:
         else:
             # The worker owning the run (or the next one to lease it) finalises it.
             await self.publisher.stop(run_id)
-            await self.publisher.wakeup(run_id)
+            await self.publisher.wakeup(run_id, thread_id)
         return result
 
     # --- history rewrites ----------------------------------------------------------------
@@ -326,7 +326,7 @@ class ThreadService:
             expected_version=expected_version,
         )
         if result.run_id:
-            await self.publisher.wakeup(result.run_id)
+            await self.publisher.wakeup(result.run_id, thread_id)
         return result
 
     async def retry(
@@ -360,7 +360,7 @@ class ThreadService:
             retried_run_id=target,
         )
         if result.run_id:
-            await self.publisher.wakeup(result.run_id)
+            await self.publisher.wakeup(result.run_id, thread_id)
         return result
 
     async def set_visibility(

@@ -54,9 +54,10 @@ class Worker:
         # Parsed messages of the threads this worker runs (validated by a tail read each time).
         self.history = HistoryCache()
         self._wake = asyncio.Event()
-        # Runs named by wakeups since the last claim, taken by their id without a poll while
-        # nothing is left waiting for a slot (`_claim_named`); anything else wakes a poll.
-        self._named: list[str] = []
+        # Runs named by wakeups since the last claim (with their thread, when the wakeup said
+        # it), taken by their id without a poll while nothing is left waiting for a slot
+        # (`_claim_named`); anything else wakes a poll.
+        self._named: list[tuple[str, str | None]] = []
         self._poll_due = True
         # Whether the last poll may have left runnable runs for lack of a free slot: an
         # episode that ends then polls again at once.
@@ -121,7 +122,7 @@ class Worker:
             if envelope.run_id is None:
                 self.wake()
             else:
-                self._named.append(envelope.run_id)
+                self._named.append((envelope.run_id, envelope.thread_id))
                 self._wake.set()
         elif isinstance(envelope, StopEnvelope):
             episode = self.episodes.get(envelope.run_id)
@@ -157,26 +158,34 @@ class Worker:
         runs = await self.store.find_runnable_runs(limit=free)
         self._backlog = len(runs) >= free
         for run in runs:
-            await self._take(run.id)
+            await self._take(run.id, run.thread_id)
 
-    async def _claim_named(self, run_ids: list[str]) -> None:
+    async def _claim_named(self, named: list[tuple[str, str | None]]) -> None:
         """The runs wakeups named, by id: one lease request each, no poll. Only while no run
         waits for a slot (the poll's order is then moot: it would take them all); a run that
         is not runnable, or that another worker took, gets no lease (`start_run`)."""
-        for run_id in dict.fromkeys(run_ids):
+        threads: dict[str, str | None] = {}
+        for run_id, thread_id in named:
+            threads[run_id] = threads.get(run_id) or thread_id
+        for run_id, thread_id in threads.items():
             if len(self.episodes) >= self.max_concurrent_runs:
                 self.wake()  # the rest wait for a slot, in the poll's order
                 return
             with contextlib.suppress(NotFound):  # e.g. a thread deleted meanwhile
-                await self._take(run_id)
+                await self._take(run_id, thread_id)
 
-    async def _take(self, run_id: str) -> None:
-        """Lease `run_id` and run an episode of it, unless running it already or closing."""
+    async def _take(self, run_id: str, thread_id: str | None = None) -> None:
+        """Lease `run_id` and run an episode of it, unless running it already or closing. With
+        the run's `thread_id`, the store may read the thread's messages with the run's start,
+        from the tail this worker has cached (`Store.start_run`)."""
         if run_id in self.episodes or self._closing:
             return
         # Before the request: the lease cannot expire earlier than this instant plus the TTL.
         sent = asyncio.get_running_loop().time()
-        start = await self.store.start_run(run_id, self.owner, self.lease_ttl)
+        cached = None if thread_id is None else self.history.read_from(thread_id)
+        start = await self.store.start_run(
+            run_id, self.owner, self.lease_ttl, thread_id=thread_id, history_from=cached or 0
+        )
         if start is None:
             return  # another worker won it, or it is not runnable
         episode = Episode(
@@ -186,7 +195,8 @@ class Worker:
             self.lifecycle,
             start.lease,
             self.history,
-            started=start.started,
+            start=start,
+            history_from=cached,
         )
         self.episodes[run_id] = episode
         task = asyncio.create_task(

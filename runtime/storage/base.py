@@ -185,12 +185,14 @@ class EpisodeStart(StartedRun):
 
 
 class RunStart(BaseModel):
-    """What `start_run` did: the run lease, and `started` where the episode was started with
-    it (None: the caller starts it, `begin_episode`)."""
+    """What `start_run` did: the run lease, `started` where the episode was started with it
+    (None: the caller starts it, `begin_episode`), and `history` where the thread's messages
+    were read with the start (None: not read)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     lease: Lease
     started: StartedRun | None = None
+    history: HistoryRead | None = None
 
 
 class StopResult(BaseModel):
@@ -279,10 +281,21 @@ class Store(Protocol):
     async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None: ...
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease: ...
     async def release_lease(self, lease: Lease) -> None: ...
-    async def start_run(self, run_id: str, owner: str, ttl: float) -> RunStart | None:
+    async def start_run(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        thread_id: str | None = None,
+        history_from: int = 0,
+    ) -> RunStart | None:
         """`acquire_run_lease`, and `start_episode` with it where the backend does both in one
         round trip (Postgres: `RunStart.started`); None when no lease was granted. Where
-        `started` is None, the episode is still to be started (`begin_episode`)."""
+        `started` is None, the episode is still to be started (`begin_episode`). With
+        `thread_id` (the run's thread, as the caller believes), such a start also reads the
+        thread's messages from `history_from` on, after it (`RunStart.history`; None when the
+        run is not on that thread)."""
         ...
     async def start_episode(self, lease: Lease) -> tuple[Run, int]: ...
     async def begin_episode(self, lease: Lease, history_from: int = 0) -> EpisodeStart:

@@ -278,15 +278,24 @@ class SqlStore(SqlTransactions):
             sql_leases.lease_event("busy", LeaseKind.RUN)
         return lease
 
-    async def start_run(self, run_id: str, owner: str, ttl: float) -> RunStart | None:
+    async def start_run(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        thread_id: str | None = None,
+        history_from: int = 0,
+    ) -> RunStart | None:
         function = self.dialect.start_run_function
         if function is None:
             lease = await self.acquire_run_lease(run_id, owner, ttl)
             return None if lease is None else RunStart(lease=lease)
         # One statement, keyed inside the database function, as `acquire_run_lease`'s.
         ttl, owner, key = check_ttl(ttl), check_owner(owner), new_id("tx")
+        history = None if thread_id is None else (thread_id, int(history_from))
         start = await self._write_statement(
-            lambda conn: sql_leases.start_run_call(conn, key, run_id, owner, ttl)
+            lambda conn: sql_leases.start_run_call(conn, key, run_id, owner, ttl, history)
         )
         if start is None:
             sql_leases.lease_event("busy", LeaseKind.RUN)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from runtime import telemetry
 from runtime.domain import Lease, LeaseKind, RunStatus
 from runtime.errors import LeaseLost, NotFound
-from runtime.storage.base import RunStart, StartedRun
+from runtime.storage.base import HistoryRead, RunStart, StartedRun
 from runtime.storage.decisions import (
     StoredLease,
     check_lease_kind,
@@ -19,7 +19,14 @@ from runtime.storage.decisions import (
     run_leasable,
 )
 from runtime.storage.sql_core import NOW_COLUMN, Conn, lock_thread, prelocked
-from runtime.storage.sql_rows import Row, lease_from_row, loads, run_from_row, thread_from_row
+from runtime.storage.sql_rows import (
+    Row,
+    lease_from_row,
+    loads,
+    message_from_row,
+    run_from_row,
+    thread_from_row,
+)
 from runtime.storage.sql_threads import (
     FIRST_QUEUED,
     TAIL,
@@ -102,18 +109,31 @@ async def acquire_run_lease_call(
 
 
 async def start_run_call(
-    conn: Conn, key: str, run_id: str, owner: str, ttl: float
+    conn: Conn,
+    key: str,
+    run_id: str,
+    owner: str,
+    ttl: float,
+    history: tuple[str, int] | None = None,
 ) -> RunStart | None:
     """`Store.start_run` as one statement: the dialect's `start_run_function`, which grants as
     `acquire_run_lease_call` does (its key claimed first, its replay alike) and starts the
-    episode under the lock the grant took. A replay (after an unknown outcome) gets the run as
-    it was before the start back from the key's row, and the run and thread as they are now
-    (only this lease's holder has changed them since)."""
+    episode under the lock the grant took; with `history` (thread, from position), the
+    thread's messages from there on are read after the start. A replay (after an unknown
+    outcome) gets the run as it was before the start back from the key's row, and the run and
+    thread as they are now (only this lease's holder has changed them since)."""
     function = conn.dialect.start_run_function
     assert function is not None
+    thread_id, history_from = history if history is not None else (None, 0)
     try:
         row = await conn.fetchrow(
-            f"SELECT * FROM {function}($1, $2, $3, $4)", key, run_id, owner, float(ttl)
+            f"SELECT * FROM {function}($1, $2, $3, $4, $5, $6)",
+            key,
+            run_id,
+            owner,
+            float(ttl),
+            thread_id,
+            history_from,
         )
     except Exception as exc:
         if getattr(exc, "sqlstate", None) == "P0002":  # no_data_found: the run does not exist
@@ -130,6 +150,7 @@ async def start_run_call(
         return RunStart(lease=lease)  # e.g. a replay after the thread was deleted: fenced later
     thread = loads(row["thread"])
     scope = {"scope": thread["scope"]}
+    messages = row["messages"]
     return RunStart(
         lease=lease,
         started=StartedRun(
@@ -137,6 +158,12 @@ async def start_run_call(
             run=run_from_row({**loads(row["run"]), **scope}),
             version=int(thread["version"]),
             thread=thread_from_row(thread),
+        ),
+        history=None
+        if messages is None
+        else HistoryRead(
+            epoch=int(thread["history_epoch"]),
+            messages=tuple(message_from_row(message) for message in loads(messages)),
         ),
     )
 

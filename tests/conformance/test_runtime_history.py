@@ -191,10 +191,9 @@ async def test_first_step_context_is_what_the_episode_start_read(
             and len(s.messages) == n,
         )
     # One-step runs: the episode start's read served each step's context, no read of its own.
-    # Where the start is made with the lease (Postgres, `Store.start_run`), that read is the
-    # episode's one `read_history`, from the worker's cached tail (the thread's first message:
-    # the cache takes what reads return, not what commits write); else it is begin_episode's.
-    assert reads == ([0, 0] if store.dialect.start_run_function is not None else [])
+    # That read is begin_episode's, or on Postgres the one `start_run` made with the lease
+    # (the wakeup named the run's thread): no `read_history` either way.
+    assert reads == []
     messages = await store.list_messages(thread_id)
     assert [list(call.messages) for call in model.calls] == [
         to_context(messages[:1]),
@@ -218,10 +217,8 @@ async def test_a_later_step_reads_what_the_episode_committed(
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "go")
     await rt.wait_status(thread_id, RunStatus.COMPLETED, RunStatus.FAILED)
-    # The second step's context holds the first step's committed message: read from the tail
-    # (after the episode start's own read where that is a `read_history`: Postgres).
-    start_read = [0] if store.dialect.start_run_function is not None else []
-    assert reads == [*start_read, 0]
+    # The second step's context holds the first step's committed message: read from the tail.
+    assert reads == [0]
     messages = await store.list_messages(thread_id)
     assert [list(call.messages) for call in model.calls] == [
         to_context(messages[:1]),

@@ -164,9 +164,9 @@ async def test_a_named_wakeup_without_a_free_slot_waits_for_the_poll(
     leased: list[str] = []
     start_run = rt.store.start_run  # the worker's lease request
 
-    async def recording(run_id: str, owner: str, ttl: float):  # type: ignore[no-untyped-def]
+    async def recording(run_id: str, owner: str, ttl: float, **kwargs):  # type: ignore[no-untyped-def]
         leased.append(run_id)
-        return await start_run(run_id, owner, ttl)
+        return await start_run(run_id, owner, ttl, **kwargs)
 
     monkeypatch.setattr(rt.store, "start_run", recording)
     first, second = await rt.thread(), await rt.thread()

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from runtime.domain import Lease, RunStatus
+from runtime.domain import RunStatus
 from runtime.errors import NotFound
 from runtime.storage import SqlStore, sql_leases
 from runtime.storage.base import RunStart, StartedRun
@@ -160,8 +160,35 @@ async def test_concurrent_start_runs_grant_one_lease_and_one_start(store: SqlSto
     thread_id, run_id = await queued_run(store)
     version = (await store.get_thread(thread_id, SCOPES)).version
     starts = await asyncio.gather(*(store.start_run(run_id, f"w{i}", 10.0) for i in range(8)))
-    granted: list[Lease] = [start.lease for start in starts if start is not None]
+    granted: list[RunStart] = [start for start in starts if start is not None]
     assert len(granted) == 1
+    await started(store, granted[0])
     run = await store.get_run(run_id)
     assert (run.status, run.episode) == (RunStatus.RUNNING, 1)
     assert (await store.get_thread(thread_id, SCOPES)).version == version + 1
+
+
+async def test_start_run_reads_the_named_threads_messages_with_the_start(
+    store: SqlStore,
+) -> None:
+    """With the run's thread named, a start made with the lease (Postgres) reads the thread's
+    messages from the given position, as `read_history` reads them after it; a wrong thread
+    or none named reads nothing. Where the start is left to `begin_episode` (SQLite), so is
+    the read."""
+    thread = await new_thread(store)
+    _, lease = await start_run(store, thread.id, text="one")
+    await finish(store, lease)
+    await store.submit_input(thread.id, SCOPES, text="two", submitted_by="alice")
+    run = await store.active_run(thread.id)
+    assert run is not None
+    for thread_id, history_from in ((thread.id, 0), (thread.id, 1), ("th_other", 0), (None, 0)):
+        start = await store.start_run(
+            run.id, "w1", 10.0, thread_id=thread_id, history_from=history_from
+        )
+        assert start is not None
+        if start.started is None or thread_id != thread.id:
+            assert start.history is None
+        else:
+            assert start.history == await store.read_history(thread.id, history_from)
+            assert len(start.history.messages) == 2 - history_from
+        await store.release_lease(start.lease)

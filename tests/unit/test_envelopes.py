@@ -63,8 +63,21 @@ def test_thread_messages_round_trip() -> None:
 
 def test_control_messages_round_trip() -> None:
     assert decode_control(encode(WakeupEnvelope())) == WakeupEnvelope(run_id=None)
-    assert encode(WakeupEnvelope()) == b'{"type":"wakeup","run_id":null}'
+    assert encode(WakeupEnvelope()) == b'{"type":"wakeup","run_id":null,"thread_id":null}'
     assert decode_control(encode(WakeupEnvelope(run_id="r"))).run_id == "r"
+    named = WakeupEnvelope(run_id="r", thread_id="t")
+    assert decode_control(encode(named)) == named
+    # A wakeup of an earlier version (no thread_id) is still a wakeup.
+    assert decode_control(b'{"type":"wakeup","run_id":"r"}') == WakeupEnvelope(run_id="r")
+
+
+def test_control_decoding_ignores_fields_a_newer_sender_adds() -> None:
+    """Workers and gateways of two versions share the control channel during a rolling
+    upgrade: a field this version does not know is ignored, the signal still taken."""
+    assert decode_control(b'{"type":"wakeup","run_id":"r","why":"x"}') == WakeupEnvelope(
+        run_id="r"
+    )
+    assert decode_control(b'{"type":"stop","run_id":"r","by":"x"}') == StopEnvelope(run_id="r")
     assert decode_control(encode(StopEnvelope(run_id="r"))) == StopEnvelope(run_id="r")
 
 
@@ -96,7 +109,9 @@ def test_thread_decoding_is_strict(data: bytes) -> None:
     [
         b'{"type":"stop"}',
         b'{"type":"invalidate","thread_id":"t","version":1}',
-        b'{"type":"wakeup","run_id":null,"why":"x"}',
+        b'{"type":"wakeup","run_id":5}',
+        b'{"type":"wakeup","run_id":"r","thread_id":["t"]}',
+        b'{"type":"nope","run_id":"r"}',
     ],
 )
 def test_control_decoding_is_strict(data: bytes) -> None:
@@ -159,6 +174,9 @@ def test_direct_encoders_are_the_envelope_encodings(thread_id: str, version: int
     assert encode_scope_invalidate("acme", thread_id, version) == encode(scoped)
     assert encode_wakeup() == encode(WakeupEnvelope())
     assert encode_wakeup(thread_id) == encode(WakeupEnvelope(run_id=thread_id))
+    assert encode_wakeup("run_1", thread_id) == encode(
+        WakeupEnvelope(run_id="run_1", thread_id=thread_id)
+    )
     assert encode_stop(thread_id) == encode(StopEnvelope(run_id=thread_id))
     assert decode_control(encode_stop(thread_id)) == StopEnvelope(run_id=thread_id)
 
@@ -172,6 +190,7 @@ def test_direct_encoders_are_the_envelope_encodings(thread_id: str, version: int
         lambda: encode_scope_invalidate(None, "t", 1),
         lambda: encode_scope_invalidate("s", "t", -1),
         lambda: encode_wakeup(3),
+        lambda: encode_wakeup("r", 3),
         lambda: encode_stop(None),
     ],
 )

@@ -11,18 +11,25 @@
 -- an unknown outcome ('replayed') gets it back with the run and thread as they are now, so it
 -- can tell how the episode began (runtime/episode.py, start_kind) as the first attempt could.
 --
+-- With p_thread_id naming the run's thread (as the caller's wakeup said), the thread's
+-- messages from position p_history_from on are read too, after the start (the worker's cached
+-- tail: runtime/history.py), in `messages`; NULL where they were not read.
+--
 -- outcome: 'granted' (the lease's columns, before_run, run, thread: the run before and after
--- the start and the thread after it, as JSON objects of their rows), 'busy' (not leasable
--- now; the lease columns and rows NULL), 'replayed' (an earlier attempt of this call
--- committed: as 'granted' if the lease it granted this owner is still live, else as 'busy').
+-- the start and the thread after it, as JSON objects of their rows; messages: a JSON array of
+-- message rows in position order), 'busy' (not leasable now; the lease columns and rows NULL),
+-- 'replayed' (an earlier attempt of this call committed: as 'granted' if the lease it granted
+-- this owner is still live, else as 'busy').
 -- A run that does not exist raises SQLSTATE P0002 (no_data_found): nothing is written.
 ALTER TABLE commit_keys ADD COLUMN result TEXT;
 
 CREATE FUNCTION threadline_start_run(
-    p_key TEXT, p_run_id TEXT, p_owner TEXT, p_ttl DOUBLE PRECISION
+    p_key TEXT, p_run_id TEXT, p_owner TEXT, p_ttl DOUBLE PRECISION,
+    p_thread_id TEXT DEFAULT NULL, p_history_from BIGINT DEFAULT 0
 ) RETURNS TABLE (
     outcome TEXT, kind TEXT, resource_id TEXT, thread_id TEXT, owner TEXT, token BIGINT,
-    expires_at DOUBLE PRECISION, taken_over BOOLEAN, before_run TEXT, run TEXT, thread TEXT
+    expires_at DOUBLE PRECISION, taken_over BOOLEAN, before_run TEXT, run TEXT, thread TEXT,
+    messages TEXT
 ) LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -31,12 +38,14 @@ DECLARE
     v_after runs%ROWTYPE;
     v_thread threads%ROWTYPE;
     v_before_json TEXT;
+    v_messages TEXT;
     v_now DOUBLE PRECISION;
 BEGIN
     SELECT * INTO v_grant FROM threadline_acquire_run_lease(p_key, p_run_id, p_owner, p_ttl);
     IF v_grant.token IS NULL THEN  -- busy, or replayed without a live lease for this owner
         RETURN QUERY SELECT 'busy'::text, NULL::text, NULL::text, NULL::text, NULL::text,
-            NULL::bigint, NULL::double precision, FALSE, NULL::text, NULL::text, NULL::text;
+            NULL::bigint, NULL::double precision, FALSE, NULL::text, NULL::text, NULL::text,
+            NULL::text;
         RETURN;
     END IF;
     IF v_grant.outcome = 'replayed' THEN
@@ -60,8 +69,12 @@ BEGIN
         v_before_json := row_to_json(v_before)::text;
         UPDATE commit_keys k SET result = v_before_json WHERE k.key = p_key;
     END IF;
+    IF p_thread_id IS NOT NULL AND p_thread_id = v_after.thread_id THEN
+        SELECT COALESCE(json_agg(m ORDER BY m.position), '[]')::text INTO v_messages
+        FROM messages m WHERE m.thread_id = p_thread_id AND m.position >= p_history_from;
+    END IF;
     RETURN QUERY SELECT v_grant.outcome, v_grant.kind, v_grant.resource_id, v_grant.thread_id,
         v_grant.owner, v_grant.token, v_grant.expires_at, v_grant.taken_over, v_before_json,
-        row_to_json(v_after)::text, row_to_json(v_thread)::text;
+        row_to_json(v_after)::text, row_to_json(v_thread)::text, v_messages;
 END
 $$;
