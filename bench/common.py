@@ -3,20 +3,43 @@ a deployment of `threadline serve` processes."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.e2e import harness
 from tests.servers import own_postgres_server, own_redis_server
 from tests.services import own_postgres_database
+
+T = TypeVar("T")
+
+
+def run(main: Coroutine[Any, Any, T], *, loop: str = "asyncio") -> T:
+    """Run a benchmark's `main` on `loop` ("asyncio" or "uvloop"). SIGTERM cancels it, so the
+    servers, deployments and databases it made are removed on the way out as after any other
+    end (a bench killed with SIGTERM otherwise left its served processes running and its
+    database behind)."""
+
+    async def cancellable() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await main
+
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(cancellable())
+    return asyncio.run(cancellable())
 
 
 def runtime_bench() -> Any:

@@ -387,4 +387,4 @@ async def measure(
                       flush=True)
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    common.run(main())

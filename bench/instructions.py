@@ -16,8 +16,11 @@ worker's share of those runs (its wakeups, lease, episode, commits, publishes, a
 else it ran meanwhile, e.g. a heartbeat), user-space instructions only (system calls count
 as the instructions that make them, not the kernel's). Polling is every 30 s and a lease
 lasts 120 s, so idle work stays out of the count. A tree older than THREADLINE_EVENT_LOOP
-runs on uvicorn's automatic choice whatever --loops says. --quick: 2 runs, uvloop only (the
-smoke test).
+runs on uvicorn's automatic choice whatever --loops says. A tree older than wakeups naming
+their run's thread (`WakeupEnvelope.thread_id`) drops this checkout's wakeups as malformed and
+takes each run only at its 30 s poll: measure such a tree from its own checkout instead
+(`cd TREE && python bench/instructions.py …`; the counts of two runs compare like those of
+one). --quick: 2 runs, uvloop only (the smoke test).
 """
 
 from __future__ import annotations
@@ -218,4 +221,4 @@ def _label(tree: Path) -> str:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    common.run(main(parse_args()))
