@@ -78,7 +78,10 @@ async def chunk_latency(store_url: str, redis_url: str | None, chunks: int) -> l
         for i in range(chunks):
             yielded.append(time.perf_counter())
             yield TextDelta(text=f"w{i} ")
-            await asyncio.sleep(0.0005)  # a model streams; back-to-back deltas would queue
+            # A model streams: back-to-back deltas would queue behind each other. 1 ms, not
+            # less: uvloop's timers have millisecond resolution, and a shorter sleep returns at
+            # once until the loop's clock moves, so the deltas came in bursts.
+            await asyncio.sleep(0.001)
         yield FinishDelta(reason="stop")
 
     received: list[float] = []
@@ -103,10 +106,14 @@ async def chunk_latency(store_url: str, redis_url: str | None, chunks: int) -> l
             ready = asyncio.Event()
             listener = asyncio.create_task(listen())
             await ready.wait()
-            await service.send_message(PRINCIPAL, thread_id, "go")
+            admission = await service.send_message(PRINCIPAL, thread_id, "go")
             await asyncio.wait_for(done.wait(), 120)
             listener.cancel()
-    return [r - y for y, r in zip(yielded, received, strict=False)]
+            # The run's end too: a worker leaving a run unfinished hands it back, and the next
+            # worker on this database would take it over, streaming in another measurement.
+            assert admission.run_id is not None
+            await wait_ended(store, [admission.run_id])
+    return [r - y for y, r in zip(yielded, received, strict=True)]
 
 
 async def prefill(store: Store, thread_id: str, messages: int) -> None:
