@@ -25,36 +25,48 @@ RESUME_ITERATIONS = 8
 async def test_cut_during_worker_commits(
     database: str, make_proxy: type[FaultProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each iteration cuts the worker's connection at one of its first COMMITs (start of the
-    episode, then the step commit, which carries the run transition: the demo agent has no
-    after_step hook), after or before the server got it. The run completes with exactly one
-    reply; the store's invariants hold."""
+    """Each iteration cuts the worker's connection at one of its two writes of a demo run,
+    after or before the server got it: the statement that takes the run lease and starts the
+    episode (`start_run`, a transaction of its own), or the COMMIT of the step commit, which
+    carries the run transition (the demo agent has no after_step hook). The run completes
+    with exactly one reply, in one episode that began as a start (a lost reply's retry finds
+    what the first attempt did: no second episode, no takeover); the store's invariants
+    hold."""
     monkeypatch.setenv("THREADLINE_DEMO_DELAY_MS", "0")
     rng = random.Random(8)
     async with make_proxy() as worker_proxy, make_proxy() as service_proxy:
         async with fault_runtime(via(database, service_proxy), via(database, worker_proxy)) as rt:
-            fired = 0
+            fired = {"start": 0, "commit": 0}
             for i in range(STEP_ITERATIONS):
                 snapshot = await rt.service.create_thread(ALICE, title=f"cut {i}")
                 thread_id = snapshot.thread.id
                 await rt.watch(thread_id)
-                worker_proxy.cut_at(
-                    COMMIT, forward=rng.random() < 0.7, skip=rng.randrange(2), after=WRITE
-                )
-                await rt.service.send_message(ALICE, thread_id, f"hello number {i}")
+                target = "start" if i % 2 == 0 else "commit"
+                forward = rng.random() < 0.7
+                if target == "start":
+                    # The owner is a parameter of the lease request alone: its Bind message,
+                    # the statement's execution (its Parse, once per connection, names none).
+                    worker_proxy.cut_at(rt.worker.owner.encode(), forward=forward)
+                else:
+                    worker_proxy.cut_at(COMMIT, forward=forward, after=WRITE)
+                admission = await rt.service.send_message(ALICE, thread_id, f"hello number {i}")
                 final = await rt.settle(thread_id)
-                fired += worker_proxy.trap_fired.is_set()
+                fired[target] += worker_proxy.trap_fired.is_set()
                 worker_proxy.disarm()
                 assert final.run is not None and final.run.status is RunStatus.COMPLETED
                 replies = [m for m in final.messages if m.role is MessageRole.ASSISTANT]
                 assert len(replies) == 1, final.model_dump()
+                assert admission.run_id is not None
+                assert (await rt.worker_store.get_run(admission.run_id)).episode == 1
+                assert admission.run_id not in rt.observed.takeovers
         report = await check_store(database, rt.observed)
     print(
-        f"\ncut during worker COMMIT: iterations={STEP_ITERATIONS} faults injected={fired}"
-        f" {report.summary()}"
+        f"\ncut during the worker's writes: iterations={STEP_ITERATIONS} faults injected"
+        f" at start_run={fired['start']} at COMMIT={fired['commit']} {report.summary()}"
     )
     assert report.violations == []
-    assert fired >= STEP_ITERATIONS // 2
+    # Every iteration's trap meets its write: each run has one start and one commit.
+    assert fired == {"start": STEP_ITERATIONS // 2, "commit": STEP_ITERATIONS // 2}
 
 
 async def test_cut_during_resume_commit(
