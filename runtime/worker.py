@@ -51,6 +51,11 @@ class Worker:
         self.poll_interval = poll_interval
         self.max_concurrent_runs = max_concurrent_runs
         self.episodes: dict[str, Episode] = {}
+        # Runs whose lease request is in flight (`_take`), and those of them a stop named
+        # meanwhile: on Postgres the request starts the episode, so a stop committed after it
+        # is seen by no read of the episode, only by its signal.
+        self._starting: set[str] = set()
+        self._stopped_while_starting: set[str] = set()
         # Parsed messages of the threads this worker runs (validated by a tail read each time).
         self.history = HistoryCache()
         self._wake = asyncio.Event()
@@ -128,6 +133,8 @@ class Worker:
             episode = self.episodes.get(envelope.run_id)
             if episode is not None:
                 episode.stop_requested.set()
+            elif envelope.run_id in self._starting:
+                self._stopped_while_starting.add(envelope.run_id)
             else:
                 self.wake()  # a waiting run with a stop request needs a worker
 
@@ -178,15 +185,23 @@ class Worker:
         """Lease `run_id` and run an episode of it, unless running it already or closing. With
         the run's `thread_id`, the store may read the thread's messages with the run's start,
         from the tail this worker has cached (`Store.start_run`)."""
-        if run_id in self.episodes or self._closing:
+        if run_id in self.episodes or run_id in self._starting or self._closing:
             return
         # Before the request: the lease cannot expire earlier than this instant plus the TTL.
         sent = asyncio.get_running_loop().time()
         cached = None if thread_id is None else self.history.read_from(thread_id)
-        start = await self.store.start_run(
-            run_id, self.owner, self.lease_ttl, thread_id=thread_id, history_from=cached or 0
-        )
+        self._starting.add(run_id)
+        try:
+            start = await self.store.start_run(
+                run_id, self.owner, self.lease_ttl, thread_id=thread_id, history_from=cached or 0
+            )
+        finally:
+            self._starting.discard(run_id)
+            stopped = run_id in self._stopped_while_starting
+            self._stopped_while_starting.discard(run_id)
         if start is None:
+            if stopped:
+                self.wake()  # as for any stop of a run this worker does not hold
             return  # another worker won it, or it is not runnable
         episode = Episode(
             self.store,
@@ -198,6 +213,8 @@ class Worker:
             start=start,
             history_from=cached,
         )
+        if stopped:
+            episode.stop_requested.set()  # seen once the episode has started, as any stop
         self.episodes[run_id] = episode
         task = asyncio.create_task(
             self._run_episode(episode, sent + self.lease_ttl), name=f"episode-{run_id}"

@@ -245,3 +245,35 @@ async def test_idempotent_client_request_id(runtime_for) -> None:
     assert again.message_id == first.message_id
     snapshot = await rt.wait_for(thread_id, settled)
     assert len(snapshot.messages) == 2
+
+
+async def test_a_stop_while_the_lease_request_is_in_flight_is_obeyed(
+    runtime_for, monkeypatch
+) -> None:
+    """A stop that commits after the worker's lease request went through but before its reply
+    came back: on Postgres that request started the episode (`Store.start_run`), so no read of
+    the episode sees the stop; the stop signal the worker got meanwhile must stop it."""
+    rt = await runtime_for(Agent(model=ScriptedModel([text_response("never sent")])), workers=0)
+    await rt.start_worker(poll_interval=60.0)
+    real = rt.store.start_run
+    replied = asyncio.Event()
+    stopped = asyncio.Event()
+
+    async def slow_reply(run_id: str, owner: str, ttl: float, **kwargs):  # type: ignore[no-untyped-def]
+        start = await real(run_id, owner, ttl, **kwargs)
+        replied.set()
+        await asyncio.wait_for(stopped.wait(), 10)  # the stop commits while the reply travels
+        await asyncio.sleep(0.1)  # and its signal reaches the worker first
+        return start
+
+    monkeypatch.setattr(rt.store, "start_run", slow_reply)
+    thread_id = await rt.thread()
+    admission = await rt.service.send_message(ALICE, thread_id, "hi")
+    assert admission.run_id is not None
+    await asyncio.wait_for(replied.wait(), 5)
+    await rt.service.stop_run(ALICE, thread_id, admission.run_id)
+    stopped.set()
+    snapshot = await rt.wait_status(thread_id, RunStatus.CANCELLED, RunStatus.COMPLETED)
+    # Cancelled (what the episode streamed before the stop reached it is kept, as for any
+    # stop), not completed.
+    assert snapshot.run is not None and snapshot.run.status is RunStatus.CANCELLED
