@@ -92,10 +92,17 @@ async def acquire_run_lease_call(
     still live (else None, as for a busy run)."""
     function = conn.dialect.run_lease_function
     assert function is not None
+    row = await _granted(conn, function, run_id, key, run_id, owner, float(ttl))
+    return None if row is None else lease_from_row(row)
+
+
+async def _granted(conn: Conn, function: str, run_id: str, *args: Any) -> Row | None:
+    """The row of a run lease function called with `args`, when it holds a lease (None: none
+    was granted, as for a busy run), the grant counted once committed; `NotFound` when the
+    function found no run `run_id`."""
+    placeholders = ", ".join(f"${n}" for n in range(1, len(args) + 1))
     try:
-        row = await conn.fetchrow(
-            f"SELECT * FROM {function}($1, $2, $3, $4)", key, run_id, owner, float(ttl)
-        )
+        row = await conn.fetchrow(f"SELECT * FROM {function}({placeholders})", *args)
     except Exception as exc:
         if getattr(exc, "sqlstate", None) == "P0002":  # no_data_found: the run does not exist
             raise NotFound(f"run {run_id} not found") from None
@@ -105,7 +112,7 @@ async def acquire_run_lease_call(
         return None
     event = "taken_over" if row["taken_over"] else "acquired"
     conn.on_commit(lambda: lease_event(event, LeaseKind.RUN))
-    return lease_from_row(row)
+    return row
 
 
 async def start_run_call(
@@ -125,27 +132,12 @@ async def start_run_call(
     function = conn.dialect.start_run_function
     assert function is not None
     thread_id, history_from = history if history is not None else (None, 0)
-    try:
-        row = await conn.fetchrow(
-            f"SELECT * FROM {function}($1, $2, $3, $4, $5, $6)",
-            key,
-            run_id,
-            owner,
-            float(ttl),
-            thread_id,
-            history_from,
-        )
-    except Exception as exc:
-        if getattr(exc, "sqlstate", None) == "P0002":  # no_data_found: the run does not exist
-            raise NotFound(f"run {run_id} not found") from None
-        raise
-    assert row is not None
-    if row["token"] is None:
+    row = await _granted(
+        conn, function, run_id, key, run_id, owner, float(ttl), thread_id, history_from
+    )
+    if row is None:
         return None
     lease = lease_from_row(row)
-    if row["outcome"] == "granted":
-        event = "taken_over" if row["taken_over"] else "acquired"
-        conn.on_commit(lambda: lease_event(event, LeaseKind.RUN))
     if row["before_run"] is None or row["run"] is None or row["thread"] is None:
         return RunStart(lease=lease)  # e.g. a replay after the thread was deleted: fenced later
     thread = loads(row["thread"])

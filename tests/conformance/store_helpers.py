@@ -22,6 +22,7 @@ from runtime.domain import (
 )
 from runtime.storage import SqlStore
 from runtime.storage.base import RunChange, StepCommit
+from runtime.storage.sql_core import Conn
 
 SCOPE = "acme"
 SCOPES = [SCOPE]
@@ -31,6 +32,24 @@ SCHEMA = {"type": "object", "properties": {"approved": {"type": "boolean"}}}
 
 async def new_thread(store: SqlStore, title: str = "t", scope: str = SCOPE) -> Thread:
     return await store.create_thread(scope, title)
+
+
+async def queued_run(store: SqlStore) -> tuple[str, str]:
+    """(thread id, run id): input on a new thread, its run queued."""
+    thread = await new_thread(store)
+    admission = await store.submit_input(thread.id, SCOPES, text="go", submitted_by="alice")
+    assert admission.run_id is not None
+    return thread.id, admission.run_id
+
+
+async def counts(store: SqlStore) -> tuple[int, int]:
+    """(idempotency keys stored, the fencing counter)."""
+
+    async def read(conn: Conn) -> tuple[int, int]:
+        keys = await conn.fetchval("SELECT COUNT(*) FROM commit_keys")
+        return int(keys), int(await conn.fetchval("SELECT value FROM fencing_counter"))
+
+    return await store._read(read)
 
 
 async def start_run(

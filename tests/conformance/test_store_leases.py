@@ -21,21 +21,16 @@ from runtime.storage.sql_core import Conn
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
+    counts,
     finish,
     new_thread,
+    queued_run,
     start_run,
     suspend,
     text,
 )
 
 SHORT_TTL = 0.3
-
-
-async def queued_run(store: SqlStore) -> tuple[str, str]:
-    thread = await new_thread(store)
-    admission = await store.submit_input(thread.id, SCOPES, text="go", submitted_by="alice")
-    assert admission.run_id is not None
-    return thread.id, admission.run_id
 
 
 # --- acquire / renew / release ------------------------------------------------------------
@@ -58,16 +53,6 @@ async def test_acquire_run_lease(store: SqlStore) -> None:
     assert await store.acquire_run_lease(run_id, "w1", 10.0) is None
     # Leases are not part of a snapshot: no version bump.
     assert (await store.get_thread(thread_id, SCOPES)).version == 2
-
-
-async def counts(store: SqlStore) -> tuple[int, int]:
-    """(idempotency keys stored, the fencing counter)."""
-
-    async def read(conn: Conn) -> tuple[int, int]:
-        keys = await conn.fetchval("SELECT COUNT(*) FROM commit_keys")
-        return int(keys), int(await conn.fetchval("SELECT value FROM fencing_counter"))
-
-    return await store._read(read)
 
 
 async def test_acquire_of_an_unknown_run_raises_and_writes_nothing(store: SqlStore) -> None:

@@ -11,17 +11,17 @@ from runtime.domain import RunStatus
 from runtime.errors import NotFound
 from runtime.storage import SqlStore, sql_leases
 from runtime.storage.base import RunStart, StartedRun
-from runtime.storage.sql_core import Conn
-from tests.conformance.store_helpers import SCOPES, finish, new_thread, start_run, suspend
+from tests.conformance.store_helpers import (
+    SCOPES,
+    counts,
+    finish,
+    new_thread,
+    queued_run,
+    start_run,
+    suspend,
+)
 
 SHORT_TTL = 0.3
-
-
-async def queued_run(store: SqlStore) -> tuple[str, str]:
-    thread = await new_thread(store)
-    admission = await store.submit_input(thread.id, SCOPES, text="go", submitted_by="alice")
-    assert admission.run_id is not None
-    return thread.id, admission.run_id
 
 
 async def started(store: SqlStore, start: RunStart) -> StartedRun:
@@ -29,16 +29,6 @@ async def started(store: SqlStore, start: RunStart) -> StartedRun:
     if start.started is not None:
         return start.started
     return await store.begin_episode(start.lease)
-
-
-async def written(store: SqlStore) -> tuple[int, int]:
-    """(idempotency keys stored, the fencing counter)."""
-
-    async def read(conn: Conn) -> tuple[int, int]:
-        keys = await conn.fetchval("SELECT COUNT(*) FROM commit_keys")
-        return int(keys), int(await conn.fetchval("SELECT value FROM fencing_counter"))
-
-    return await store._read(read)
 
 
 async def test_start_run_leases_and_starts_a_queued_run(store: SqlStore) -> None:
@@ -99,10 +89,10 @@ async def test_start_run_refuses_what_acquire_run_lease_refuses(store: SqlStore)
 
 async def test_start_run_of_an_unknown_run_raises_and_writes_nothing(store: SqlStore) -> None:
     await queued_run(store)
-    before = await written(store)
+    before = await counts(store)
     with pytest.raises(NotFound):
         await store.start_run("run_missing", "w1", 10.0)
-    assert await written(store) == before
+    assert await counts(store) == before
 
 
 async def test_start_run_takes_over_an_expired_lease(store: SqlStore) -> None:
@@ -136,7 +126,7 @@ async def test_one_statement_start_replays_after_an_unknown_outcome(store: SqlSt
 
     first = await call("tx_start", "w1")
     assert first is not None and first.started is not None
-    keys, counter = await written(store)
+    keys, counter = await counts(store)
     version = (await store.get_thread(thread_id, SCOPES)).version
     again = await call("tx_start", "w1")
     assert again is not None and again.lease == first.lease
@@ -148,7 +138,7 @@ async def test_one_statement_start_replays_after_an_unknown_outcome(store: SqlSt
     assert again.started.version == version
     assert await call("tx_start", "w2") is None  # not this owner's lease: nothing to answer
     assert await call("tx_other", "w2") is None  # a new call: the live lease refuses
-    assert await written(store) == (keys + 1, counter)
+    assert await counts(store) == (keys + 1, counter)
     assert (await store.get_run(run_id)).episode == 1
     assert (await store.get_thread(thread_id, SCOPES)).version == version
     await store.release_lease(first.lease)
