@@ -51,11 +51,10 @@ class Worker:
         self.poll_interval = poll_interval
         self.max_concurrent_runs = max_concurrent_runs
         self.episodes: dict[str, Episode] = {}
-        # Runs whose lease request is in flight (`_take`), and those of them a stop named
+        # Runs whose lease request is in flight (`_take`), each with whether a stop named it
         # meanwhile: on Postgres the request starts the episode, so a stop committed after it
         # is seen by no read of the episode, only by its signal.
-        self._starting: set[str] = set()
-        self._stopped_while_starting: set[str] = set()
+        self._starting: dict[str, bool] = {}
         # Parsed messages of the threads this worker runs (validated by a tail read each time).
         self.history = HistoryCache()
         self._wake = asyncio.Event()
@@ -134,7 +133,7 @@ class Worker:
             if episode is not None:
                 episode.stop_requested.set()
             elif envelope.run_id in self._starting:
-                self._stopped_while_starting.add(envelope.run_id)
+                self._starting[envelope.run_id] = True
             else:
                 self.wake()  # a waiting run with a stop request needs a worker
 
@@ -190,15 +189,13 @@ class Worker:
         # Before the request: the lease cannot expire earlier than this instant plus the TTL.
         sent = asyncio.get_running_loop().time()
         cached = None if thread_id is None else self.history.read_from(thread_id)
-        self._starting.add(run_id)
+        self._starting[run_id] = False
         try:
             start = await self.store.start_run(
                 run_id, self.owner, self.lease_ttl, thread_id=thread_id, history_from=cached or 0
             )
         finally:
-            self._starting.discard(run_id)
-            stopped = run_id in self._stopped_while_starting
-            self._stopped_while_starting.discard(run_id)
+            stopped = self._starting.pop(run_id)
         if start is None:
             if stopped:
                 self.wake()  # as for any stop of a run this worker does not hold
