@@ -156,11 +156,15 @@ class Subscriber:
                     self.tracker.finish(run_id)
 
 
-async def open_subscribed(
-    url: str, thread_id: str, timeout: float = TIMEOUT
-) -> ClientConnection:
-    ws = await connect(url, open_timeout=timeout, close_timeout=2, ping_interval=None,
-                       max_size=2**22, compression=None)
+async def open_subscribed(url: str, thread_id: str, timeout: float = TIMEOUT) -> ClientConnection:
+    ws = await connect(
+        url,
+        open_timeout=timeout,
+        close_timeout=2,
+        ping_interval=None,
+        max_size=2**22,
+        compression=None,
+    )
     await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 1}).decode())
     async with asyncio.timeout(timeout):
         while orjson.loads(await ws.recv()).get("type") != "subscribed":
@@ -277,8 +281,11 @@ def summarise(subscribers: list[Subscriber], run_ids: list[str], rate: float) ->
             spread += [(at - earliest[(run_id, seq)]) / 1e6 for seq, at in received]
     expected = len(subscribers) * len(run_ids)
     if len(first) != expected:
-        print(f"  warning: {expected - len(first)} of {expected} (subscriber, message) pairs "
-              "were incomplete", file=sys.stderr)
+        print(
+            f"  warning: {expected - len(first)} of {expected} (subscriber, message) pairs "
+            "were incomplete",
+            file=sys.stderr,
+        )
     return {
         "first_p50": statistics.median(first) if first else float("nan"),
         "first_p99": pct(first, 0.99),
@@ -322,18 +329,29 @@ async def main() -> None:
     parser.add_argument("--idle", default="1000,5000", help="idle connection counts (cumulative)")
     parser.add_argument("--postgres", help="admin DSN to create a database (default: own server)")
     parser.add_argument("--redis", help="Redis URL (default: a redis-server of its own)")
-    parser.add_argument("--compare-subscribers", type=int, default=1000,
-                        help="subscribers of the side-by-side comparison")
-    parser.add_argument("--compare-idle", default="1000,5000",
-                        help="idle connection counts of the comparison (cumulative)")
-    parser.add_argument("--rates", default="10,20,40,80,120,160",
-                        help="messages/s steps of the comparison")
+    parser.add_argument(
+        "--compare-subscribers",
+        type=int,
+        default=1000,
+        help="subscribers of the side-by-side comparison",
+    )
+    parser.add_argument(
+        "--compare-idle",
+        default="1000,5000",
+        help="idle connection counts of the comparison (cumulative)",
+    )
+    parser.add_argument(
+        "--rates", default="10,20,40,80,120,160", help="messages/s steps of the comparison"
+    )
     parser.add_argument("--step-seconds", type=float, default=3.0, help="length of a rate step")
     parser.add_argument("--compare-only", action="store_true", help="skip the end-to-end part")
     parser.add_argument("--quick", action="store_true", help="a few seconds of each part")
-    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
-                        help="event loop of both servers compared (the gateway's default:"
-                             " uvloop when installed)")
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="event loop of both servers compared (the gateway's default: uvloop when installed)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.subscribers, args.messages, args.idle = "1,20", 5, "200"
@@ -364,8 +382,10 @@ async def measure(
         with processes(database_url, redis_url) as (gateway_1, gateway_2, worker):
             pids = [p.process.pid for p in (gateway_1, gateway_2, worker)]
             token = harness.create_token(gateway_1.env, "bench", "user", "bench")
-            print("Threadline fan-out: 2 gateways + 1 worker, Postgres + Redis, demo agent at 0 ms,"
-                  f" loopback, {os.cpu_count()} CPUs; times in ms (see the module docstring)")
+            print(
+                "Threadline fan-out: 2 gateways + 1 worker, Postgres + Redis, demo agent at 0 ms,"
+                f" loopback, {os.cpu_count()} CPUs; times in ms (see the module docstring)"
+            )
             # Idle connections first, on a fresh gateway: memory the fan-out phases freed would
             # otherwise be reused and hide part of the cost.
             idle_rows = await idle_rss(gateway_1, token, idle)
@@ -380,11 +400,16 @@ async def measure(
                     flush=True,
                 )
             print()
-            print(f"{'idle connections':>16} {'RSS before MiB':>14} {'RSS after MiB':>13} "
-                  f"{'per connection KiB':>18}")
+            print(
+                f"{'idle connections':>16} {'RSS before MiB':>14} {'RSS after MiB':>13} "
+                f"{'per connection KiB':>18}"
+            )
             for connections, rss_before, rss_after, per in idle_rows:
-                print(f"{connections:>16} {rss_before:>14.1f} {rss_after:>13.1f} {per:>18.1f}",
-                      flush=True)
+                print(
+                    f"{connections:>16} {rss_before:>14.1f} {rss_after:>13.1f} {per:>18.1f}",
+                    flush=True,
+                )
+
 
 if __name__ == "__main__":
     common.run(main())

@@ -3,8 +3,9 @@
 Both servers get the same load from the same clients (bench/wsclient.py) in one run: one
 process under test, pinned to core 0 where the box has two (this process, the clients, the
 publisher, Redis and Postgres on the others); chunks published with
-`runtime.publisher.Publisher.chunk` (a publish and a replay append per chunk, as a worker does)
-on the thread's channel, to which the reference subscribes as well; ~200-byte chunk frames.
+`runtime.engine.publisher.Publisher.chunk` (a publish and a replay append per chunk, as a
+worker does) on the thread's channel, to which the reference subscribes as well; ~200-byte
+chunk frames.
 
 Per server: RSS per idle subscribed connection (fresh process, psutil, cumulative counts),
 then rate steps of N subscribers x R messages/s for a few seconds each: server CPU µs per
@@ -36,7 +37,7 @@ import wsclient
 
 from realtime import open_bus
 from realtime.channels import thread_channel
-from runtime.publisher import Publisher
+from runtime.engine.publisher import Publisher
 from tests.e2e import harness
 
 SERVER_CORE = 0
@@ -140,8 +141,14 @@ async def threadline(
             created = await http.post("/v1/threads", json={"title": "fan-out compare"})
             thread_id = created.json()["thread"]["id"]
         subscribe = orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 1})
-        yield Peer("Threadline gateway", handle.process.pid, handle.port,
-                   f"/v1/ws?token={token}", subscribe, thread_id)
+        yield Peer(
+            "Threadline gateway",
+            handle.process.pid,
+            handle.port,
+            f"/v1/ws?token={token}",
+            subscribe,
+            thread_id,
+        )
     finally:
         handle.stop()
 
@@ -152,8 +159,18 @@ async def reference(
 ) -> AsyncIterator[Peer]:
     port = harness.free_port()
     channel = "threadline:" + thread_channel(thread_id)  # the bus's default prefix
-    command = [sys.executable, str(Path(__file__).with_name("reference.py")), "--port",
-               str(port), "--redis", redis_url, "--channel", channel, "--loop", loop]
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("reference.py")),
+        "--port",
+        str(port),
+        "--redis",
+        redis_url,
+        "--channel",
+        channel,
+        "--loop",
+        loop,
+    ]
     process = await asyncio.create_subprocess_exec(
         *command, *(["--deflate"] if deflate else []), stdout=subprocess.PIPE
     )
@@ -190,8 +207,13 @@ async def idle_rss(
     rows = []
     for count in sorted(counts):
         clients += await wsclient.connect_many(
-            count - len(clients), "127.0.0.1", peer.port, peer.path, tally,
-            subscribe=peer.subscribe, deflate=deflate,
+            count - len(clients),
+            "127.0.0.1",
+            peer.port,
+            peer.path,
+            tally,
+            subscribe=peer.subscribe,
+            deflate=deflate,
         )
         # Idle means settled: the server finished what the subscriptions started (presence
         # joins and their diffs), whose in-flight state is not what a connection holds.
@@ -201,8 +223,12 @@ async def idle_rss(
 
 
 async def step(
-    peer: Peer, publish: Callable[[int], object], tally: wsclient.Tally, subscribers: int,
-    rate: int, duration: float,
+    peer: Peer,
+    publish: Callable[[int], object],
+    tally: wsclient.Tally,
+    subscribers: int,
+    rate: int,
+    duration: float,
 ) -> Step:
     """`rate` messages/s for `duration` s; waits (bounded) until every delivery arrived."""
     loop = asyncio.get_running_loop()
@@ -223,9 +249,17 @@ async def step(
     client = (time.process_time() - client_before) / (time.monotonic() - wall_before)
     latencies = tally.latencies
     await asyncio.sleep(0.2)  # stragglers of this step must not count in the next
-    return Step(subscribers, rate, count, tally.deliveries,
-                server / max(1, tally.deliveries) * 1e6, pct(latencies, 0.5),
-                pct(latencies, 0.99), pct(latencies, 0.999), client)
+    return Step(
+        subscribers,
+        rate,
+        count,
+        tally.deliveries,
+        server / max(1, tally.deliveries) * 1e6,
+        pct(latencies, 0.5),
+        pct(latencies, 0.99),
+        pct(latencies, 0.999),
+        client,
+    )
 
 
 @dataclass
@@ -252,7 +286,10 @@ async def subscribed(peer: Peer, deflate: bool, subscribers: int, idle: list[int
 
 
 async def steps(
-    subjects: list[Subject], publisher: Publisher, subscribers: int, rates: list[int],
+    subjects: list[Subject],
+    publisher: Publisher,
+    subscribers: int,
+    rates: list[int],
     duration: float,
 ) -> None:
     """Each rate step for each subject in turn (paired under the same background load); a
@@ -271,10 +308,14 @@ async def steps(
 
             done = await step(subject.peer, publish, subject.tally, subscribers, rate, duration)
             subject.result.steps.append(done)
-            print(f"  {subject.peer.name}{' (deflate)' if subject.result.deflate else ''}: "
-                  f"{subscribers} x {rate}/s: {done.delivered:.1%} delivered, "
-                  f"{done.cpu_us:.1f} µs/delivery, p99 {done.p99:.1f} ms, "
-                  f"client {done.client_cpu:.0%} of a core", file=sys.stderr, flush=True)
+            print(
+                f"  {subject.peer.name}{' (deflate)' if subject.result.deflate else ''}: "
+                f"{subscribers} x {rate}/s: {done.delivered:.1%} delivered, "
+                f"{done.cpu_us:.1f} µs/delivery, p99 {done.p99:.1f} ms, "
+                f"client {done.client_cpu:.0%} of a core",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 async def settle(pid: int, limit: float = 60.0) -> None:
@@ -306,8 +347,9 @@ async def run(args: argparse.Namespace, database_url: str, redis_url: str) -> No
                 reference(redis_url, deflate, f"ref-{os.urandom(4).hex()}", args.loop) as ref,
                 threadline(database_url, redis_url, deflate, log_dir, args.loop) as ours,
             ):
-                subjects = [await subscribed(peer, deflate, subscribers, idle)
-                            for peer in (ref, ours)]
+                subjects = [
+                    await subscribed(peer, deflate, subscribers, idle) for peer in (ref, ours)
+                ]
                 try:
                     await steps(subjects, publisher, subscribers, step_rates, args.step_seconds)
                 finally:
@@ -322,16 +364,22 @@ async def run(args: argparse.Namespace, database_url: str, redis_url: str) -> No
 def print_table(results: list[Result], subscribers: int, first_rate: int, cpus: int) -> None:
     counts = sorted({n for r in results for n, _ in r.idle})
     pinned = "server pinned to core 0" if cpus >= 2 else "one core shared"
-    print(f"Fan-out beside the reference: {subscribers} subscribers of one thread, "
-          f"~{PAYLOAD_BYTES}-byte chunks via Publisher.chunk, {cpus} CPUs, {pinned}")
-    print(f"{'system':<30} {'deflate':>7} {'CPU µs/delivery':>15} "
-          f"{f'p50 ms @{first_rate}/s':>12} {'p99 ms':>7} {'p99.9 ms':>8} "
-          f"{'kept up /s':>10} {'client core':>11} "
-          + " ".join(f"{f'KiB/conn @{n}':>14}" for n in counts))
+    print(
+        f"Fan-out beside the reference: {subscribers} subscribers of one thread, "
+        f"~{PAYLOAD_BYTES}-byte chunks via Publisher.chunk, {cpus} CPUs, {pinned}"
+    )
+    print(
+        f"{'system':<30} {'deflate':>7} {'CPU µs/delivery':>15} "
+        f"{f'p50 ms @{first_rate}/s':>12} {'p99 ms':>7} {'p99.9 ms':>8} "
+        f"{'kept up /s':>10} {'client core':>11} "
+        + " ".join(f"{f'KiB/conn @{n}':>14}" for n in counts)
+    )
     rows = {(r.name, r.deflate): r for r in results}
     for deflate in (False, True):
-        pair = [rows.get(("websockets + Redis reference", deflate)),
-                rows.get(("Threadline gateway", deflate))]
+        pair = [
+            rows.get(("websockets + Redis reference", deflate)),
+            rows.get(("Threadline gateway", deflate)),
+        ]
         for result in pair:
             if result is not None:
                 print(row(result, counts))
@@ -355,11 +403,13 @@ def row(result: Result, counts: list[int]) -> str:
         kept = f"{result.kept_up:>10.0f}"
     else:  # not even the first step kept up
         kept = f"{f'<{first.rate * first.subscribers}':>10}"
-    return (f"{result.name:<30} {'yes' if result.deflate else 'no':>7} "
-            f"{cpu_per_delivery(result):>15.1f} {first.p50:>12.2f} {first.p99:>7.2f} "
-            f"{first.p999:>8.2f} {kept} "
-            f"{max(s.client_cpu for s in result.steps):>11.0%} "
-            + " ".join(f"{idle.get(n, float('nan')):>14.1f}" for n in counts))
+    return (
+        f"{result.name:<30} {'yes' if result.deflate else 'no':>7} "
+        f"{cpu_per_delivery(result):>15.1f} {first.p50:>12.2f} {first.p99:>7.2f} "
+        f"{first.p999:>8.2f} {kept} "
+        f"{max(s.client_cpu for s in result.steps):>11.0%} "
+        + " ".join(f"{idle.get(n, float('nan')):>14.1f}" for n in counts)
+    )
 
 
 def ratio_row(reference: Result, ours: Result, counts: list[int]) -> str:
@@ -369,8 +419,10 @@ def ratio_row(reference: Result, ours: Result, counts: list[int]) -> str:
     first_ref, first = reference.steps[0], ours.steps[0]
     ref_idle, idle = dict(reference.idle), dict(ours.idle)
     kept = r(ours.kept_up, reference.kept_up) if len(ours.steps) > 1 else "-"
-    return (f"{'ratio Threadline / reference':<30} {'':>7} "
-            f"{r(cpu_per_delivery(ours), cpu_per_delivery(reference)):>15} "
-            f"{r(first.p50, first_ref.p50):>12} {r(first.p99, first_ref.p99):>7} "
-            f"{r(first.p999, first_ref.p999):>8} {kept:>10} {'':>11} "
-            + " ".join(f"{r(idle.get(n, 0), ref_idle.get(n, 0)):>14}" for n in counts))
+    return (
+        f"{'ratio Threadline / reference':<30} {'':>7} "
+        f"{r(cpu_per_delivery(ours), cpu_per_delivery(reference)):>15} "
+        f"{r(first.p50, first_ref.p50):>12} {r(first.p99, first_ref.p99):>7} "
+        f"{r(first.p999, first_ref.p999):>8} {kept:>10} {'':>11} "
+        + " ".join(f"{r(idle.get(n, 0), ref_idle.get(n, 0)):>14}" for n in counts)
+    )

@@ -46,10 +46,10 @@ import common  # bench/common.py, next to this script
 from realtime import open_bus
 from runtime.demo import demo_agent
 from runtime.domain import Principal, Role
-from runtime.publisher import Publisher
-from runtime.service import ThreadService
+from runtime.engine.publisher import Publisher
+from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
-from runtime.storage.base import Store
+from runtime.storage.store import Store
 from tests.e2e import harness
 
 PRINCIPAL = Principal(subject="bench", role=Role.USER, scopes=frozenset({"bench"}))
@@ -80,12 +80,25 @@ class Traced:
         log = (out_dir / "worker.log").open("wb")
         process = subprocess.Popen(
             [
-                "valgrind", "--tool=callgrind", "--dump-instr=no",
+                "valgrind",
+                "--tool=callgrind",
+                "--dump-instr=no",
                 f"--callgrind-out-file={out_dir}/callgrind.out.%p",
-                sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1",
-                "--port", str(port), "--role", "worker",
+                sys.executable,
+                "-m",
+                "server.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--role",
+                "worker",
             ],
-            cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=tree,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         traced = cls(process, out_dir, log)
         try:
@@ -98,7 +111,9 @@ class Traced:
     def control(self, option: str) -> None:
         subprocess.run(
             ["callgrind_control", option, str(self.process.pid)],
-            check=True, capture_output=True, timeout=120,
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
 
     def dump(self) -> int:
@@ -194,8 +209,10 @@ async def main(args: argparse.Namespace) -> None:
             results[tree, loop] = await measure(
                 tree, loop, args.postgres, args.redis, args.runs, args.length
             )
-    print(f"served worker, instructions per demo run (M), {args.runs} runs on a"
-          f" {args.length}-message thread, Postgres + Redis")
+    print(
+        f"served worker, instructions per demo run (M), {args.runs} runs on a"
+        f" {args.length}-message thread, Postgres + Redis"
+    )
     print(f"{'tree':40} " + " ".join(f"{loop:>10}" for loop in loops))
     for tree in trees:
         label = _label(tree)
@@ -207,14 +224,17 @@ async def main(args: argparse.Namespace) -> None:
         print(f"{label:40} " + " ".join(cells))
     if len(loops) == 2:
         first, second = loops
-        print(f"{first} / {second} for this tree:"
-              f" {results[ROOT, first] / results[ROOT, second]:.2f}x")
+        print(
+            f"{first} / {second} for this tree: {results[ROOT, first] / results[ROOT, second]:.2f}x"
+        )
 
 
 def _label(tree: Path) -> str:
     done = subprocess.run(
         ["git", "-C", str(tree), "log", "-1", "--format=%h %s"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     text = done.stdout.strip() or str(tree)
     return re.sub(r"\s+", " ", text)[:40]

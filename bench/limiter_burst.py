@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import pct
 from redis.asyncio import Redis
 
-from realtime.limits import RedisCounters
+from realtime.counters import RedisCounters
 from tests.servers import own_redis_server
 
 
@@ -119,7 +119,7 @@ async def run(url: str, calls: int, rounds: int) -> None:
     gateways = [RedisCounters(url, prefix), RedisCounters(url, prefix)]
     admin = Redis.from_url(url)
     warnings = Fallbacks()
-    logger = logging.getLogger("realtime.limits")
+    logger = logging.getLogger("realtime.counters")
     logger.setLevel(logging.WARNING)
     logger.addHandler(warnings)
     try:

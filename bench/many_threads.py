@@ -203,8 +203,9 @@ async def measure(
             gateways, workers = handles[:2], handles[2:]
             token = harness.create_token(gateways[0].env, "bench", "user", "bench")
             clients = [
-                httpx.AsyncClient(base_url=g.url, headers={"Authorization": f"Bearer {token}"},
-                                  timeout=TIMEOUT)
+                httpx.AsyncClient(
+                    base_url=g.url, headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT
+                )
                 for g in gateways
             ]
             try:
@@ -213,15 +214,24 @@ async def measure(
                 for _, watcher in watchers:
                     watcher.task = asyncio.create_task(watcher.read())
                 try:
-                    return await load(args, clients, threads, watchers, gateways, workers,
-                                      redis_pids, database_url)
+                    return await load(
+                        args,
+                        clients,
+                        threads,
+                        watchers,
+                        gateways,
+                        workers,
+                        redis_pids,
+                        database_url,
+                    )
                 finally:
                     await fanout.close_all([w.ws for _, w in watchers])
                     for _, watcher in watchers:
                         if watcher.task is not None:
                             watcher.task.cancel()
-                    await asyncio.gather(*(w.task for _, w in watchers if w.task),
-                                         return_exceptions=True)
+                    await asyncio.gather(
+                        *(w.task for _, w in watchers if w.task), return_exceptions=True
+                    )
             finally:
                 for client in clients:
                     await client.aclose()
@@ -317,7 +327,8 @@ async def load(
         "runs/s completed": complete_runs / wall if wall > 0 else float("nan"),
         "worker CPU ms/run": (after[1] - before[1]) * 1000 / runs,
         "gateway CPU us/delivery": (after[0] - before[0]) * 1e6 / max(1, frames),
-        "... minus idle upkeep": (after[0] - before[0] - idle_rate * elapsed) * 1e6
+        "... minus idle upkeep": (after[0] - before[0] - idle_rate * elapsed)
+        * 1e6
         / max(1, frames),
         "gateway idle us/s/conn": idle_rate * 1e6 / len(watchers),
         "deliveries (frames)": float(frames),
@@ -386,9 +397,11 @@ async def main() -> None:
             print(f"measuring on {name} ...", file=sys.stderr, flush=True)
             with start() as (url, pids):
                 columns[name] = await measure(args, admin_dsn, url, pids)
-    print(f"Threadline many threads: {args.threads} threads x {args.watchers} watchers, "
-          f"{args.rate:g} runs/s for {args.seconds:g} s; 2 gateways + 2 workers, Postgres, "
-          f"demo agent at 0 ms, loopback, {os.cpu_count()} CPUs")
+    print(
+        f"Threadline many threads: {args.threads} threads x {args.watchers} watchers, "
+        f"{args.rate:g} runs/s for {args.seconds:g} s; 2 gateways + 2 workers, Postgres, "
+        f"demo agent at 0 ms, loopback, {os.cpu_count()} CPUs"
+    )
     names = list(columns)
     print(f"{'':>26}" + "".join(f"{n:>16}" for n in names))
     for row in next(iter(columns.values())):

@@ -177,7 +177,9 @@ async def measure(args: argparse.Namespace, admin_dsn: str, redis_url: str) -> N
         # slower than the server's 20 s pong deadline, which is not what this measures.
         slow_clients = {"THREADLINE_WS_PING_INTERVAL": "60", "THREADLINE_WS_PING_TIMEOUT": "120"}
         with fanout.processes(database_url, redis_url, slow_clients) as (
-            gateway_1, gateway_2, worker
+            gateway_1,
+            gateway_2,
+            worker,
         ):
             pids = [p.process.pid for p in (gateway_1, gateway_2, worker)]
             tokens = await mint(database_url, args.connections)
@@ -198,34 +200,42 @@ async def measure(args: argparse.Namespace, admin_dsn: str, redis_url: str) -> N
                 opened = time.monotonic() - started
                 try:
                     converged = opened + await all_see_everyone(readers, JOIN_TIMEOUT)
-                    cpu = [a - b for a, b in zip(fanout.cpu_seconds(pids), cpu_before,
-                                                 strict=True)]
+                    cpu = [a - b for a, b in zip(fanout.cpu_seconds(pids), cpu_before, strict=True)]
                     joins = totals(readers, "presence")[0]
                     complete = sum(1 for r in readers if len(r.members) >= len(readers))
                     codes = Counter(r.ws.close_code for r in readers if r.ws.close_code)
-                    print(f"Threadline presence vs chunk fan-out: {args.connections} connections"
-                          f" on one thread, 2 gateways + 1 worker, Postgres + Redis, loopback,"
-                          f" {os.cpu_count()} CPUs")
-                    print(f"joins: {args.connections} connections subscribed in {opened:.1f} s,"
-                          f" all see all {args.connections} present (or closed) after"
-                          f" {converged:.1f} s;"
-                          f" {joins} presence frames; gateway CPU {cpu[1]:.2f} + {cpu[2]:.2f} s,"
-                          f" client {cpu[0]:.2f} s; {complete} saw everyone, closed by the"
-                          f" server: {dict(codes) or 'none'}")
-                    print(f"{'phase':>9} {'secs':>6} {'frames/s all':>12} {'gw1 /s':>10}"
-                          f" {'gw2 /s':>10} {'gw1 CPU':>7} {'gw2 CPU':>7} {'client':>8}"
-                          f" {'frames/gw CPU s':>16}")
+                    print(
+                        f"Threadline presence vs chunk fan-out: {args.connections} connections"
+                        f" on one thread, 2 gateways + 1 worker, Postgres + Redis, loopback,"
+                        f" {os.cpu_count()} CPUs"
+                    )
+                    print(
+                        f"joins: {args.connections} connections subscribed in {opened:.1f} s,"
+                        f" all see all {args.connections} present (or closed) after"
+                        f" {converged:.1f} s;"
+                        f" {joins} presence frames; gateway CPU {cpu[1]:.2f} + {cpu[2]:.2f} s,"
+                        f" client {cpu[0]:.2f} s; {complete} saw everyone, closed by the"
+                        f" server: {dict(codes) or 'none'}"
+                    )
+                    print(
+                        f"{'phase':>9} {'secs':>6} {'frames/s all':>12} {'gw1 /s':>10}"
+                        f" {'gw2 /s':>10} {'gw1 CPU':>7} {'gw2 CPU':>7} {'client':>8}"
+                        f" {'frames/gw CPU s':>16}"
+                    )
                     work = asyncio.ensure_future(send_messages(http, thread_id, args.messages))
                     print(row("chunks", *await phase(readers, "chunk", pids, work)), flush=True)
                     typists = readers[: args.typists]
                     work = asyncio.ensure_future(toggle(typists, thread_id, args.seconds))
-                    print(row("presence", *await phase(readers, "presence", pids, work)),
-                          flush=True)
+                    print(
+                        row("presence", *await phase(readers, "presence", pids, work)), flush=True
+                    )
                     sent = len(typists) * int(args.seconds / TOGGLE_EVERY)
                     closed = sum(1 for r in readers if r.ws.close_code is not None)
-                    print(f"({len(typists)} typists sent about {sent} presence.update frames,"
-                          f" each a change for {args.connections} connections;"
-                          f" {closed} connections were closed by the server meanwhile)")
+                    print(
+                        f"({len(typists)} typists sent about {sent} presence.update frames,"
+                        f" each a change for {args.connections} connections;"
+                        f" {closed} connections were closed by the server meanwhile)"
+                    )
                 finally:
                     for reader in readers:
                         if reader.task is not None:

@@ -38,8 +38,12 @@ async def main(port: int, redis_url: str, channel: str, deflate: bool) -> None:
     pubsub = redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
     await pubsub.subscribe(channel)
     async with serve(
-        handler, "127.0.0.1", port, compression="deflate" if deflate else None,
-        ping_interval=None, max_size=2**16,
+        handler,
+        "127.0.0.1",
+        port,
+        compression="deflate" if deflate else None,
+        ping_interval=None,
+        max_size=2**16,
     ):
         print("ready", flush=True)
         async for message in pubsub.listen():
@@ -53,8 +57,12 @@ if __name__ == "__main__":
     parser.add_argument("--redis", required=True)
     parser.add_argument("--channel", required=True)
     parser.add_argument("--deflate", action="store_true", help="accept permessage-deflate")
-    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
-                        help="event loop (the gateway's: uvloop when installed)")
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="event loop (the gateway's: uvloop when installed)",
+    )
     args = parser.parse_args()
     serving = main(args.port, args.redis, args.channel, args.deflate)
     if args.loop == "uvloop":

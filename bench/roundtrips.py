@@ -34,10 +34,10 @@ bench = common.runtime_bench()
 
 from realtime import open_bus  # noqa: E402
 from runtime.demo import demo_agent  # noqa: E402
-from runtime.publisher import Publisher  # noqa: E402
-from runtime.service import ThreadService  # noqa: E402
+from runtime.engine.publisher import Publisher  # noqa: E402
+from runtime.engine.worker import Worker  # noqa: E402
+from runtime.service.thread_service import ThreadService  # noqa: E402
 from runtime.storage import open_store  # noqa: E402
-from runtime.worker import Worker  # noqa: E402
 
 
 class Counter:
@@ -84,8 +84,9 @@ class Counter:
                 parts = command if isinstance(command, list) else [command]
                 text = b"".join(bytes(p) for p in parts)[:200]
                 words = [w for w in text.split(b"\r\n") if w and w[:1] not in b"*$"]
-                counter.sent["redis: " + " ".join(w.decode(errors="replace") for w in words[:2])
-                             ] += 1
+                counter.sent[
+                    "redis: " + " ".join(w.decode(errors="replace") for w in words[:2])
+                ] += 1
             await packed(self, command, check_health)
 
         AbstractConnection.send_packed_command = sending  # type: ignore[method-assign]

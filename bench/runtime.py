@@ -58,13 +58,13 @@ from realtime.channels import thread_channel
 from runtime.agent import Agent
 from runtime.demo import demo_agent
 from runtime.domain import MessageRole, NewMessage, Principal, Role, RunStatus, TextPart
-from runtime.providers.base import FinishDelta, ModelDelta, ModelRequest, TextDelta
+from runtime.engine.publisher import Publisher
+from runtime.engine.worker import Worker
+from runtime.providers.model_api import FinishDelta, ModelDelta, ModelRequest, TextDelta
 from runtime.providers.scripted import FunctionModel
-from runtime.publisher import Publisher
-from runtime.service import ThreadService
+from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
-from runtime.storage.base import RunChange, StepCommit, Store
-from runtime.worker import Worker
+from runtime.storage.store import RunChange, StepCommit, Store
 
 PRINCIPAL = Principal(subject="bench", role=Role.USER, scopes=frozenset({"bench"}))
 SCOPE = "bench"
@@ -155,9 +155,7 @@ async def until_ended(frames: AsyncIterator[bytes], store: Store, run_id: str, a
                 return
 
 
-async def drive(
-    service: ThreadService, bus: Bus, store: Store, thread_id: str, runs: int
-) -> int:
+async def drive(service: ThreadService, bus: Bus, store: Store, thread_id: str, runs: int) -> int:
     """`runs` demo runs one after another on one thread; returns how many ended."""
     async with bus.subscribe(thread_channel(thread_id)) as subscription:
         frames = aiter(subscription)
@@ -416,9 +414,7 @@ async def main(args: argparse.Namespace) -> None:
         scaling: dict[str, list[Sequential]] = {}
         for name, store_url, redis_url in setups:
             latencies = await chunk_latency(store_url, redis_url, args.chunks)
-            rate, total, cpu = await runs_per_second(
-                store_url, redis_url, args.runs, args.threads
-            )
+            rate, total, cpu = await runs_per_second(store_url, redis_url, args.runs, args.threads)
             p50 = statistics.median(latencies) * 1e6
             p99 = common.pct(latencies, 0.99) * 1e6
             throughput.append(
@@ -428,8 +424,10 @@ async def main(args: argparse.Namespace) -> None:
             scaling[name] = await sequential_runs(
                 store_url, redis_url, args.lengths, args.seq_runs, profiles[name][1]
             )
-        print(f"{'setup':16} {'chunk p50 µs':>13} {'chunk p99 µs':>13} {'runs/s':>9}"
-              f" {'CPU ms/run':>12}")
+        print(
+            f"{'setup':16} {'chunk p50 µs':>13} {'chunk p99 µs':>13} {'runs/s':>9}"
+            f" {'CPU ms/run':>12}"
+        )
         print("\n".join(throughput))
         print()
         print("sequential runs by thread length (messages before the run): CPU ms/run, wall ms/run")
@@ -450,24 +448,31 @@ async def main(args: argparse.Namespace) -> None:
                     dsn, args.redis, length, args.seq_runs, args.runs, args.threads, loop
                 )
             print()
-            print("Postgres + Redis, the worker in a process of its own (serve --role worker):"
-                  " CPU ms per run")
-            print(f"{'':45} {'worker':>8} {'admission':>10} {'run':>8} {'client':>8}"
-                  f" {'runs/s':>8}")
+            print(
+                "Postgres + Redis, the worker in a process of its own (serve --role worker):"
+                " CPU ms per run"
+            )
+            print(f"{'':45} {'worker':>8} {'admission':>10} {'run':>8} {'client':>8} {'runs/s':>8}")
             for rows in split.values():
                 for row in rows:
-                    print(f"{row.label:45} {row.worker_ms:8.2f} {row.admission_ms:10.2f}"
-                          f" {row.run_ms:8.2f} {row.client_ms:8.2f} {row.rate:8.1f}"
-                          f"  ({row.runs} runs)")
+                    print(
+                        f"{row.label:45} {row.worker_ms:8.2f} {row.admission_ms:10.2f}"
+                        f" {row.run_ms:8.2f} {row.client_ms:8.2f} {row.rate:8.1f}"
+                        f"  ({row.runs} runs)"
+                    )
             if len(loops) == 2:
                 first, second = (split[loop] for loop in loops)
                 ratios = ", ".join(
                     f"{a.worker_ms / b.worker_ms:.2f}x" for a, b in zip(first, second, strict=True)
                 )
-                print(f"worker CPU per run, {loops[0]} / {loops[1]} (sequential, concurrent):"
-                      f" {ratios}")
-            print("run = worker + admission (the gateway's send_message); client = the driving"
-                  " client's subscription and reads (a gateway's fan-out in a deployment)")
+                print(
+                    f"worker CPU per run, {loops[0]} / {loops[1]} (sequential, concurrent):"
+                    f" {ratios}"
+                )
+            print(
+                "run = worker + admission (the gateway's send_message); client = the driving"
+                " client's subscription and reads (a gateway's fan-out in a deployment)"
+            )
         for path, profile in profiles.values():
             if path and profile is not None:
                 profile.dump_stats(path)

@@ -79,11 +79,15 @@ def main() -> None:
     sizes = [int(n) for n in args.sizes.split(",") if n]
     rows = asyncio.run(measure(sizes, max(1, args.repeat)))
     print(f"snapshot latency (median of {args.repeat}, read + JSON), SQLite, bound {BOUND}")
-    print(f"{'messages':>9} | {'whole ms':>9} | {'bounded ms':>10} | {'whole bytes':>11} |"
-          f" {'bounded bytes':>13}")
+    print(
+        f"{'messages':>9} | {'whole ms':>9} | {'bounded ms':>10} | {'whole bytes':>11} |"
+        f" {'bounded bytes':>13}"
+    )
     for count, whole, bounded, whole_bytes, bounded_bytes in rows:
-        print(f"{count:>9} | {whole:>9.2f} | {bounded:>10.2f} | {whole_bytes:>11} |"
-              f" {bounded_bytes:>13}")
+        print(
+            f"{count:>9} | {whole:>9.2f} | {bounded:>10.2f} | {whole_bytes:>11} |"
+            f" {bounded_bytes:>13}"
+        )
 
 
 if __name__ == "__main__":

@@ -168,7 +168,13 @@ class Client(asyncio.Protocol):
 
 
 async def connect(
-    host: str, port: int, path: str, tally: Tally, *, subscribe: bytes, deflate: bool = False,
+    host: str,
+    port: int,
+    path: str,
+    tally: Tally,
+    *,
+    subscribe: bytes,
+    deflate: bool = False,
     timeout: float = 60.0,
 ) -> Client:
     """An open connection that sent `subscribe` and got a `subscribed` frame back."""
@@ -188,8 +194,15 @@ async def connect(
 
 
 async def connect_many(
-    count: int, host: str, port: int, path: str, tally: Tally, *, subscribe: bytes,
-    deflate: bool = False, concurrency: int = 100,
+    count: int,
+    host: str,
+    port: int,
+    path: str,
+    tally: Tally,
+    *,
+    subscribe: bytes,
+    deflate: bool = False,
+    concurrency: int = 100,
 ) -> list[Client]:
     gate = asyncio.Semaphore(concurrency)
     clients: list[Client] = []

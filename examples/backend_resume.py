@@ -115,17 +115,19 @@ async def run(args: argparse.Namespace, client: ThreadlineClient) -> int:
         async with client.watch(thread_id) as watch:
             try:
                 await watch.until(
-                    lambda w: w.settled and w.snapshot is not None
-                    and w.snapshot.version >= answer.version and settled(w.snapshot),
+                    lambda w: (
+                        w.settled
+                        and w.snapshot is not None
+                        and w.snapshot.version >= answer.version
+                        and settled(w.snapshot)
+                    ),
                     args.wait,
                 )
             except TimeoutError:
                 print(f"the run did not settle within {args.wait}s")
             outcome: Snapshot | None = watch.snapshot
         if outcome is not None and outcome.run is not None:
-            text = next(
-                (m.text for m in reversed(outcome.messages) if m.role == "assistant"), ""
-            )
+            text = next((m.text for m in reversed(outcome.messages) if m.role == "assistant"), "")
             print(f"run {outcome.run.id} {outcome.run.status}: {text}")
     return 0
 

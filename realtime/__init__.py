@@ -13,7 +13,7 @@ from tenacity import (
 )
 
 from realtime.bus import Bus, Subscription
-from realtime.errors import BusClosedError, BusError, BusUnavailableError
+from realtime.bus_errors import BusClosedError, BusError, BusUnavailableError
 from realtime.hub import Hub
 from realtime.memory import MemoryBus
 from realtime.outbox import CLOSE_SLOW_CONSUMER, Outbox, SlowConsumerError

@@ -11,8 +11,9 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 import orjson
 
-from realtime.base import AsyncResource, cancel_and_wait
 from realtime.bus import Bus
+from realtime.bus_errors import BusError
+from realtime.bus_support import AsyncResource, cancel_and_wait
 from realtime.channels import replay_key, thread_channel
 from realtime.envelopes import (
     ChunkPosition,
@@ -22,7 +23,6 @@ from realtime.envelopes import (
     chunk_position,
     encode,
 )
-from realtime.errors import BusError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
-from realtime.base import (
+from realtime.bus_errors import BusClosedError
+from realtime.bus_support import (
     DEFAULT_MAX_QUEUE,
     AsyncResource,
     BusState,
@@ -19,7 +20,6 @@ from realtime.base import (
     check_replay_bounds,
     publish_each_replayed,
 )
-from realtime.errors import BusClosedError
 
 DEFAULT_REPLAY_TTL = 3600.0
 _SWEEP_EVERY = 1024

@@ -8,9 +8,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from realtime.bus_metrics import SLOW_CONSUMERS, safe_add
 from realtime.closecodes import CloseCode
 from realtime.envelopes import MessageKind
-from realtime.telemetry import SLOW_CONSUMERS, safe_add
 
 # Close code for a consumer that stayed over its outbox bound.
 CLOSE_SLOW_CONSUMER = CloseCode.SLOW_CONSUMER
@@ -277,4 +277,3 @@ class Outbox:
         self._bytes = 0
         self._live = 0
         self._over_since = None
-

@@ -15,8 +15,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
-from realtime.base import BusState, check_message, check_replay_bounds, redact_url
-from realtime.errors import BusClosedError, BusUnavailableError
+from realtime.bus_errors import BusClosedError, BusUnavailableError
+from realtime.bus_support import BusState, check_message, check_replay_bounds, redact_url
 from realtime.redis_common import DEFAULT_REPLAY_TTL as DEFAULT_REPLAY_TTL
 from realtime.redis_common import RedisBusCommon, RedisBusOptions
 
@@ -141,6 +141,7 @@ if #KEYS > 0 then redis.call('DEL', KEYS[1]) end
 return 0
 """
 _PUBLISH_ALL_SHA = hashlib.sha1(_PUBLISH_ALL.encode()).hexdigest()
+
 
 class RedisBus(RedisBusCommon[Redis]):
     """Implements `realtime.bus.Bus` on Redis pub/sub (redis-py asyncio).
@@ -288,9 +289,7 @@ class RedisBus(RedisBusCommon[Redis]):
         if not items and not then and not clear:
             return
         limits = self._append_args(b"", limit, max_bytes)[1:]
-        args = [
-            *limits, self.prefix + channel, len(items), 1 if clear else 0, *items, *following
-        ]
+        args = [*limits, self.prefix + channel, len(items), 1 if clear else 0, *items, *following]
         async with self._command(
             "publish of %s messages with replay %r", len(items) + len(then), key
         ) as client:

@@ -19,7 +19,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from realtime.base import cancel_and_wait
+from realtime.bus_support import cancel_and_wait
 
 DEFAULT_MAX_BATCH = 512
 

@@ -18,14 +18,14 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from realtime.base import (
+from realtime.bus_errors import BusClosedError, BusUnavailableError
+from realtime.bus_support import (
     BusState,
     cancel_and_wait,
     check_message,
     check_replay_bounds,
     publish_each_replayed,
 )
-from realtime.errors import BusClosedError, BusUnavailableError
 from realtime.redis import APPEND_REPLAY, SPUBLISH_REPLAYED
 from realtime.redis_common import RedisBusCommon, RedisBusOptions
 from realtime.redis_urls import cluster_client, describe, parse_cluster_url
@@ -245,11 +245,16 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
             try:
                 for node in sorted(set(self._slots)):
                     client = Redis(
-                        host=node[0], port=node[1], username=self._address.username,
-                        password=self._address.password, ssl=self._address.tls,
+                        host=node[0],
+                        port=node[1],
+                        username=self._address.username,
+                        password=self._address.password,
+                        ssl=self._address.tls,
                         client_name=self.pubsub_client_name,
-                        socket_connect_timeout=self._connect_timeout, socket_timeout=None,
-                        socket_keepalive=True, retry=Retry(NoBackoff(), 0, supported_errors=()),
+                        socket_connect_timeout=self._connect_timeout,
+                        socket_timeout=None,
+                        socket_keepalive=True,
+                        retry=Retry(NoBackoff(), 0, supported_errors=()),
                     )
                     shard = shards[node] = _Shard(node, client)
                     await shard.pubsub.connect()

@@ -21,7 +21,9 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from realtime.base import (
+from realtime.bus_errors import BusClosedError, BusUnavailableError
+from realtime.bus_metrics import RECONNECTS, safe_add
+from realtime.bus_support import (
     DEFAULT_MAX_QUEUE,
     AsyncResource,
     BusState,
@@ -32,8 +34,6 @@ from realtime.base import (
     ReconnectListeners,
     cancel_and_wait,
 )
-from realtime.errors import BusClosedError, BusUnavailableError
-from realtime.telemetry import RECONNECTS, safe_add
 
 DEFAULT_REPLAY_TTL = 3600
 

@@ -32,7 +32,7 @@ from runtime.domain import (
     WaitKind,
 )
 from runtime.lifecycle import *  # noqa: F403 (its __all__ is part of the public API)
-from runtime.providers.base import (
+from runtime.providers.model_api import (
     ContextMessage,
     FinishDelta,
     Model,
@@ -44,7 +44,7 @@ from runtime.providers.base import (
     ToolSpec,
     UsageDelta,
 )
-from runtime.providers.context import message_text, message_turns
+from runtime.providers.model_context import message_text, message_turns
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
@@ -65,12 +65,12 @@ from runtime.tools import (
 )
 
 if TYPE_CHECKING:
+    from runtime.engine.publisher import Publisher
+    from runtime.engine.worker import Worker
     from runtime.providers.anthropic import AnthropicModel
     from runtime.providers.openai_compat import OpenAICompatModel
-    from runtime.publisher import Publisher
-    from runtime.service import ThreadService
+    from runtime.service.thread_service import ThreadService
     from runtime.storage import PostgresStore, SqliteStore
-    from runtime.worker import Worker
 
 __all__ = [
     "ALL_ROLES",
@@ -138,10 +138,10 @@ _LAZY = {
     "AnthropicModel": "runtime.providers.anthropic",
     "OpenAICompatModel": "runtime.providers.openai_compat",
     "PostgresStore": "runtime.storage",
-    "Publisher": "runtime.publisher",
+    "Publisher": "runtime.engine.publisher",
     "SqliteStore": "runtime.storage",
-    "ThreadService": "runtime.service",
-    "Worker": "runtime.worker",
+    "ThreadService": "runtime.service.thread_service",
+    "Worker": "runtime.engine.worker",
 }
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.lifecycle import AgentLifecycle
-from runtime.providers.base import Model
+from runtime.providers.model_api import Model
 from runtime.tools import Tool
 
 

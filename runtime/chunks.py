@@ -54,7 +54,11 @@ class RunTakeoverChunk(_Chunk):
 
 
 StreamChunk = Annotated[
-    TextDeltaChunk | ToolCallChunk | ToolStateChunk | StepStartChunk | StepFinishChunk
+    TextDeltaChunk
+    | ToolCallChunk
+    | ToolStateChunk
+    | StepStartChunk
+    | StepFinishChunk
     | RunTakeoverChunk,
     Field(discriminator="type"),
 ]

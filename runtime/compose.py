@@ -34,7 +34,7 @@ from runtime.lifecycle import (
     ToolCallContext,
     ToolResult,
 )
-from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest
+from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest
 
 __all__ = ["HistoryRewrittenErrors", "as_lifecycle", "compose_lifecycle"]
 

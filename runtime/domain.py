@@ -375,7 +375,7 @@ class Snapshot(_Frozen):
     pending_actions: tuple[PendingAction, ...]
     run: RunView | None
     queue: tuple[QueuedItemView, ...]
-    # What the reading principal may do (runtime.permissions); set by the service per reader.
+    # What the reading principal may do (runtime.service.permissions); set per reader.
     permissions: dict[str, Any] | None = None
     # Set for a bounded snapshot: `{"limit", "before"}`; `before` is the cursor of the older
     # messages (None: the snapshot holds the thread's first message).

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from runtime.chunks import StreamChunk
 from runtime.domain import Resolution, RunTrigger, ToolState, Visibility
-from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest
+from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest
 
 # What agent authors get from `runtime` (it star-imports this list; RewriteKind stays internal).
 __all__ = [

@@ -12,7 +12,7 @@ from typing import Any, get_type_hints, overload
 from pydantic import BaseModel, ConfigDict
 
 from runtime.domain import Role, WaitKind
-from runtime.providers.base import ToolSpec
+from runtime.providers.model_api import ToolSpec
 
 ALL_ROLES: tuple[Role, ...] = (Role.USER, Role.BACKEND, Role.ADMIN)
 TRUSTED_ROLES: tuple[Role, ...] = (Role.BACKEND, Role.ADMIN)
@@ -152,7 +152,9 @@ def tool(
 
 
 def manual_tool(
-    name: str, input_model: type[BaseModel], description: str = "",
+    name: str,
+    input_model: type[BaseModel],
+    description: str = "",
     allowed_roles: tuple[Role, ...] = TRUSTED_ROLES,
     output_model: type[BaseModel] | None = None,
 ) -> Tool:

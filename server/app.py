@@ -15,26 +15,26 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, WebSocketRoute
 
 from realtime import connect_bus, open_bus
+from realtime.counters import open_counters
 from realtime.hub import Hub
-from realtime.limits import open_counters
 from runtime.agent import load_agent
+from runtime.engine.publisher import Publisher
+from runtime.engine.worker import Worker
 from runtime.errors import ThreadlineError
-from runtime.publisher import Publisher
-from runtime.scopes import ScopeCache
-from runtime.service import ThreadService
+from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
-from runtime.worker import Worker
-from server.agui import agui_routes
-from server.aisdk import aisdk_routes
-from server.errors import handle_error
-from server.gateway import Gateway, WebSocketDispatch, websocket_endpoint
-from server.inbox import ActionInbox
-from server.limits import Limiter, admission_limits
-from server.presence import PresenceHub, open_presence
-from server.revocation import TokenRevoker, listen_revocations
-from server.routes import api_routes, health_routes, static_routes
+from runtime.storage.scope_cache import ScopeCache
+from server.live.inbox import ActionInbox
+from server.live.presence import PresenceHub, open_presence
+from server.live.quotas import Limiter, admission_limits
+from server.live.revocation import TokenRevoker, listen_revocations
+from server.protocol.wire_errors import handle_error
 from server.settings import Settings
-from server.telemetry import RequestTelemetry, configure_telemetry
+from server.tracing import RequestTelemetry, configure_telemetry
+from server.transports.http_routes import api_routes, health_routes, static_routes
+from server.transports.sse.agui import agui_routes
+from server.transports.sse.aisdk import aisdk_routes
+from server.transports.ws.gateway import Gateway, WebSocketDispatch, websocket_endpoint
 
 log = logging.getLogger(__name__)
 

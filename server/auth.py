@@ -7,8 +7,15 @@ import secrets
 from collections.abc import Collection, Mapping
 
 from runtime.domain import Principal, Role
-from runtime.storage.base import Store
-from server.errors import Unauthorized
+from runtime.errors import ThreadlineError
+from runtime.storage.store import Store
+
+
+class Unauthorized(ThreadlineError):
+    """A missing, malformed or unknown bearer token."""
+
+    code = "unauthorized"
+
 
 TOKEN_PREFIX = "tl_"
 # token_urlsafe(32) is 43 characters; anything much longer is not one of ours.
@@ -73,4 +80,3 @@ async def authenticate(store: Store, token: str | None) -> Principal:
     if principal is None:
         raise Unauthorized("the token is invalid")
     return principal
-

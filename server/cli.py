@@ -51,7 +51,7 @@ async def _revoke_token(settings: Settings, token: str) -> tuple[bool, bool]:
     """(revoked, published): revoke in storage, then tell the gateways over the bus."""
     from realtime import connect_bus, open_bus
     from server.auth import hash_token, token_key_of_hash
-    from server.revocation import publish_revoked
+    from server.live.revocation import publish_revoked
 
     async with _migrated_store(settings) as store:
         token_hash = hash_token(token)
@@ -100,7 +100,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
     import uvicorn
 
     from server.app import create_app
-    from server.wsprotocol import WebSocketProtocol
+    from server.transports.ws.uvicorn_ws import WebSocketProtocol
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
     settings = Settings(**overrides)  # type: ignore[arg-type]
@@ -111,9 +111,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
             settings.role,
         )
     if settings.dev_token and settings.runs_gateway:
-        token = asyncio.run(
-            _create_token(settings, "dev", Role.USER, [settings.dev_scope])
-        )
+        token = asyncio.run(_create_token(settings, "dev", Role.USER, [settings.dev_scope]))
         url = f"http://{_browser_host(settings.host)}:{settings.port}/?token={token}"
         click.echo(f"Threadline is starting. Open {url}")
     uvicorn.run(
@@ -129,7 +127,8 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         ws_ping_interval=settings.ws_ping_interval,
         ws_ping_timeout=settings.ws_ping_timeout,
         ws_per_message_deflate=settings.ws_per_message_deflate,
-        # uvicorn's sans-I/O websockets protocol plus a synchronous send (server/wsprotocol.py).
+        # uvicorn's sans-I/O websockets protocol plus a synchronous send
+        # (server/transports/ws/uvicorn_ws.py).
         ws=WebSocketProtocol,
         timeout_graceful_shutdown=10,
     )
@@ -150,7 +149,9 @@ def token() -> None:
     "--expires-in", type=click.FloatRange(min=1), default=None, help="Seconds until it expires."
 )
 @click.option(
-    "--name", "display_name", default=None,
+    "--name",
+    "display_name",
+    default=None,
     help="Display name others see (presence, 'reviewing'); default: the subject. 1-64 chars.",
 )
 def token_create(
@@ -166,7 +167,11 @@ def token_create(
     try:
         value = asyncio.run(
             _create_token(
-                settings, subject or f"{role}-cli", Role(role), list(scopes), expires_in,
+                settings,
+                subject or f"{role}-cli",
+                Role(role),
+                list(scopes),
+                expires_in,
                 display_name,
             )
         )

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from runtime.permissions import PermissionPolicy, Who
+from runtime.service.permissions import PermissionPolicy, Who
 
 ServerRole = Literal["all", "gateway", "worker"]
 # uvicorn's loop setting: auto takes uvloop when it is installed (a dependency), else asyncio's.
@@ -76,8 +76,9 @@ class Settings(BaseSettings):
     # Namespace of the quota counters in Redis (several deployments may share one Redis).
     limits_prefix: str = "threadline:limits:"
 
-    # --- who may take destructive actions (runtime.permissions.Who): scope, author, trusted,
-    # admin. `scope` everywhere keeps the behaviour of earlier versions; see docs/operations.md.
+    # --- who may take destructive actions (runtime.service.permissions.Who): scope, author,
+    # trusted, admin. `scope` everywhere keeps the behaviour of earlier versions; see
+    # docs/operations.md.
     permission_regenerate: Who = Who.SCOPE
     permission_visibility: Who = Who.SCOPE
     permission_stop: Who = Who.SCOPE

@@ -85,9 +85,7 @@ class Mark:
         wanted = set(attributes.items())
         now = self.telemetry.totals(name)
         old = self.before[name]
-        return sum(
-            value - old.get(key, 0) for key, value in now.items() if wanted <= set(key)
-        )
+        return sum(value - old.get(key, 0) for key, value in now.items() if wanted <= set(key))
 
 
 _installed: Telemetry | None = None

@@ -189,9 +189,19 @@ class PostgresServer:
 
     def _initdb(self) -> None:
         initdb = self._spawn(
-            [str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
-             "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         output, _ = initdb.communicate(timeout=120)
         if initdb.returncode != 0:
@@ -208,13 +218,20 @@ class PostgresServer:
             "max_connections": "200",
             "shared_buffers": "32MB",
         }
-        args = [*_die_with_us("SIGQUIT"), str(self.bindir / "postgres"), "-D", str(self.data),
-                "-p", str(self.port)]
+        args = [
+            *_die_with_us("SIGQUIT"),
+            str(self.bindir / "postgres"),
+            "-D",
+            str(self.data),
+            "-p",
+            str(self.port),
+        ]
         for key, value in settings.items():
             args += ["-c", f"{key}={value}"]
         with open(self.log, "ab") as log:
-            self._process = self._spawn(args, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL)
+            self._process = self._spawn(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -270,12 +287,32 @@ class RedisServer:
             raise
 
     def _launch(self) -> bool:
-        args = [*_die_with_us("SIGTERM"), self.program, "--bind", "127.0.0.1",
-                "--port", str(self.port), "--save", "", "--appendonly", "no",
-                "--dir", str(self.directory), "--daemonize", "no", "--maxclients", "2000"]
+        args = [
+            *_die_with_us("SIGTERM"),
+            self.program,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.directory),
+            "--daemonize",
+            "no",
+            "--maxclients",
+            "2000",
+        ]
         with open(self.log, "ab") as log:
-            self._process = subprocess.Popen(args, cwd=self.directory, stdout=log,
-                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self._process = subprocess.Popen(
+                args,
+                cwd=self.directory,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -287,9 +324,10 @@ class RedisServer:
         raise ServiceFailed(f"redis-server not ready after {START_TIMEOUT:.0f} s")
 
     def _pings(self) -> bool:
-        with contextlib.suppress(OSError), socket.create_connection(
-            ("127.0.0.1", self.port), timeout=1.0
-        ) as conn:
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as conn,
+        ):
             conn.sendall(b"PING\r\n")
             return conn.recv(64).startswith(b"+PONG")
         return False
@@ -353,9 +391,18 @@ class RedisClusterServer:
                 self.ports.append(self._launch_node())
             nodes = [f"127.0.0.1:{port}" for port in self.ports]
             create = subprocess.run(
-                [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1",
-                 "--cluster-yes"],
-                capture_output=True, timeout=START_TIMEOUT, check=False,
+                [
+                    self.cli,
+                    "--cluster",
+                    "create",
+                    *nodes,
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                timeout=START_TIMEOUT,
+                check=False,
             )
             if create.returncode != 0:
                 output = create.stdout[-3000:].decode(errors="replace")
@@ -367,14 +414,33 @@ class RedisClusterServer:
             raise
 
     def _node_args(self, port: int) -> list[str]:
-        return [*_die_with_us("SIGTERM"), self.program, "--bind", "127.0.0.1",
-                "--port", str(port), "--save", "", "--appendonly", "no",
-                "--dir", str(self.directory / str(port)), "--daemonize", "no",
-                "--maxclients", "2000", "--cluster-enabled", "yes",
-                "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS),
-                # A replica may take over however far behind it is: nothing here persists.
-                "--cluster-replica-validity-factor", "0"]
+        return [
+            *_die_with_us("SIGTERM"),
+            self.program,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.directory / str(port)),
+            "--daemonize",
+            "no",
+            "--maxclients",
+            "2000",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(self.NODE_TIMEOUT_MS),
+            # A replica may take over however far behind it is: nothing here persists.
+            "--cluster-replica-validity-factor",
+            "0",
+        ]
 
     @staticmethod
     def _free_node_port() -> int:
@@ -398,8 +464,13 @@ class RedisClusterServer:
             node_dir.mkdir()
             args = self._node_args(port)
             with open(node_dir / "server.log", "ab") as log:
-                process = subprocess.Popen(args, cwd=node_dir, stdout=log,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                process = subprocess.Popen(
+                    args,
+                    cwd=node_dir,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
             deadline = time.monotonic() + START_TIMEOUT
             while time.monotonic() < deadline and process.poll() is None:
                 if self.command(port, "PING").startswith("PONG"):
@@ -415,8 +486,9 @@ class RedisClusterServer:
         """One command through redis-cli to the node on `port`; its output ('' on failure)."""
         assert self.cli is not None
         with contextlib.suppress(subprocess.SubprocessError, OSError):
-            done = subprocess.run([self.cli, "-p", str(port), *args], capture_output=True,
-                                  timeout=5, check=False)
+            done = subprocess.run(
+                [self.cli, "-p", str(port), *args], capture_output=True, timeout=5, check=False
+            )
             return done.stdout.decode(errors="replace")
         return ""
 
@@ -477,8 +549,8 @@ class RedisClusterServer:
         args = self._node_args(port)
         with open(node_dir / "server.log", "ab") as log:
             self._processes[port] = subprocess.Popen(
-                args, cwd=node_dir, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL)
+                args, cwd=node_dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
 
     def stop(self) -> None:
         for process in self._processes.values():

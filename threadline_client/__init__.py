@@ -2,7 +2,7 @@
 
 from threadline_client.client import ThreadlineClient, payload_dict
 from threadline_client.convergence import ThreadState
-from threadline_client.errors import (
+from threadline_client.exceptions import (
     ActionConflict,
     Conflict,
     Forbidden,

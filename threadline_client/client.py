@@ -11,7 +11,7 @@ import httpx
 from pydantic import BaseModel
 
 from threadline_client.base import AsyncClosing
-from threadline_client.errors import error_of_response
+from threadline_client.exceptions import error_of_response
 from threadline_client.models import (
     Admission,
     Message,
@@ -58,7 +58,7 @@ class ThreadlineClient(AsyncClosing):
         async with tl.watch(thread.thread.id) as watch:
             state = await watch.until(lambda s: s.snapshot.run.status == "completed")
     ```
-    Error answers raise typed errors (`threadline_client.errors`).
+    Error answers raise typed errors (`threadline_client.exceptions`).
     """
 
     def __init__(

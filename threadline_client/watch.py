@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from threadline_client.base import AsyncClosing
 from threadline_client.convergence import Refetch, ThreadState
-from threadline_client.errors import ThreadlineError, Unauthorized, error_from
+from threadline_client.exceptions import ThreadlineError, Unauthorized, error_from
 from threadline_client.models import PendingAction
 
 if TYPE_CHECKING:
@@ -31,8 +31,18 @@ UNAUTHORIZED_CLOSE = 4401
 MAX_EVENTS = 10_000
 
 EventKind = Literal[
-    "snapshot", "chunk", "invalidate", "resync", "takeover", "connected", "disconnected",
-    "pending", "resolved", "synced", "frame", "presence",
+    "snapshot",
+    "chunk",
+    "invalidate",
+    "resync",
+    "takeover",
+    "connected",
+    "disconnected",
+    "pending",
+    "resolved",
+    "synced",
+    "frame",
+    "presence",
 ]
 
 
@@ -47,8 +57,8 @@ class Backoff:
     _current: float = 0.0
 
     def next(self) -> float:
-        self._current = self.initial if not self._current else min(
-            self.maximum, self._current * self.factor
+        self._current = (
+            self.initial if not self._current else min(self.maximum, self._current * self.factor)
         )
         return self._current * random.uniform(0.8, 1.2)
 
@@ -313,7 +323,7 @@ class ThreadWatch(_LiveView):
         self._fetcher = asyncio.create_task(self._fetch_loop(), name="threadline-refetch")
 
     async def _fetch_loop(self) -> None:
-        from threadline_client.errors import NotFound
+        from threadline_client.exceptions import NotFound
 
         try:
             backoff = Backoff(initial=0.2, maximum=5.0)

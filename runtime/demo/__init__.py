@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from runtime.agent import Agent
-from runtime.demo.model import DemoModel, decide
+from runtime.demo.demo_model import DemoModel, decide
+from runtime.demo.demo_tools import EmailApproval, EmailInput, WeatherInput, get_weather, send_email
 from runtime.demo.redact import EMAIL, REDACTED, EmailRedactor, RedactEmails
-from runtime.demo.tools import EmailApproval, EmailInput, WeatherInput, get_weather, send_email
 
 # What THREADLINE_AGENT defaults to (`module:attribute`, loaded by runtime.agent.load_agent).
 DEMO_AGENT_SPEC = "runtime.demo:demo_agent"

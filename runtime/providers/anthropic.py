@@ -11,7 +11,13 @@ from anthropic import AsyncAnthropic
 from anthropic.resources.messages import AsyncMessages
 
 from runtime.domain import MessageRole
-from runtime.providers.base import (
+from runtime.providers.failures import (
+    TRANSPORT_ERRORS,
+    Phase,
+    is_retryable_status,
+    provider_failure,
+)
+from runtime.providers.model_api import (
     FinishDelta,
     ModelDelta,
     ModelRequest,
@@ -21,13 +27,7 @@ from runtime.providers.base import (
     ToolSpec,
     UsageDelta,
 )
-from runtime.providers.context import message_text, message_turns, tool_result_content
-from runtime.providers.failures import (
-    TRANSPORT_ERRORS,
-    Phase,
-    is_retryable_status,
-    provider_failure,
-)
+from runtime.providers.model_context import message_text, message_turns, tool_result_content
 from runtime.providers.sdk import SdkModel, split_settings
 
 PROVIDER = "anthropic"
@@ -80,8 +80,15 @@ class AnthropicModel(SdkModel[AsyncAnthropic]):
         **settings: Any,
     ) -> None:
         super().__init__(
-            model, base_url, api_key, client=client, max_retries=max_retries, timeout=timeout,
-            name=name, provider=PROVIDER, settings=settings,
+            model,
+            base_url,
+            api_key,
+            client=client,
+            max_retries=max_retries,
+            timeout=timeout,
+            name=name,
+            provider=PROVIDER,
+            settings=settings,
         )
         self.max_tokens = max_tokens
 
@@ -184,16 +191,24 @@ def to_anthropic_messages(request: ModelRequest) -> tuple[str, list[dict[str, An
                 blocks.append({"type": "text", "text": turn.text})
             for call in turn.tool_calls:
                 blocks.append(
-                    {"type": "tool_use", "id": call.tool_call_id, "name": call.name,
-                     "input": call.input}
+                    {
+                        "type": "tool_use",
+                        "id": call.tool_call_id,
+                        "name": call.name,
+                        "input": call.input,
+                    }
                 )
             add("assistant", blocks)
             results = []
             for call in turn.tool_calls:
                 result = tool_result_content(call)
                 results.append(
-                    {"type": "tool_result", "tool_use_id": call.tool_call_id,
-                     "content": result.text, "is_error": result.is_error}
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": call.tool_call_id,
+                        "content": result.text,
+                        "is_error": result.is_error,
+                    }
                 )
             add("user", results)
     return "\n\n".join(system), messages

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from runtime.providers.base import ProviderError
-from runtime.telemetry import PROVIDER_FAILURES, safe_add
+from runtime.instruments import PROVIDER_FAILURES, safe_add
+from runtime.providers.model_api import ProviderError
 
 Phase = Literal["setup", "stream"]
 

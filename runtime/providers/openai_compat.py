@@ -13,7 +13,13 @@ from openai import AsyncOpenAI
 from openai.resources.chat.completions import AsyncCompletions
 
 from runtime.domain import MessageRole, ToolCallPart
-from runtime.providers.base import (
+from runtime.providers.failures import (
+    TRANSPORT_ERRORS,
+    Phase,
+    is_retryable_status,
+    provider_failure,
+)
+from runtime.providers.model_api import (
     FinishDelta,
     ModelDelta,
     ModelRequest,
@@ -23,13 +29,7 @@ from runtime.providers.base import (
     ToolSpec,
     UsageDelta,
 )
-from runtime.providers.context import message_text, message_turns, tool_result_content
-from runtime.providers.failures import (
-    TRANSPORT_ERRORS,
-    Phase,
-    is_retryable_status,
-    provider_failure,
-)
+from runtime.providers.model_context import message_text, message_turns, tool_result_content
 from runtime.providers.sdk import SdkModel, split_settings
 
 PROVIDER = "openai"
@@ -69,8 +69,15 @@ class OpenAICompatModel(SdkModel[AsyncOpenAI]):
         **settings: Any,
     ) -> None:
         super().__init__(
-            model, base_url, api_key, client=client, max_retries=max_retries, timeout=timeout,
-            name=name, provider=PROVIDER, settings=settings,
+            model,
+            base_url,
+            api_key,
+            client=client,
+            max_retries=max_retries,
+            timeout=timeout,
+            name=name,
+            provider=PROVIDER,
+            settings=settings,
         )
         # Some older compatible servers reject `stream_options`.
         self.include_usage = include_usage

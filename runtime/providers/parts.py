@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.providers.base import (
+from runtime.providers.model_api import (
     FinishDelta,
     ModelDelta,
     TextDelta,
@@ -214,9 +214,7 @@ def parse_tool_arguments(name: str, raw: str) -> tuple[dict[str, Any], str | Non
             f"(line {exc.lineno}, column {exc.colno})"
         )
     if not isinstance(value, dict):
-        return {}, (
-            f"arguments for tool {name!r} must be a JSON object, got {_json_type(value)}"
-        )
+        return {}, (f"arguments for tool {name!r} must be a JSON object, got {_json_type(value)}")
     return value, None
 
 

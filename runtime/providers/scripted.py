@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from runtime.providers.base import (
+from runtime.providers.model_api import (
     FinishDelta,
     ModelDelta,
     ModelRequest,

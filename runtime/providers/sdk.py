@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Generic, Protocol, Self, TypeVar
 
-from runtime.providers.base import ModelDelta, ModelRequest, ProviderError
 from runtime.providers.failures import TRANSPORT_ERRORS, Phase
+from runtime.providers.model_api import ModelDelta, ModelRequest, ProviderError
 
 
 class _Closable(Protocol):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from runtime.storage.base import Store
-from runtime.storage.postgres import PostgresStore
-from runtime.storage.sql import SqlStore
-from runtime.storage.sqlite import SqliteStore
+from runtime.storage.sql.postgres import PostgresStore
+from runtime.storage.sql.sql_store import SqlStore
+from runtime.storage.sql.sqlite import SqliteStore
+from runtime.storage.store import Store
 
 
 def open_store(url: str) -> SqlStore:

@@ -55,7 +55,11 @@ def example_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with out_path.open("w") as out, err_path.open("w") as err:
         process = subprocess.Popen(
             [sys.executable, str(EXAMPLE), "--port", str(port)],
-            env=env, cwd=harness.ROOT, stdout=out, stderr=err, text=True,
+            env=env,
+            cwd=harness.ROOT,
+            stdout=out,
+            stderr=err,
+            text=True,
         )
     try:
         url = printed_url(out_path, process, harness.START_TIMEOUT)

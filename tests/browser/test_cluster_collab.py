@@ -125,8 +125,9 @@ def test_three_tabs_on_two_gateways_see_each_other(setup: Setup, tab: Tab) -> No
     tabs = {who: tab(who, gateway, thread_id) for who, gateway in places.items()}
     for who, page in tabs.items():
         expect(page.get_by_test_id("presence").locator("li")).to_have_count(3)
-        expected = sorted(f"{name} (you)" if other == who else name for other, name in
-                          NAMES.items())
+        expected = sorted(
+            f"{name} (you)" if other == who else name for other, name in NAMES.items()
+        )
         assert here(page) == expected, who
 
     # Bob (gateway 2) types: the tab on gateway 1 and the other on gateway 2 show it.
@@ -173,9 +174,17 @@ def approvals_service(setup: Setup, tmp_path: Path) -> Iterator[Path]:
     output = tmp_path / "approvals.out"
     with output.open("w") as out:  # a file, never an undrained pipe
         process = subprocess.Popen(
-            [sys.executable, str(harness.ROOT / "examples" / "approvals_service.py"),
-             "--allow-domain", "example.com"],
-            env=env, cwd=harness.ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                str(harness.ROOT / "examples" / "approvals_service.py"),
+                "--allow-domain",
+                "example.com",
+            ],
+            env=env,
+            cwd=harness.ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
     try:
         service_line(output, process, "watching the action inbox")
@@ -212,8 +221,7 @@ def test_the_approvals_service_resolves_actions_created_in_browser_tabs(
         texts = committed_assistant_texts(snapshot)
         assert texts[-1].startswith(reply), texts
         assert assistant_texts(tabs[who]) == texts  # the tab converged on committed state
-        (part,) = [p for m in snapshot["messages"] for p in m["parts"]
-                   if p["type"] == "tool-call"]
+        (part,) = [p for m in snapshot["messages"] for p in m["parts"] if p["type"] == "tool-call"]
         assert part["waiting"]["resolution"]["subject"] == "approvals-bot"
     expect_settled(watcher)
     assert assistant_texts(watcher) == assistant_texts(tabs["ann"])

@@ -308,8 +308,10 @@ def test_retry_button_answers_a_cancelled_run_again(
 
     def retried(snapshot: dict[str, Any]) -> bool:
         run = snapshot["run"]
-        return run is not None and run["id"] != cancelled["run"]["id"] and (
-            run["status"] == "completed"
+        return (
+            run is not None
+            and run["id"] != cancelled["run"]["id"]
+            and (run["status"] == "completed")
         )
 
     snapshot = api.wait(thread, "the retried run", retried)

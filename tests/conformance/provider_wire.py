@@ -233,11 +233,20 @@ def anthropic_message_start(input_tokens: int) -> bytes:
 
 
 def anthropic_text_block(index: int, pieces: Sequence[str]) -> list[bytes]:
-    start = {"type": "content_block_start", "index": index,
-             "content_block": {"type": "text", "text": ""}}
+    start = {
+        "type": "content_block_start",
+        "index": index,
+        "content_block": {"type": "text", "text": ""},
+    }
     deltas = [
-        sse_event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                          "delta": {"type": "text_delta", "text": piece}})
+        sse_event(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "text_delta", "text": piece},
+            },
+        )
         for piece in pieces
     ]
     stop = sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
@@ -247,12 +256,20 @@ def anthropic_text_block(index: int, pieces: Sequence[str]) -> list[bytes]:
 def anthropic_tool_block(
     index: int, call_id: str, name: str, fragments: Sequence[str]
 ) -> list[bytes]:
-    start = {"type": "content_block_start", "index": index,
-             "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}}}
+    start = {
+        "type": "content_block_start",
+        "index": index,
+        "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}},
+    }
     deltas = [
-        sse_event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                          "delta": {"type": "input_json_delta",
-                                                    "partial_json": fragment}})
+        sse_event(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": fragment},
+            },
+        )
         for fragment in fragments
     ]
     stop = sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
@@ -260,9 +277,11 @@ def anthropic_tool_block(
 
 
 def anthropic_message_end(stop_reason: str, output_tokens: int) -> list[bytes]:
-    delta = {"type": "message_delta",
-             "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-             "usage": {"output_tokens": output_tokens}}
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+        "usage": {"output_tokens": output_tokens},
+    }
     return [
         sse_event("message_delta", delta),
         sse_event("message_stop", {"type": "message_stop"}),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runtime.agent import Agent
-from runtime.storage.sql_rows import loads
+from runtime.storage.sql.rows import loads
 from tests.conformance.runtime_harness import Runtime
 
 RuntimeFactory = Callable[..., Awaitable[Runtime]]

@@ -15,10 +15,10 @@ from realtime.channels import thread_channel
 from realtime.memory import MemoryBus
 from runtime.agent import Agent
 from runtime.domain import Principal, Role, RunStatus, Snapshot
-from runtime.publisher import Publisher
-from runtime.service import ThreadService
-from runtime.storage.base import Store
-from runtime.worker import Worker
+from runtime.engine.publisher import Publisher
+from runtime.engine.worker import Worker
+from runtime.service.thread_service import ThreadService
+from runtime.storage.store import Store
 
 SCOPE = "acme"
 ALICE = Principal(subject="alice", role=Role.USER, scopes=frozenset({SCOPE}))
@@ -36,7 +36,8 @@ class Recorder:
 
     def chunks(self, run_id: str | None = None) -> list[dict[str, Any]]:
         return [
-            f for f in self.frames
+            f
+            for f in self.frames
             if f["type"] == "chunk" and (run_id is None or f["run_id"] == run_id)
         ]
 

@@ -21,8 +21,8 @@ from runtime.domain import (
     WaitKind,
 )
 from runtime.storage import SqlStore
-from runtime.storage.base import RunChange, StepCommit
-from runtime.storage.sql_core import Conn
+from runtime.storage.sql.core import Conn
+from runtime.storage.store import RunChange, StepCommit
 
 SCOPE = "acme"
 SCOPES = [SCOPE]

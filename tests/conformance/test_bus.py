@@ -11,6 +11,7 @@ import pytest
 
 from realtime import connect_bus, open_bus
 from realtime.bus import Bus, Subscription
+from realtime.bus_errors import BusClosedError, BusUnavailableError
 from realtime.channels import replay_key, scope_channel, thread_channel
 from realtime.envelopes import (
     ChunkEnvelope,
@@ -18,11 +19,10 @@ from realtime.envelopes import (
     decode_thread_message,
     encode,
 )
-from realtime.errors import BusClosedError, BusUnavailableError
 from realtime.memory import MemoryBus
 from realtime.redis import RedisBus
-from runtime.control import CONTROL_CHANNEL, decode_control
-from runtime.publisher import Publisher
+from runtime.engine.control import CONTROL_CHANNEL, decode_control
+from runtime.engine.publisher import Publisher
 from tests.conformance.conftest_bus import (
     BACKENDS,
     TcpProxy,
@@ -280,9 +280,7 @@ async def test_publish_replayed_many_then_publishes_after_the_entries_and_clears
         await bus.publish_replayed_many(channel, key, [b"d" * 4, b"e" * 4], limit=5, max_bytes=8)
         assert await bus.read_replay(key) == [b"d" * 4, b"e" * 4]
         # `then` without `clear`: the entries stay in the buffer, trimmed as usual.
-        await bus.publish_replayed_many(
-            channel, key, [b"f"], limit=2, then=[(channel, b"inv-3")]
-        )
+        await bus.publish_replayed_many(channel, key, [b"f"], limit=2, then=[(channel, b"inv-3")])
         assert await take(live, 4) == [b"d" * 4, b"e" * 4, b"f", b"inv-3"]
         assert await bus.read_replay(key) == [b"e" * 4, b"f"]
         # No entries: what `publish_all(then, key)` does.
@@ -292,7 +290,12 @@ async def test_publish_replayed_many_then_publishes_after_the_entries_and_clears
         await bus.append_replay(key, b"kept", limit=5)
         with pytest.raises(TypeError):
             await bus.publish_replayed_many(
-                channel, key, [b"x"], limit=5, then=[(channel, "text")], clear=True  # type: ignore[list-item]
+                channel,
+                key,
+                [b"x"],
+                limit=5,
+                then=[(channel, "text")],
+                clear=True,  # type: ignore[list-item]
             )
         with pytest.raises(ValueError):
             await bus.publish_replayed_many(channel, key, [], limit=0, then=[(channel, b"y")])
@@ -323,15 +326,19 @@ async def test_publisher_committed_invalidates_and_clears_the_replay(bus: Bus) -
 
     publisher = Publisher(bus, scope_of=scope_of)
     assert await publisher.chunk("t9", "r", 0, {"type": "text-delta", "delta": "x"})
-    async with bus.subscribe(thread_channel("t9")) as live, bus.subscribe(
-        scope_channel("acme")
-    ) as scope:
+    async with (
+        bus.subscribe(thread_channel("t9")) as live,
+        bus.subscribe(scope_channel("acme")) as scope,
+    ):
         assert await publisher.committed("t9", 4)
         assert decode_thread_message((await take(live, 1))[0]) == InvalidateEnvelope(
             thread_id="t9", version=4
         )
         assert orjson.loads((await take(scope, 1))[0]) == {
-            "type": "scope.invalidate", "scope": "acme", "thread_id": "t9", "version": 4
+            "type": "scope.invalidate",
+            "scope": "acme",
+            "thread_id": "t9",
+            "version": 4,
         }
     assert await bus.read_replay(replay_key("t9")) == []
 
@@ -346,9 +353,10 @@ async def test_publisher_committed_publishes_the_held_chunks_first(bus: Bus) -> 
     publisher = Publisher(bus, scope_of=scope_of)
     delta = {"type": "text-delta", "delta": "x"}
     data = [publisher.chunk_data("t8", "r", seq, delta) for seq in range(3)]
-    async with bus.subscribe(thread_channel("t8")) as live, bus.subscribe(
-        scope_channel("acme")
-    ) as scope:
+    async with (
+        bus.subscribe(thread_channel("t8")) as live,
+        bus.subscribe(scope_channel("acme")) as scope,
+    ):
         assert await publisher.chunks("t8", data[:1])
         assert await publisher.committed("t8", 6, data[1:])
         frames = await take(live, 4)
@@ -414,9 +422,11 @@ async def test_publisher_invalidate_with_signals(bus: Bus) -> None:
         return "acme"
 
     publisher = Publisher(bus, scope_of=scope_of)
-    async with bus.subscribe(thread_channel("t5")) as live, bus.subscribe(
-        scope_channel("acme")
-    ) as scope, bus.subscribe(CONTROL_CHANNEL) as control:
+    async with (
+        bus.subscribe(thread_channel("t5")) as live,
+        bus.subscribe(scope_channel("acme")) as scope,
+        bus.subscribe(CONTROL_CHANNEL) as control,
+    ):
         assert await publisher.invalidate("t5", 3, stop="run-1", wakeup="run-2")
         assert await publisher.invalidate("t5", 4, wakeup="run-3")
         assert [decode_thread_message(f) for f in await take(live, 2)] == [

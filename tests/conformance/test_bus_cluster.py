@@ -11,10 +11,10 @@ import pytest
 from redis.asyncio import Redis
 
 from realtime import open_bus
+from realtime.bus_errors import BusError
 from realtime.channels import presence_key, replay_key, thread_channel
-from realtime.errors import BusError
+from realtime.counters import RedisCounters
 from realtime.hub import Hub
-from realtime.limits import RedisCounters
 from realtime.redis_cluster import RedisClusterBus
 from tests.conformance.conftest_bus import (
     admin_cluster,

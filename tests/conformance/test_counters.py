@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from realtime.limits import Counters, MemoryCounters, RedisCounters
+from realtime.counters import Counters, MemoryCounters, RedisCounters
 from tests.services import require_redis, require_redis_cluster
 
 

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 from redis.asyncio import Redis
 
-from realtime.limits import RedisCounters
+from realtime.counters import RedisCounters
 from realtime.redis_urls import command_client
 from tests.services import require_redis, require_redis_cluster
 
@@ -31,8 +31,7 @@ async def two_gateways(url: str) -> AsyncIterator[tuple[list[RedisCounters], str
     # A batch's timeout well above the default's 0.5 s: this counts calls, and a box busy with
     # other work must not turn a slow batch into fallbacks (timeouts have tests of their own).
     gateways = [
-        RedisCounters(url, prefix, client_name=name, senders=SENDERS, timeout=5.0)
-        for _ in range(2)
+        RedisCounters(url, prefix, client_name=name, senders=SENDERS, timeout=5.0) for _ in range(2)
     ]
     try:
         yield gateways, name

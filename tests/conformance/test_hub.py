@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from realtime.bus import Bus
+from realtime.bus_errors import BusClosedError
 from realtime.channels import replay_key, thread_channel
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, MessageKind, encode
-from realtime.errors import BusClosedError
 from realtime.hub import Hub, ListenerLike
 from realtime.memory import MemoryBus
 from realtime.outbox import Outbox
@@ -219,9 +219,7 @@ async def test_replay_for_late_joiners(bus: Bus, hub: Hub) -> None:
     assert await within(hub.replay("t1")) == []
 
 
-async def test_a_superseded_episode_is_dropped_live_and_from_the_replay(
-    bus: Bus, hub: Hub
-) -> None:
+async def test_a_superseded_episode_is_dropped_live_and_from_the_replay(bus: Bus, hub: Hub) -> None:
     # A worker that lost its lease (stalled, then resumed) may still publish after the new
     # owner's first chunk: listeners and late joiners must not see it.
     recorder = Recorder()

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from runtime.storage.pg_pool import ConnectionPool
+from runtime.storage.sql.pg_pool import ConnectionPool
 from tests.services import require_postgres
 
 pytestmark = pytest.mark.postgres
@@ -191,9 +191,7 @@ async def test_close_terminates_what_is_not_returned_in_time() -> None:
 
 
 async def test_open_fails_cleanly_on_an_unreachable_server() -> None:
-    pool = ConnectionPool(
-        "postgresql://postgres@127.0.0.1:1/postgres", min_size=1, max_size=2
-    )
+    pool = ConnectionPool("postgresql://postgres@127.0.0.1:1/postgres", min_size=1, max_size=2)
     with pytest.raises(OSError):
         await pool.open()
     assert pool.size == 0

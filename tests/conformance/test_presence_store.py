@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from realtime.presence import MAX_IN_FLIGHT, RedisPresence
+from realtime.presence_store import MAX_IN_FLIGHT, RedisPresence
 from tests.conformance.conftest_bus import cleanup_prefix, within
 from tests.services import require_redis, require_redis_cluster
 
@@ -56,7 +56,8 @@ async def test_a_burst_beyond_the_connection_pool_waits_instead_of_failing(
 
 async def test_a_read_leaves_out_the_entries_it_is_told_to_skip(presence: RedisPresence) -> None:
     live = {"expires_at": time.time() + 30, "name": "ada"}
-    await presence.put_many([("th-skip", "gw1-1", live), ("th-skip", "gw1-2", live),
-                             ("th-skip", "gw2-1", live)])
+    await presence.put_many(
+        [("th-skip", "gw1-1", live), ("th-skip", "gw1-2", live), ("th-skip", "gw2-1", live)]
+    )
     assert await presence.read("th-skip", skip="gw1-") == {"gw2-1": live}
     assert set(await presence.read("th-skip")) == {"gw1-1", "gw1-2", "gw2-1"}

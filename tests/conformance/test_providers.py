@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from runtime.domain import MessageRole, TextPart, ToolCallPart, ToolState
-from runtime.providers.base import (
+from runtime.instruments import PROVIDER_FAILURES
+from runtime.providers.model_api import (
     ContextMessage,
     ModelDelta,
     ModelRequest,
@@ -20,7 +21,6 @@ from runtime.providers.base import (
 )
 from runtime.providers.openai_compat import OpenAICompatModel
 from runtime.providers.parts import AssembledStep, StepAssembler, Usage
-from runtime.telemetry import PROVIDER_FAILURES
 from tests.conformance.provider_wire import (
     AnthropicVendor,
     OpenAIVendor,
@@ -235,15 +235,27 @@ def conversation() -> ModelRequest:
     """Two steps in one assistant message, with tool parts in several final and open states."""
     tail = (
         TextPart(text="Checking."),
-        ToolCallPart(tool_call_id="c1", name="get_weather", input={"city": "Paris"},
-                     state=ToolState.OUTPUT_AVAILABLE, output={"temp": 21}),
-        ToolCallPart(tool_call_id="c2", name="send_email", input={"to": "x"},
-                     state=ToolState.CANCELLED, error="run stopped"),
+        ToolCallPart(
+            tool_call_id="c1",
+            name="get_weather",
+            input={"city": "Paris"},
+            state=ToolState.OUTPUT_AVAILABLE,
+            output={"temp": 21},
+        ),
+        ToolCallPart(
+            tool_call_id="c2",
+            name="send_email",
+            input={"to": "x"},
+            state=ToolState.CANCELLED,
+            error="run stopped",
+        ),
         TextPart(text="Paris is 21°C."),
-        ToolCallPart(tool_call_id="c3", name="lookup", input={},
-                     state=ToolState.OUTPUT_ERROR, error="boom"),
-        ToolCallPart(tool_call_id="c4", name="send_email", input={"to": "y"},
-                     state=ToolState.AWAITING_ACTION),
+        ToolCallPart(
+            tool_call_id="c3", name="lookup", input={}, state=ToolState.OUTPUT_ERROR, error="boom"
+        ),
+        ToolCallPart(
+            tool_call_id="c4", name="send_email", input={"to": "y"}, state=ToolState.AWAITING_ACTION
+        ),
     )
     return ModelRequest(
         instructions="Be helpful.",
@@ -258,8 +270,11 @@ def conversation() -> ModelRequest:
 
 
 def _openai_call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args)}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
 
 
 async def test_openai_request_on_the_wire(server: WireServer) -> None:
@@ -277,27 +292,46 @@ async def test_openai_request_on_the_wire(server: WireServer) -> None:
     assert body["temperature"] == 0.2
     assert body["top_k"] == 5  # unknown to the SDK: passed through in the body
     assert body["tools"] == [
-        {"type": "function", "function": {"name": "get_weather",
-                                          "description": "Weather for a city.",
-                                          "parameters": WEATHER_TOOL.parameters}}
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city.",
+                "parameters": WEATHER_TOOL.parameters,
+            },
+        }
     ]
     assert body["messages"] == [
         {"role": "system", "content": "Be helpful."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "Checking.", "tool_calls": [
-            _openai_call("c1", "get_weather", {"city": "Paris"}),
-            _openai_call("c2", "send_email", {"to": "x"}),
-        ]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                _openai_call("c1", "get_weather", {"city": "Paris"}),
+                _openai_call("c2", "send_email", {"to": "x"}),
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 21}'},
-        {"role": "tool", "tool_call_id": "c2",
-         "content": "the tool call was cancelled: run stopped"},
-        {"role": "assistant", "content": "Paris is 21°C.", "tool_calls": [
-            _openai_call("c3", "lookup", {}),
-            _openai_call("c4", "send_email", {"to": "y"}),
-        ]},
+        {
+            "role": "tool",
+            "tool_call_id": "c2",
+            "content": "the tool call was cancelled: run stopped",
+        },
+        {
+            "role": "assistant",
+            "content": "Paris is 21°C.",
+            "tool_calls": [
+                _openai_call("c3", "lookup", {}),
+                _openai_call("c4", "send_email", {"to": "y"}),
+            ],
+        },
         {"role": "tool", "tool_call_id": "c3", "content": "the tool call failed: boom"},
-        {"role": "tool", "tool_call_id": "c4",
-         "content": "the tool call is waiting for a human and has no result yet"},
+        {
+            "role": "tool",
+            "tool_call_id": "c4",
+            "content": "the tool call is waiting for a human and has no result yet",
+        },
         {"role": "user", "content": "thanks"},
     ]
 
@@ -320,38 +354,57 @@ async def test_anthropic_request_on_the_wire(server: WireServer) -> None:
     assert body["temperature"] == 0.2
     assert body["top_k"] == 5
     assert body["tools"] == [
-        {"name": "get_weather", "description": "Weather for a city.",
-         "input_schema": WEATHER_TOOL.parameters}
+        {
+            "name": "get_weather",
+            "description": "Weather for a city.",
+            "input_schema": WEATHER_TOOL.parameters,
+        }
     ]
 
     def use(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
         return {"type": "tool_use", "id": call_id, "name": name, "input": args}
 
     def result(call_id: str, content: str, is_error: bool) -> dict[str, Any]:
-        return {"type": "tool_result", "tool_use_id": call_id, "content": content,
-                "is_error": is_error}
+        return {
+            "type": "tool_result",
+            "tool_use_id": call_id,
+            "content": content,
+            "is_error": is_error,
+        }
 
     assert body["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Checking."},
-            use("c1", "get_weather", {"city": "Paris"}),
-            use("c2", "send_email", {"to": "x"}),
-        ]},
-        {"role": "user", "content": [
-            result("c1", '{"temp": 21}', False),
-            result("c2", "the tool call was cancelled: run stopped", True),
-        ]},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Paris is 21°C."},
-            use("c3", "lookup", {}),
-            use("c4", "send_email", {"to": "y"}),
-        ]},
-        {"role": "user", "content": [
-            result("c3", "the tool call failed: boom", True),
-            result("c4", "the tool call is waiting for a human and has no result yet", False),
-            {"type": "text", "text": "thanks"},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Checking."},
+                use("c1", "get_weather", {"city": "Paris"}),
+                use("c2", "send_email", {"to": "x"}),
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                result("c1", '{"temp": 21}', False),
+                result("c2", "the tool call was cancelled: run stopped", True),
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Paris is 21°C."},
+                use("c3", "lookup", {}),
+                use("c4", "send_email", {"to": "y"}),
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                result("c3", "the tool call failed: boom", True),
+                result("c4", "the tool call is waiting for a human and has no result yet", False),
+                {"type": "text", "text": "thanks"},
+            ],
+        },
     ]
 
 

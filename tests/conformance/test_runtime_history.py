@@ -1,6 +1,6 @@
-"""The runtime's parsed-message cache (`runtime/history.py`) against both stores: after appends,
-tail updates and every kind of history rewrite it returns exactly what `list_messages` does,
-reading only the tail while nothing but the tail changed."""
+"""The runtime's parsed-message cache (`runtime/engine/message_cache.py`) against both stores:
+after appends, tail updates and every kind of history rewrite it returns exactly what
+`list_messages` does, reading only the tail while nothing but the tail changed."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.context import to_context
 from runtime.domain import RunStatus, Visibility
-from runtime.history import HistoryCache
+from runtime.engine.durable_context import to_context
+from runtime.engine.message_cache import HistoryCache
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
 from runtime.storage import SqliteStore, SqlStore
-from runtime.storage.base import HistoryRead, SetVisibility, StepCommit, Truncate
-from runtime.storage.sqlite import CHECKPOINT_EVERY
+from runtime.storage.sql.sqlite import CHECKPOINT_EVERY
+from runtime.storage.store import HistoryRead, SetVisibility, StepCommit, Truncate
 from runtime.tools import tool
 from tests.conformance.runtime_harness import ALICE
 from tests.conformance.store_helpers import (
@@ -93,9 +93,7 @@ async def test_rewrites_reload_the_thread(store: SqlStore) -> None:
     assert cache.reloads == 2
     # Regenerate deletes from a message on and appends nothing yet: the same count of reads
     # from the cached tail position would find nothing, and the epoch says so too.
-    await store.rewrite_history(
-        admin, Truncate(from_message_id=messages[1].id, started_by="alice")
-    )
+    await store.rewrite_history(admin, Truncate(from_message_id=messages[1].id, started_by="alice"))
     await store.release_lease(admin)
     await _same(cache, store, thread.id)
     assert [m.id for m in await cache.messages(store, thread.id)] == [messages[0].id]
@@ -187,8 +185,9 @@ async def test_first_step_context_is_what_the_episode_start_read(
         await rt.service.send_message(ALICE, thread_id, text_in)
         await rt.wait_for(
             thread_id,
-            lambda s, n=count: s.run is not None and s.run.status is RunStatus.COMPLETED
-            and len(s.messages) == n,
+            lambda s, n=count: (
+                s.run is not None and s.run.status is RunStatus.COMPLETED and len(s.messages) == n
+            ),
         )
     # One-step runs: the episode start's read served each step's context, no read of its own.
     # That read is begin_episode's, or on Postgres the one `start_run` made with the lease

@@ -8,8 +8,8 @@ from typing import Any
 
 from runtime.agent import Agent
 from runtime.domain import Lease, RunStatus
+from runtime.engine.worker import Worker
 from runtime.providers.scripted import FunctionModel, text_response
-from runtime.worker import Worker
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
 
 TTL = 0.6

@@ -23,7 +23,7 @@ from runtime.lifecycle import (
     Respond,
     Skip,
 )
-from runtime.providers.base import ContextMessage, ProviderError
+from runtime.providers.model_api import ContextMessage, ProviderError
 from runtime.providers.scripted import (
     ScriptedModel,
     ScriptedToolCall,
@@ -173,6 +173,7 @@ async def test_around_model_call_may_catch_setup_failures(runtime_for) -> None:
             try:
                 return await call(request)
             except ProviderError:
+
                 async def canned() -> AsyncIterator:  # type: ignore[type-arg]
                     for delta in text_response("fallback answer"):
                         yield delta

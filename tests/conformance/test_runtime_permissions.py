@@ -8,11 +8,11 @@ from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.domain import Message, Principal, RunStatus, Snapshot, TextPart, Visibility
+from runtime.engine.publisher import Publisher
 from runtime.errors import Forbidden
-from runtime.permissions import Destructive, PermissionPolicy, Who
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
-from runtime.publisher import Publisher
-from runtime.service import ThreadService
+from runtime.service.permissions import Destructive, PermissionPolicy, Who
+from runtime.service.thread_service import ThreadService
 from runtime.tools import SuspendStep, ToolContext, tool
 from tests.conformance.runtime_harness import ALICE, BACKEND, BOB, Runtime, settled
 

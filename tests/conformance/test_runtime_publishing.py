@@ -16,12 +16,12 @@ from realtime.bus import Bus
 from realtime.channels import replay_key, thread_channel
 from runtime.agent import Agent
 from runtime.domain import Lease, MessageRole, RunStatus
+from runtime.engine.publisher import Publisher
+from runtime.engine.worker import Worker
 from runtime.providers.scripted import ScriptedModel, text_response
-from runtime.publisher import Publisher
-from runtime.service import ThreadService
+from runtime.service.thread_service import ThreadService
 from runtime.storage import SqliteStore
-from runtime.storage.base import StepCommit
-from runtime.worker import Worker
+from runtime.storage.store import StepCommit
 from tests.conformance.conftest_bus import BACKENDS, open_test_bus, within
 from tests.conformance.runtime_harness import ALICE, SCOPE
 

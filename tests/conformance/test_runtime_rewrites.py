@@ -90,11 +90,11 @@ async def test_prepare_history_rewrite_reads_metadata_under_the_admin_lease(runt
 
 
 async def test_retry_rewrites_a_failed_run_through_both_rewrite_phases(runtime_for) -> None:
-    """"Regeneration, retry, and stored message-visibility changes use two additional phases":
+    """ "Regeneration, retry, and stored message-visibility changes use two additional phases":
     retrying a failed run removes its messages, starts a new run (trigger retry) from the same
     input, and runs prepareHistoryRewrite and historyRewritten; a completed run is refused.
 
-    Breaks with: sql_history._retry not executing its `DELETE FROM messages ...`."""
+    Breaks with: rewrites_tx._retry not executing its `DELETE FROM messages ...`."""
     attempts: list[int] = []
 
     class Attempts(Counting):

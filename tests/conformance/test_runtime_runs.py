@@ -11,7 +11,7 @@ from runtime.agent import Agent
 from runtime.domain import InputPolicy, RunStatus, TextPart, ToolCallPart, ToolState
 from runtime.errors import RunActive
 from runtime.lifecycle import AgentLifecycle
-from runtime.providers.base import ProviderError
+from runtime.providers.model_api import ProviderError
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
@@ -197,9 +197,7 @@ async def test_interrupt_policy_stops_the_active_run_first(runtime_for) -> None:
     await rt.service.send_message(ALICE, thread_id, "long")
     await rt.wait_for(thread_id, lambda s: s.run is not None and s.run.status is RunStatus.RUNNING)
     await asyncio.sleep(0.1)
-    admission = await rt.service.send_message(
-        ALICE, thread_id, "now", policy=InputPolicy.INTERRUPT
-    )
+    admission = await rt.service.send_message(ALICE, thread_id, "now", policy=InputPolicy.INTERRUPT)
     assert admission.interrupted_run_id
     snapshot = await rt.wait_for(thread_id, settled)
     assert snapshot.messages[-1].parts[0].text == "short answer"

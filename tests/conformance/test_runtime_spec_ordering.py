@@ -28,7 +28,7 @@ from runtime.lifecycle import (
     Skip,
     ToolResult,
 )
-from runtime.providers.base import ContextMessage, ProviderError
+from runtime.providers.model_api import ContextMessage, ProviderError
 from runtime.providers.scripted import (
     ScriptedModel,
     ScriptedToolCall,
@@ -113,8 +113,12 @@ async def test_ordering_phases_run_a_then_b_then_c(runtime_for) -> None:
     thread_id = await start(rt)
     await rt.wait_status(thread_id, RunStatus.COMPLETED)
     for phase in (
-        "prepare_run", "prepare_model_step", "transform_step_stream", "before_tool_call",
-        "after_tool_result", "after_step",
+        "prepare_run",
+        "prepare_model_step",
+        "transform_step_stream",
+        "before_tool_call",
+        "after_tool_result",
+        "after_step",
     ):
         names = [entry.split(":")[1] for entry in log if entry.split(":")[0] == phase]
         assert names[:3] == ["a", "b", "c"], (phase, names)
@@ -362,6 +366,7 @@ async def test_ordering_thrown_errors_fail_the_run_around_model_call_catches_set
             try:
                 return await call(request)
             except ProviderError:
+
                 async def canned() -> AsyncIterator[Any]:
                     for delta in text_response("fallback"):
                         yield delta

@@ -25,7 +25,7 @@ from runtime.lifecycle import (
     Skip,
     ToolResult,
 )
-from runtime.providers.base import ContextMessage
+from runtime.providers.model_api import ContextMessage
 from runtime.providers.scripted import (
     ScriptedModel,
     ScriptedToolCall,
@@ -330,9 +330,7 @@ async def test_after_tool_result_normalises_failures_and_manual_results(runtime_
 
     calls = [ScriptedToolCall("explode", {}, "e1"), ScriptedToolCall("lookup", {"n": 2}, "l1")]
     model = ScriptedModel([tool_calls_response(*calls), text_response("done")])
-    agent = Agent(
-        model=model, tools=[explode, manual_tool("lookup", Args)], lifecycle=Normalise()
-    )
+    agent = Agent(model=model, tools=[explode, manual_tool("lookup", Args)], lifecycle=Normalise())
     rt = await runtime_for(agent)
     thread_id = await start(rt)
     waiting = await rt.wait_status(thread_id, RunStatus.WAITING)

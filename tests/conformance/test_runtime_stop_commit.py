@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.domain import Lease, MessageRole, RunStatus, Snapshot, TextPart, ToolCallPart
+from runtime.engine.worker import Worker
 from runtime.lifecycle import AfterStepDecision, AgentLifecycle, StepContext, StepResult
 from runtime.providers.scripted import (
     FunctionModel,
@@ -22,9 +23,8 @@ from runtime.providers.scripted import (
     tool_call_response,
 )
 from runtime.storage import SqliteStore
-from runtime.storage.base import StepCommit
+from runtime.storage.store import StepCommit
 from runtime.tools import tool
-from runtime.worker import Worker
 from tests.conformance.runtime_harness import ALICE, Recorder, Runtime, settled
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.domain import Lease, RunStatus, ToolCallPart, ToolState
+from runtime.engine.worker import Worker
 from runtime.errors import LeaseLost
 from runtime.providers.scripted import (
     FunctionModel,
@@ -16,9 +17,8 @@ from runtime.providers.scripted import (
     text_response,
     tool_call_response,
 )
-from runtime.storage.base import StepCommit
+from runtime.storage.store import StepCommit
 from runtime.tools import SuspendStep, ToolContext, tool
-from runtime.worker import Worker
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
 
 
@@ -100,8 +100,12 @@ class StallsBeforeToolsStart:
 
     async def commit(self, lease: Lease, change: StepCommit) -> int:
         update = change.update_tail
-        if self.armed and update is not None and any(
-            isinstance(p, ToolCallPart) and p.state is ToolState.RUNNING for p in update.parts
+        if (
+            self.armed
+            and update is not None
+            and any(
+                isinstance(p, ToolCallPart) and p.state is ToolState.RUNNING for p in update.parts
+            )
         ):
             self.armed = False
             self.stalled.set()
@@ -170,7 +174,8 @@ async def test_takeover_of_a_resuming_run_is_announced(runtime_for) -> None:
     takeovers = {c["episode"]: c for c in chunks if c["chunk"]["type"] == "run-takeover"}
     assert resuming not in takeovers  # the resume itself is not a takeover
     [stale_running] = [
-        c for c in chunks
+        c
+        for c in chunks
         if c["episode"] == resuming
         and (c["chunk"]["type"], c["chunk"]["state"]) == ("tool-state", "running")
     ]

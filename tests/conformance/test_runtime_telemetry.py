@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from runtime.agent import Agent
 from runtime.domain import RunStatus, Visibility
 from runtime.lifecycle import AgentLifecycle
-from runtime.providers.base import FinishDelta, TextDelta
+from runtime.providers.model_api import FinishDelta, TextDelta
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
@@ -54,8 +54,11 @@ async def test_runs_models_and_tools_are_traced_and_counted(runtime_for) -> None
     MeterProvider is process-global: the other store parametrisation counted before)."""
     telemetry = otel.install()
     mark = telemetry.mark(
-        "threadline.runs", "threadline.tokens", "threadline.tool_call.errors",
-        "threadline.realtime.published", "gen_ai.client.token.usage",
+        "threadline.runs",
+        "threadline.tokens",
+        "threadline.tool_call.errors",
+        "threadline.realtime.published",
+        "gen_ai.client.token.usage",
     )
     model = ScriptedModel(
         [tool_call_response("explode", {"x": 1}, "e1"), text_response("sorry", usage=(7, 3))],
@@ -162,7 +165,7 @@ async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for) -> None:
     """A takeover continues a started run: `event=takeover`, not a second `started`.
 
     Breaks with: `episode.start_kind` returning "started" for a running run."""
-    from runtime.worker import Worker
+    from runtime.engine.worker import Worker
     from tests.conformance.test_runtime_takeover import FrozenHeartbeat
 
     telemetry = otel.install()

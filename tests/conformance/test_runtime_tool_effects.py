@@ -11,9 +11,9 @@ from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.domain import RunStatus, ToolCallPart, ToolState
+from runtime.engine.toolcalls import INTERRUPTED
 from runtime.lifecycle import AgentLifecycle, ToolCallContext, ToolResult
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
-from runtime.toolcalls import INTERRUPTED
 from runtime.tools import ToolContext, tool
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
 

@@ -16,7 +16,7 @@ from runtime.domain import (
 )
 from runtime.errors import Conflict, InvalidInput, NotFound, TooLarge
 from runtime.storage import PostgresStore, SqliteStore, SqlStore, open_store
-from runtime.storage.base import SetVisibility, StepCommit
+from runtime.storage.store import SetVisibility, StepCommit
 from tests.conformance.conftest import StoreFactory
 from tests.conformance.store_helpers import (
     FOREIGN,

@@ -10,7 +10,7 @@ import pytest
 from runtime.domain import RunStatus
 from runtime.errors import ActionConflict, NotFound
 from runtime.storage import SqlStore
-from runtime.storage.base import StepCommit, Truncate
+from runtime.storage.store import StepCommit, Truncate
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -102,7 +102,7 @@ async def test_the_migration_indexes_messages_written_before_it(store: SqlStore)
     thread_id, holder = await resolved_and_moved_on(store)
     await execute(store, "DELETE FROM message_actions")
     script = (
-        resources.files("runtime.storage")
+        resources.files("runtime.storage.sql")
         .joinpath("migrations", store.dialect.name, "0004_action_index_scope_turns.sql")
         .read_text(encoding="utf-8")
     )

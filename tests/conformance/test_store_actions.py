@@ -17,7 +17,7 @@ from runtime.errors import (
     VersionMismatch,
 )
 from runtime.storage import SqlStore
-from runtime.storage.base import SetVisibility, StepCommit, Truncate
+from runtime.storage.store import SetVisibility, StepCommit, Truncate
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,

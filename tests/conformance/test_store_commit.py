@@ -21,8 +21,9 @@ from runtime.errors import (
     LeaseLost,
     TooLarge,
 )
-from runtime.storage import SqlStore, sql_runs
-from runtime.storage.base import RunChange, StepCommit, TailUpdate
+from runtime.storage import SqlStore
+from runtime.storage.sql import runs_tx
+from runtime.storage.store import RunChange, StepCommit, TailUpdate
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -45,18 +46,18 @@ async def test_a_final_step_commit_appends_ends_the_run_and_stores_next_seq_at_o
 ) -> None:
     """The commit a run-ending step makes (its message, the completion, next_seq): one version,
     the run ended and its lease released, and the tail the append wrote is the one the
-    transition checks: not read again (the fence read it; `sql_runs.commit`)."""
+    transition checks: not read again (the fence read it; `runs_tx.commit`)."""
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     before = await version_of(store, thread.id)
     reads: list[str] = []
-    real_tail_row = sql_runs.tail_row
+    real_tail_row = runs_tx.tail_row
 
     async def counting_tail_row(conn: object, thread_id: str) -> object:
         reads.append(thread_id)
         return await real_tail_row(conn, thread_id)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sql_runs, "tail_row", counting_tail_row)
+    monkeypatch.setattr(runs_tx, "tail_row", counting_tail_row)
     change = StepCommit(
         append=(assistant(text("the answer")),),
         run=RunChange(status=RunStatus.COMPLETED),

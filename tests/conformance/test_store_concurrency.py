@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from runtime import telemetry
+from runtime import instruments
 from runtime.domain import InputPolicy
 from runtime.errors import NotFound, Unavailable
 from runtime.storage import PostgresStore, SqliteStore, SqlStore
-from runtime.storage.base import StepCommit
-from runtime.storage.sql_core import Conn
+from runtime.storage.sql.core import Conn
+from runtime.storage.store import StepCommit
 from tests.conformance.conftest import StoreFactory
 from tests.conformance.store_helpers import (
     SCOPES,
@@ -214,7 +214,7 @@ async def test_transient_failure_is_retried_and_committed_once(
 ) -> None:
     thread = await new_thread(store)
     counter = RecordingCounter()
-    monkeypatch.setattr(telemetry, "STORAGE_RETRIES", counter)
+    monkeypatch.setattr(instruments, "STORAGE_RETRIES", counter)
     attempts = fail_writes(store, monkeypatch, failures=1)
     admission = await store.submit_input(thread.id, SCOPES, text="hi", submitted_by="a")
     assert attempts[0] == 2
@@ -230,7 +230,7 @@ async def test_exhausted_retries_raise_unavailable(
 ) -> None:
     thread = await new_thread(store)
     counter = RecordingCounter()
-    monkeypatch.setattr(telemetry, "STORAGE_RETRIES", counter)
+    monkeypatch.setattr(instruments, "STORAGE_RETRIES", counter)
     monkeypatch.setattr(store, "retry_attempts", 3)
     fail_writes(store, monkeypatch, failures=100)
     with pytest.raises(Unavailable) as caught:
@@ -246,7 +246,7 @@ async def test_domain_errors_are_not_retried(
     store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counter = RecordingCounter()
-    monkeypatch.setattr(telemetry, "STORAGE_RETRIES", counter)
+    monkeypatch.setattr(instruments, "STORAGE_RETRIES", counter)
     with pytest.raises(NotFound):
         await store.submit_input("th_unknown", SCOPES, text="hi", submitted_by="a")
     assert counter.calls == []
@@ -257,8 +257,8 @@ async def test_queue_and_lease_events_are_counted(
 ) -> None:
     queue_events = RecordingCounter()
     lease_events = RecordingCounter()
-    monkeypatch.setattr(telemetry, "QUEUE_EVENTS", queue_events)
-    monkeypatch.setattr(telemetry, "LEASE_EVENTS", lease_events)
+    monkeypatch.setattr(instruments, "QUEUE_EVENTS", queue_events)
+    monkeypatch.setattr(instruments, "LEASE_EVENTS", lease_events)
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     await store.submit_input(thread.id, SCOPES, text="later", submitted_by="a")

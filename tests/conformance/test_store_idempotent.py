@@ -11,8 +11,8 @@ import pytest
 from runtime.domain import Resolution, Role, RunStatus
 from runtime.errors import LeaseLost
 from runtime.storage import SqliteStore, SqlStore
-from runtime.storage.base import CommitVersion, RunChange, StepCommit
-from runtime.storage.sql_core import Conn
+from runtime.storage.sql.core import Conn
+from runtime.storage.store import CommitVersion, RunChange, StepCommit
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -60,16 +60,12 @@ async def test_admission_without_request_id_is_queued_once(
     assert admission.version == (await store.get_thread(thread.id, SCOPES)).version
 
 
-async def test_step_commit_appends_once(
-    store: SqlStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_step_commit_appends_once(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     before = (await store.get_thread(thread.id, SCOPES)).version
     lost = lose_commit_replies(store, monkeypatch, 1)
-    version = await store.commit(
-        lease, StepCommit(append=(assistant(text("answer")),), next_seq=3)
-    )
+    version = await store.commit(lease, StepCommit(append=(assistant(text("answer")),), next_seq=3))
     assert lost == [1]
     assert version == before + 1
     messages = await store.list_messages(thread.id)

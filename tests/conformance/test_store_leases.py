@@ -8,8 +8,10 @@ import pytest
 
 from runtime.domain import Lease, LeaseKind, RunStatus, Visibility
 from runtime.errors import InvalidInput, LeaseLost, NotFound
-from runtime.storage import SqlStore, sql_leases
-from runtime.storage.base import (
+from runtime.storage import SqlStore
+from runtime.storage.sql import leases_tx
+from runtime.storage.sql.core import Conn
+from runtime.storage.store import (
     CommitVersion,
     RunChange,
     SetVisibility,
@@ -17,7 +19,6 @@ from runtime.storage.base import (
     TailUpdate,
     Truncate,
 )
-from runtime.storage.sql_core import Conn
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -74,7 +75,7 @@ async def test_one_statement_grant_replays_after_an_unknown_outcome(store: SqlSt
 
     async def call(key: str, owner: str) -> Lease | None:
         async with store.pool.autocommit() as conn:
-            return await sql_leases.acquire_run_lease_call(conn, key, run_id, owner, 10.0)
+            return await leases_tx.acquire_run_lease_call(conn, key, run_id, owner, 10.0)
 
     first = await call("tx_replay", "w1")
     assert first is not None and (first.owner, first.thread_id) == ("w1", thread_id)

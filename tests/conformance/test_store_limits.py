@@ -8,7 +8,7 @@ import pytest
 
 from runtime.errors import QueueFull, ScopeRunsExceeded
 from runtime.storage import SqlStore
-from runtime.storage.base import AdmissionLimits
+from runtime.storage.store import AdmissionLimits
 from tests.conformance.store_helpers import SCOPES, finish, new_thread, start_run
 
 
@@ -169,5 +169,7 @@ async def test_of_equal_turns_the_scope_served_longest_ago_goes_first(store: Sql
     await store.release_lease(lease)
     # Now globex was served last: acme's turn, then they alternate.
     assert [run.id for run in await store.find_runnable_runs(limit=10)] == [
-        acme[1], globex[1], acme[2]
+        acme[1],
+        globex[1],
+        acme[2],
     ]

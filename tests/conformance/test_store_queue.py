@@ -14,7 +14,7 @@ from runtime.domain import (
 )
 from runtime.errors import Conflict, InvalidInput, NotFound, RunActive, TooLarge
 from runtime.storage import SqlStore
-from runtime.storage.base import RunChange, StepCommit, commit_admitted
+from runtime.storage.store import RunChange, StepCommit, commit_admitted
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,

@@ -9,8 +9,9 @@ import pytest
 
 from runtime.domain import RunStatus
 from runtime.errors import NotFound
-from runtime.storage import SqlStore, sql_leases
-from runtime.storage.base import RunStart, StartedRun
+from runtime.storage import SqlStore
+from runtime.storage.sql import leases_tx
+from runtime.storage.store import RunStart, StartedRun
 from tests.conformance.store_helpers import (
     SCOPES,
     counts,
@@ -122,7 +123,7 @@ async def test_one_statement_start_replays_after_an_unknown_outcome(store: SqlSt
 
     async def call(key: str, owner: str) -> RunStart | None:
         async with store.pool.autocommit() as conn:
-            return await sql_leases.start_run_call(conn, key, run_id, owner, 10.0)
+            return await leases_tx.start_run_call(conn, key, run_id, owner, 10.0)
 
     first = await call("tx_start", "w1")
     assert first is not None and first.started is not None

@@ -46,9 +46,7 @@ async def test_a_token_carries_its_display_name(store: SqlStore) -> None:
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "x" * 65, "tab\there", "line\nbreak"])
-async def test_a_bad_display_name_is_refused_and_creates_nothing(
-    store: SqlStore, bad: str
-) -> None:
+async def test_a_bad_display_name_is_refused_and_creates_nothing(store: SqlStore, bad: str) -> None:
     with pytest.raises(InvalidInput, match="display name"):
         await store.create_token("n3", "u-83", Role.USER, ["acme"], display_name=bad)
     assert await store.principal_for_token("n3") is None

@@ -31,8 +31,11 @@ def docker_ready() -> None:
     started = time.monotonic()
     try:
         done = subprocess.run(
-            ["bash", str(ENSURE_DOCKER)], capture_output=True, text=True,
-            timeout=ENSURE_TIMEOUT, check=False,
+            ["bash", str(ENSURE_DOCKER)],
+            capture_output=True,
+            text=True,
+            timeout=ENSURE_TIMEOUT,
+            check=False,
         )
         ok, detail = done.returncode == 0, done.stderr[-3000:]
     except subprocess.TimeoutExpired:

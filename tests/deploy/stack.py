@@ -86,8 +86,11 @@ class Stack:
 
     def logs(self, container: str) -> str:
         done = subprocess.run(
-            ["docker", "logs", container], capture_output=True, text=True,
-            timeout=COMMAND_TIMEOUT, check=False,
+            ["docker", "logs", container],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
         )
         return done.stdout + done.stderr
 
@@ -122,8 +125,10 @@ class Stack:
                 problems.append(f"{service}: {len(ids)} containers, expected {expected}")
             for container in ids:
                 health = docker(
-                    "inspect", "-f", "{{if .State.Health}}{{.State.Health.Status}}"
-                    "{{else}}{{.State.Status}}{{end}}", container,
+                    "inspect",
+                    "-f",
+                    "{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}",
+                    container,
                 ).strip()
                 if health not in ("healthy", "running"):
                     problems.append(f"{self.name(container)}: {health}")

@@ -110,7 +110,15 @@ def long_text(words: int, tag: str) -> str:
 def test_stack_is_up_without_a_development_token(stack: Stack) -> None:
     assert len(stack.containers("gateway")) == len(stack.containers("worker")) == 2
     count = stack.compose(
-        "exec", "-T", "postgres", "psql", "-U", "threadline", "-d", "threadline", "-tAc",
+        "exec",
+        "-T",
+        "postgres",
+        "psql",
+        "-U",
+        "threadline",
+        "-d",
+        "threadline",
+        "-tAc",
         "SELECT count(*) FROM api_tokens WHERE subject = 'dev'",
     ).stdout.strip()
     assert count == "0"
@@ -120,8 +128,10 @@ def test_stack_is_up_without_a_development_token(stack: Stack) -> None:
 
 
 async def test_protocol_through_nginx(stack: Stack, tokens: dict[str, str]) -> None:
-    async with client(stack, tokens["alice"], "alice") as alice, \
-            client(stack, tokens["bob"], "bob") as bob:
+    async with (
+        client(stack, tokens["alice"], "alice") as alice,
+        client(stack, tokens["bob"], "bob") as bob,
+    ):
         thread_id = await new_thread(alice, "deployed")
         for follower in (alice, bob):
             await follower.subscribe(thread_id)
@@ -235,9 +245,7 @@ def accepted_counts(stack: Stack, gateways: list[str]) -> list[int]:
     return [stack.logs(gateway).count(ACCEPTED) for gateway in gateways]
 
 
-async def gateway_of_new_client(
-    stack: Stack, gateways: list[str], follower: Follower
-) -> int:
+async def gateway_of_new_client(stack: Stack, gateways: list[str], follower: Follower) -> int:
     """Connect `follower` through nginx and tell which gateway accepted it (its log says so)."""
     before = await asyncio.to_thread(accepted_counts, stack, gateways)
     await follower.__aenter__()
@@ -305,7 +313,8 @@ def test_no_token_in_any_log(stack: Stack, tokens: dict[str, str]) -> None:
     # nginx refuses a body over client_max_body_size itself and writes the request line, with
     # its ?token=, to the error log: the line must reach the container log redacted.
     response = httpx.post(
-        f"{stack.url}/v1/threads?token={tokens['bob']}", content=b"x" * (3 * 1024 * 1024),
+        f"{stack.url}/v1/threads?token={tokens['bob']}",
+        content=b"x" * (3 * 1024 * 1024),
         timeout=30,
     )
     assert response.status_code == 413

@@ -61,7 +61,9 @@ class Follower:
             timeout=TIMEOUT,
         )
         self._ws = await connect(
-            f"{self.ws_url}?token={self.token}", open_timeout=TIMEOUT, close_timeout=2,
+            f"{self.ws_url}?token={self.token}",
+            open_timeout=TIMEOUT,
+            close_timeout=2,
             max_size=2**24,
         )
         self._reader = asyncio.create_task(self._read(), name=f"{self.name}-reader")
@@ -115,7 +117,8 @@ class Follower:
 
     def live(self, kind: str | None = None) -> list[dict[str, Any]]:
         return [
-            r.frame for r in self.frames
+            r.frame
+            for r in self.frames
             if r.frame.get("type") in LIVE_TYPES and (kind is None or r.frame["type"] == kind)
         ]
 

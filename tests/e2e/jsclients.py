@@ -30,7 +30,8 @@ def require_node_clients() -> str:
     """The node binary; skips (fails under CI=true) without node or tests/js/node_modules."""
     node = shutil.which("node")
     missing = (
-        "node is not installed" if node is None
+        "node is not installed"
+        if node is None
         else f"tests/js/node_modules is missing: run `{INSTALL}`"
         if not (JS_DIR / "node_modules" / "@ag-ui" / "client").is_dir()
         or not (JS_DIR / "node_modules" / "ai").is_dir()

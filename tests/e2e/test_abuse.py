@@ -24,7 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from realtime.closecodes import CloseCode
-from server.errors import STATUS
+from server.protocol.wire_errors import STATUS
 from tests.e2e import cluster, harness
 from tests.e2e.harness import ServerHandle
 from tests.services import require_postgres, require_redis
@@ -169,8 +169,16 @@ async def test_a_token_over_its_rate_is_refused_on_both_gateways(setup: Setup) -
         # where a bucket of its own would still hold its whole burst.
         async with connect(f"{g2.ws_url}?token={token}") as ws:
             for attempt in range(2):
-                await ws.send(orjson.dumps({"type": "run.stop", "id": 7 + attempt,
-                                            "thread_id": "t-none", "run_id": "r-none"}).decode())
+                await ws.send(
+                    orjson.dumps(
+                        {
+                            "type": "run.stop",
+                            "id": 7 + attempt,
+                            "thread_id": "t-none",
+                            "run_id": "r-none",
+                        }
+                    ).decode()
+                )
                 frame = orjson.loads(await ws.recv())
                 if frame.get("code") == "token_rate_limited":
                     break
@@ -251,8 +259,9 @@ async def test_a_user_forbidden_to_regenerate_gets_403_and_an_error_frame(setup:
             f"/v1/threads/{thread_id}/messages/{reply}/visibility", json={"visibility": "hidden"}
         )
         async with connect(f"{g1.ws_url}?token={bob}") as ws:
-            await ws.send(orjson.dumps({"type": "regenerate", "id": "r", "thread_id": thread_id})
-                          .decode())
+            await ws.send(
+                orjson.dumps({"type": "regenerate", "id": "r", "thread_id": thread_id}).decode()
+            )
             frame = orjson.loads(await ws.recv())
         unchanged = (await a.get(f"/v1/threads/{thread_id}")).json()
         allowed = await a.post(f"/v1/threads/{thread_id}/regenerate", json={})
@@ -282,12 +291,32 @@ async def insert_messages(database_url: str, thread_id: str, count: int) -> None
         await conn.copy_records_to_table(
             "messages",
             records=[
-                (f"msg_{thread_id}_{n}", thread_id, n, "user" if n % 2 == 0 else "assistant", text,
-                 "visible", None, None, 0.0, 0.0)
+                (
+                    f"msg_{thread_id}_{n}",
+                    thread_id,
+                    n,
+                    "user" if n % 2 == 0 else "assistant",
+                    text,
+                    "visible",
+                    None,
+                    None,
+                    0.0,
+                    0.0,
+                )
                 for n in range(count)
             ],
-            columns=["id", "thread_id", "position", "role", "parts", "visibility", "run_id",
-                     "client_request_id", "created_at", "updated_at"],
+            columns=[
+                "id",
+                "thread_id",
+                "position",
+                "role",
+                "parts",
+                "visibility",
+                "run_id",
+                "client_request_id",
+                "created_at",
+                "updated_at",
+            ],
         )
         await conn.execute("UPDATE threads SET version = version + 1 WHERE id = $1", thread_id)
     finally:
@@ -309,9 +338,12 @@ async def test_a_10000_message_thread_snapshots_in_bounded_size(setup: Setup) ->
             assert body["messages"][-1]["id"] == f"msg_{thread_id}_{count - 1}"
         # Page back once from the 10 000-message thread.
         older = await http.get(f"/v1/threads/{thread_id}?before={body['page']['before']}")
-    print("\nsnapshot of a thread with N messages: " + "; ".join(
-        f"{n}: {size} bytes in {elapsed * 1000:.0f} ms" for n, (size, elapsed) in sizes.items()
-    ))
+    print(
+        "\nsnapshot of a thread with N messages: "
+        + "; ".join(
+            f"{n}: {size} bytes in {elapsed * 1000:.0f} ms" for n, (size, elapsed) in sizes.items()
+        )
+    )
     assert body["page"]["before"] == 10_000 - 100
     assert [m["id"] for m in older.json()["messages"]][-1] == f"msg_{thread_id}_9899"
     assert sizes[10_000][0] <= sizes[1000][0] * 1.1

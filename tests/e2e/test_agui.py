@@ -32,8 +32,12 @@ class Agui:
         self.thread_id = f"agui-{uuid.uuid4().hex}"
 
     def options(self, token: str | None = None, **extra: Any) -> dict[str, Any]:
-        return {"url": self.server.url, "token": token or self.token, "threadId": self.thread_id,
-                **extra}
+        return {
+            "url": self.server.url,
+            "token": token or self.token,
+            "threadId": self.thread_id,
+            **extra,
+        }
 
     def run(self, token: str | None = None, **extra: Any) -> dict[str, Any]:
         report = drive(self.node, "agui_driver.mjs", self.options(token, **extra))
@@ -70,17 +74,29 @@ def expected_messages(snap: dict[str, Any]) -> list[dict[str, Any]]:
             entry["content"] = text
         if calls:
             entry["toolCalls"] = [
-                {"id": p["tool_call_id"], "type": "function",
-                 "function": {"name": p["name"], "arguments": p["input"]}}
+                {
+                    "id": p["tool_call_id"],
+                    "type": "function",
+                    "function": {"name": p["name"], "arguments": p["input"]},
+                }
                 for p in calls
             ]
         out.append(entry)
         for p in calls:
             if p["state"] in FINAL:
-                content = p["output"] if p["state"] == "output-available" else {
-                    "state": p["state"], "error": p.get("error")}
-                out.append({"id": f"result-{p['tool_call_id']}", "role": "tool",
-                            "toolCallId": p["tool_call_id"], "content": content})
+                content = (
+                    p["output"]
+                    if p["state"] == "output-available"
+                    else {"state": p["state"], "error": p.get("error")}
+                )
+                out.append(
+                    {
+                        "id": f"result-{p['tool_call_id']}",
+                        "role": "tool",
+                        "toolCallId": p["tool_call_id"],
+                        "content": content,
+                    }
+                )
     return out
 
 
@@ -90,9 +106,14 @@ def expected_state(snap: dict[str, Any]) -> dict[str, Any]:
     return {
         "run": run and {"id": run["id"], "status": run["status"]},
         "pendingActions": [
-            {"id": a["id"], "kind": a["kind"], "toolName": a["tool_name"],
-             "toolCallId": a["tool_call_id"], "runId": a["run_id"],
-             "allowedRoles": a["allowed_roles"]}
+            {
+                "id": a["id"],
+                "kind": a["kind"],
+                "toolName": a["tool_name"],
+                "toolCallId": a["tool_call_id"],
+                "runId": a["run_id"],
+                "allowedRoles": a["allowed_roles"],
+            }
             for a in snap["pending_actions"]
         ],
     }
@@ -131,8 +152,7 @@ def assistant_texts(report: dict[str, Any]) -> list[str]:
         if event["type"] == "TEXT_MESSAGE_CONTENT":
             texts.append(event["delta"])
         if event["type"] == "MESSAGES_SNAPSHOT":
-            texts += [m.get("content") or "" for m in event["messages"]
-                      if m["role"] == "assistant"]
+            texts += [m.get("content") or "" for m in event["messages"] if m["role"] == "assistant"]
     return texts
 
 
@@ -147,8 +167,16 @@ def test_weather_run_streams_tool_call_and_text(agui: Agui) -> None:
     assert report["error"] is None and report["outcome"] == "success"
     types = event_types(report)
     assert types[0] == "RUN_STARTED" and types[-1] == "RUN_FINISHED"
-    for kind in ("STEP_STARTED", "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END",
-                 "TOOL_CALL_RESULT", "TEXT_MESSAGE_START", "TEXT_MESSAGE_END", "STEP_FINISHED"):
+    for kind in (
+        "STEP_STARTED",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "TOOL_CALL_RESULT",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_END",
+        "STEP_FINISHED",
+    ):
         assert kind in types, types
     start = next(e for e in report["events"] if e["type"] == "TOOL_CALL_START")
     assert start["toolCallName"] == "get_weather"
@@ -280,10 +308,12 @@ def test_refusals_answer_json_before_any_stream(
     body = {"threadId": agui.thread_id, "runId": "r", "messages": []}
     url = f"{server.url}/v1/ag-ui"
     assert httpx.post(url, json=body, timeout=10.0).status_code == 401
-    bad = httpx.post(url, json={"runId": 1}, timeout=10.0,
-                     headers={"Authorization": f"Bearer {tokens['alice']}"})
+    bad = httpx.post(
+        url, json={"runId": 1}, timeout=10.0, headers={"Authorization": f"Bearer {tokens['alice']}"}
+    )
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_input"
     agui.run()  # creates the thread in alice's scope
-    foreign = httpx.post(url, json=body, timeout=10.0,
-                         headers={"Authorization": f"Bearer {tokens['carol']}"})
+    foreign = httpx.post(
+        url, json=body, timeout=10.0, headers={"Authorization": f"Bearer {tokens['carol']}"}
+    )
     assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "not_found"

@@ -20,8 +20,9 @@ node, server, tokens = jsclients.node, jsclients.server, jsclients.tokens
 
 def chat(node: str, server: harness.ServerHandle, token: str, **options: Any) -> dict[str, Any]:
     chat_id = f"chat-{uuid.uuid4().hex}"
-    report = drive(node, "aisdk_driver.mjs",
-                   {"url": server.url, "token": token, "chatId": chat_id, **options})
+    report = drive(
+        node, "aisdk_driver.mjs", {"url": server.url, "token": token, "chatId": chat_id, **options}
+    )
     report["chatId"] = chat_id
     report["snapshot"] = snapshot(server.url, token, chat_id)
     assert report["errors"] == [], report["errors"]
@@ -54,8 +55,17 @@ def test_streamed_text_and_tool_parts(
     assert report["status"] == "ready"
     types = [c["type"] for c in chunks(report)]
     assert types[0] == "start" and types[-1] == "finish"
-    for kind in ("start-step", "tool-input-start", "tool-input-delta", "tool-input-available",
-                 "tool-output-available", "text-start", "text-delta", "text-end", "finish-step"):
+    for kind in (
+        "start-step",
+        "tool-input-start",
+        "tool-input-delta",
+        "tool-input-available",
+        "tool-output-available",
+        "text-start",
+        "text-delta",
+        "text-end",
+        "finish-step",
+    ):
         assert kind in types, types
     snap = report["snapshot"]
     user, assistant = report["messages"]
@@ -71,8 +81,13 @@ def test_streamed_text_and_tool_parts(
 def test_approval_round_trip_resumes_the_action(
     node: str, server: harness.ServerHandle, tokens: dict[str, str]
 ) -> None:
-    report = chat(node, server, tokens["alice"], text=f"email {ADDRESS} about lunch",
-                  approve={"approved": True})
+    report = chat(
+        node,
+        server,
+        tokens["alice"],
+        text=f"email {ADDRESS} about lunch",
+        approve={"approved": True},
+    )
     requests = [c for c in chunks(report) if c["type"] == "tool-approval-request"]
     assert [r["approvalId"] for r in requests] == [report["approvalId"]]
     snap = report["snapshot"]
@@ -114,16 +129,28 @@ def test_resume_route_answers_204_without_a_run_and_404_for_foreign_chats(
     foreign = httpx.get(url, headers={"Authorization": f"Bearer {tokens['carol']}"}, timeout=10.0)
     assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "not_found"
     body = {"id": report["chatId"], "messages": [], "trigger": "submit-message"}
-    refused = httpx.post(f"{server.url}/v1/ai-sdk/chat", json=body, timeout=10.0,
-                         headers={"Authorization": f"Bearer {tokens['alice']}"})
+    refused = httpx.post(
+        f"{server.url}/v1/ai-sdk/chat",
+        json=body,
+        timeout=10.0,
+        headers={"Authorization": f"Bearer {tokens['alice']}"},
+    )
     assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_input"
 
 
 def test_stream_headers(server: harness.ServerHandle, tokens: dict[str, str]) -> None:
-    body = {"id": f"chat-{uuid.uuid4().hex}", "trigger": "submit-message",
-            "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}
-    with httpx.stream("POST", f"{server.url}/v1/ai-sdk/chat", json=body, timeout=10.0,
-                      headers={"Authorization": f"Bearer {tokens['alice']}"}) as response:
+    body = {
+        "id": f"chat-{uuid.uuid4().hex}",
+        "trigger": "submit-message",
+        "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
+    }
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/ai-sdk/chat",
+        json=body,
+        timeout=10.0,
+        headers={"Authorization": f"Bearer {tokens['alice']}"},
+    ) as response:
         assert response.status_code == 200
         assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
         assert response.headers["content-type"].startswith("text/event-stream")

@@ -48,9 +48,13 @@ def test_fanout_bench_quick() -> None:
     assert [row[0] for row in rows] == ["1", "20"], stdout
     assert all(float(value) >= 0 for row in rows for value in row[2:9]), stdout
     # The side-by-side part: both servers measured, a ratio row, figures that are numbers.
-    compared = [line for line in lines if line.startswith(
-        ("websockets + Redis reference", "Threadline gateway", "ratio Threadline / reference")
-    )]
+    compared = [
+        line
+        for line in lines
+        if line.startswith(
+            ("websockets + Redis reference", "Threadline gateway", "ratio Threadline / reference")
+        )
+    ]
     assert len(compared) == 6, stdout
     assert float(compared[1].split()[3]) > 0, stdout  # Threadline's CPU µs per delivery
     idle = lines.index(next(line for line in lines if "per connection KiB" in line))
@@ -77,11 +81,15 @@ def test_runtime_bench_quick() -> None:
     # The worker in a process of its own, on each event loop: worker, admission, run, client
     # ms, runs/s per row, and the ratio of the worker's CPU on the two loops.
     split = [
-        line.split() for line in stdout.splitlines()
+        line.split()
+        for line in stdout.splitlines()
         if "messages " in line and line.endswith(" runs)")
     ]
     assert [row[:2] for row in split] == [
-        ["uvloop:", "sequential,"], ["uvloop:", "8"], ["asyncio:", "sequential,"], ["asyncio:", "8"]
+        ["uvloop:", "sequential,"],
+        ["uvloop:", "8"],
+        ["asyncio:", "sequential,"],
+        ["asyncio:", "8"],
     ], stdout
     (ratio,) = [line for line in stdout.splitlines() if line.startswith("worker CPU per run,")]
     assert all(float(r.rstrip("x,")) > 0 for r in ratio.split(":")[1].split()), stdout

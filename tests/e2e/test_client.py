@@ -204,9 +204,7 @@ async def test_retry_restarts_a_stopped_run_and_history_pages_back(setup: Setup)
         whole = await tl.snapshot(thread_id, limit=500)
         assert whole.page is not None and whole.page.before is None
         assert whole.messages[-1].text == f"You said: {long}"
-        assert [m.text for m in whole.messages if m.role == "user"] == [
-            "one", "two", "three", long
-        ]
+        assert [m.text for m in whole.messages if m.role == "user"] == ["one", "two", "three", long]
         # Pages of 3, newest first, back to the first message; together the whole thread.
         pages = [page async for page in tl.pages(thread_id, page_size=3)]
         assert [len(p.messages) for p in pages] == [3, 3, 2]

@@ -21,8 +21,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from server.app import create_app
-from server.commands import BY_NAME
-from server.frames import CLIENT_FRAME_TYPES, ClientFrame
+from server.protocol.client_frames import CLIENT_FRAME_TYPES, ClientFrame
+from server.protocol.commands import BY_NAME
 from server.settings import Settings
 from tests.e2e.conftest import Api
 from tests.e2e.harness import ServerHandle
@@ -35,12 +35,27 @@ ID_MAX = 200
 # docs/protocol.md, "Errors" and "Bad frames". internal_error and lease_lost are documented
 # too, but a frame must never cause an unexpected failure: they count as bugs here.
 ERROR_CODES = {
-    "unauthorized", "forbidden", "not_found", "bad_request", "invalid_json", "invalid_input",
-    "invalid_payload", "too_large", "conflict", "run_active", "illegal_transition",
-    "invariant_violation", "unavailable", "invalid_frame", "unknown_type",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "bad_request",
+    "invalid_json",
+    "invalid_input",
+    "invalid_payload",
+    "too_large",
+    "conflict",
+    "run_active",
+    "illegal_transition",
+    "invariant_violation",
+    "unavailable",
+    "invalid_frame",
+    "unknown_type",
     "too_many_subscriptions",
     # docs/protocol.md, "Limits": a fuzzer sending commands fast meets the rate limits.
-    "token_rate_limited", "scope_rate_limited", "queue_full", "scope_runs_exceeded",
+    "token_rate_limited",
+    "scope_rate_limited",
+    "queue_full",
+    "scope_runs_exceeded",
 }
 # The answer type of each frame with a reply of its own (the command table's); the rest: ack.
 ANSWER_OF = {
@@ -54,8 +69,20 @@ PRESENCE = {"presence", "presence.join", "presence.update", "presence.leave"}
 # What an `actions.subscribe` connection is pushed about its scopes (docs/protocol.md, "Inbox").
 INBOX = {"action.pending", "action.resolved", "actions.resync"}
 FIELDS = (
-    "thread_id", "action_id", "run_id", "message_id", "item_id", "text", "payload", "output",
-    "error", "expected_version", "client_request_id", "policy", "client_tools", "visibility",
+    "thread_id",
+    "action_id",
+    "run_id",
+    "message_id",
+    "item_id",
+    "text",
+    "payload",
+    "output",
+    "error",
+    "expected_version",
+    "client_request_id",
+    "policy",
+    "client_tools",
+    "visibility",
 )
 
 
@@ -83,8 +110,9 @@ SCALARS = (
 )
 JSON_VALUES = st.recursive(
     SCALARS,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 GOOD_IDS = st.text(max_size=ID_MAX) | st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -195,8 +223,11 @@ def deep_frames(draw: st.DrawFn, ids: dict[str, list[str]]) -> Sent:
             [
                 {"type": "action.resume", "action_id": action_id, "payload": nested},
                 {"type": "action.client_result", "action_id": action_id, "output": nested},
-                {"type": "message.send", "text": "deep",
-                 "client_tools": [{"name": "deep", "parameters": nested}]},
+                {
+                    "type": "message.send",
+                    "text": "deep",
+                    "client_tools": [{"name": "deep", "parameters": nested}],
+                },
             ]
         )
     )
@@ -209,9 +240,12 @@ def deep_frames(draw: st.DrawFn, ids: dict[str, list[str]]) -> Sent:
 
 def any_frame(ids: dict[str, list[str]]) -> st.SearchStrategy[Sent]:
     return st.one_of(
-        *[known_frames(ids)] * 4, unknown_objects(), raw_frames(),
+        *[known_frames(ids)] * 4,
+        unknown_objects(),
+        raw_frames(),
         st.builds(lambda v, b: encode(v, b), JSON_VALUES, st.booleans()),
-        huge_frames(), deep_frames(ids),
+        huge_frames(),
+        deep_frames(ids),
     )
 
 
@@ -224,8 +258,13 @@ def open_connection(server: ServerHandle, token: str) -> ClientConnection:
     payload from the global `random` in a background thread, and Hypothesis rejects a draw
     during which the global random state changed (a flaky failure on a slow machine)."""
     ws = connect(
-        f"{server.ws_url}?token={token}", open_timeout=TIMEOUT, close_timeout=2,
-        compression=None, max_size=2**24, max_queue=None, ping_interval=None,
+        f"{server.ws_url}?token={token}",
+        open_timeout=TIMEOUT,
+        close_timeout=2,
+        compression=None,
+        max_size=2**24,
+        max_queue=None,
+        ping_interval=None,
     )
     return ws.__enter__()
 
@@ -373,7 +412,9 @@ def _send_and_collect(
     deadline=None,
     database=None,
     suppress_health_check=[
-        HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
     ],
 )
 @given(data=st.data())
@@ -419,8 +460,12 @@ def http_bodies(draw: st.DrawFn) -> bytes:
     return json.dumps(draw(JSON_VALUES), allow_nan=True).encode()
 
 
-@settings(max_examples=100, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=100,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(data=st.data())
 def test_fuzzed_http_bodies_never_fail_unexpectedly(pool: Pool, data: st.DataObject) -> None:
     """Any JSON body on any route: a documented status and error code, never a 500."""
@@ -430,7 +475,9 @@ def test_fuzzed_http_bodies_never_fail_unexpectedly(pool: Pool, data: st.DataObj
     body = data.draw(http_bodies(), label="body")
     with httpx.Client(base_url=pool.server.url, timeout=TIMEOUT) as client:
         response = client.request(
-            method, url, content=body,
+            method,
+            url,
+            content=body,
             headers={"Authorization": f"Bearer {pool.token}", "content-type": "application/json"},
         )
     assert response.status_code in HTTP_STATUSES, (method, url, body[:200], response.text)
@@ -445,7 +492,8 @@ def test_deeply_nested_bodies_on_every_route(pool: Pool, depth: int) -> None:
     nested = '{"a":' * depth + "{}" + "}" * depth
     ids = {name: values[0] for name, values in pool.ids.items()}
     with httpx.Client(
-        base_url=pool.server.url, timeout=TIMEOUT,
+        base_url=pool.server.url,
+        timeout=TIMEOUT,
         headers={"Authorization": f"Bearer {pool.token}"},
     ) as client:
         for method, path in http_routes():
@@ -453,7 +501,9 @@ def test_deeply_nested_bodies_on_every_route(pool: Pool, depth: int) -> None:
                 # Alone, and next to the one field send_message requires.
                 for body in (f'{{"{name}": {nested}}}', f'{{"text": "deep", "{name}": {nested}}}'):
                     response = client.request(
-                        method, path.format(**ids), content=body,
+                        method,
+                        path.format(**ids),
+                        content=body,
                         headers={"Content-Type": "application/json"},
                     )
                     what = (method, path, name, response.text)

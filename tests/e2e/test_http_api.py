@@ -238,9 +238,10 @@ def test_resume_invalid_payload_changes_nothing(alice: Api) -> None:
     assert_error(alice.request("POST", path, json={}), 422, "invalid_input")
     stale = {"payload": {"approved": True}, "expected_version": 0}
     version = snapshot["thread"]["version"]
-    assert assert_error(alice.request("POST", path, json=stale), 409, "conflict")[
-        "current_version"
-    ] == version
+    assert (
+        assert_error(alice.request("POST", path, json=stale), 409, "conflict")["current_version"]
+        == version
+    )
     after = alice.snapshot(thread_id)
     assert after["thread"]["version"] == snapshot["thread"]["version"]
     assert after["pending_actions"] == snapshot["pending_actions"]

@@ -145,10 +145,12 @@ async def test_the_approvals_service_resolves_each_action_exactly_once(setup: Se
             for thread_id in threads:
                 async with alice.watch(thread_id) as watch:
                     await watch.until(
-                        lambda w: w.settled
-                        and w.snapshot is not None
-                        and w.snapshot.run is not None
-                        and w.snapshot.run.status == "completed",
+                        lambda w: (
+                            w.settled
+                            and w.snapshot is not None
+                            and w.snapshot.run is not None
+                            and w.snapshot.run.status == "completed"
+                        ),
                         TIMEOUT,
                     )
                 finals.append(watch.snapshot)

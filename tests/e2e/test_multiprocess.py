@@ -177,9 +177,7 @@ async def test_action_resumed_through_the_other_gateway(
     for follower in followers:
         await follower.converge(final)
     assert followers[0].snapshot == followers[1].snapshot == followers[2].snapshot == final
-    (part,) = [
-        p for m in final["messages"] for p in m["parts"] if p["type"] == "tool-call"
-    ]
+    (part,) = [p for m in final["messages"] for p in m["parts"] if p["type"] == "tool-call"]
     assert part["state"] == "output-available"
     assert part["waiting"]["resolution"]["subject"] == "svc"
     assert "Done: I sent the email" in assistant_text(final)

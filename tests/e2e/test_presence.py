@@ -73,8 +73,9 @@ async def test_everyone_sees_everyone_typing_reviewing_and_leaving(setup: Setup)
             await watch.until(lambda w: w.presence["bob"]["typing"] is True, TIMEOUT)
         await bob.set_presence(typing=False, reviewing="act_123")
         await watches[0].until(
-            lambda w: w.presence["bob"]["typing"] is False
-            and w.presence["bob"]["reviewing"] == "act_123",
+            lambda w: (
+                w.presence["bob"]["typing"] is False and w.presence["bob"]["reviewing"] == "act_123"
+            ),
             TIMEOUT,
         )
         # A burst of updates coalesces: the last state wins, far fewer frames than updates.

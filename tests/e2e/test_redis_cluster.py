@@ -104,4 +104,3 @@ async def test_a_master_failover_mid_stream_converges(
     finally:
         server.restart(owner)
         await asyncio.to_thread(server.wait_ready)
-

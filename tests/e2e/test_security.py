@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server.app import create_app
-from server.frames import CLIENT_FRAME_TYPES, ClientFrame
+from server.protocol.client_frames import CLIENT_FRAME_TYPES, ClientFrame
 from server.settings import Settings
 from tests.e2e import harness
 from tests.e2e.conftest import VALID_BODIES, Api
@@ -79,8 +79,11 @@ class Owned:
 
     def ids(self) -> dict[str, str]:
         return {
-            "thread_id": self.thread_id, "message_id": self.message_id,
-            "action_id": self.action_id, "run_id": self.run_id, "item_id": self.item_id,
+            "thread_id": self.thread_id,
+            "message_id": self.message_id,
+            "action_id": self.action_id,
+            "run_id": self.run_id,
+            "item_id": self.item_id,
         }
 
 
@@ -134,9 +137,7 @@ def owned(server: ServerHandle, tokens: dict[str, str]) -> Iterator[Owned]:
 
 def test_route_and_frame_tables_are_covered() -> None:
     routes = app_routes()
-    others = {
-        (type(r).__name__, r.path) for r in routes if not isinstance(r, Route)
-    }
+    others = {(type(r).__name__, r.path) for r in routes if not isinstance(r, Route)}
     # A new kind of endpoint must be added to the checks below before this passes again.
     assert others == {("WebSocketRoute", "/v1/ws"), ("Mount", "/static")}, others
     assert all(isinstance(r, Route | WebSocketRoute | Mount) for r in routes)
@@ -244,9 +245,7 @@ def test_other_scopes_cannot_tell_a_thread_exists(
     assert owner.snapshot(owned.thread_id, include_hidden="true") == before
 
 
-def test_manual_results_need_a_trusted_role_whatever_the_thread(
-    api_for: Any, owned: Owned
-) -> None:
+def test_manual_results_need_a_trusted_role_whatever_the_thread(api_for: Any, owned: Owned) -> None:
     """The role check precedes the lookup and the body: a user gets 403 on its own thread, on
     another scope's, on a missing one, with a valid or a broken body."""
     path = next(p for n, _, p in thread_routes() if n == "manual_result")
@@ -326,7 +325,8 @@ async def test_every_frame_on_another_scope_is_not_found(
     server: ServerHandle, more_tokens: dict[str, str], owned: Owned, intruder: str
 ) -> None:
     async with httpx.AsyncClient(
-        base_url=server.url, headers={"Authorization": f"Bearer {more_tokens['alice']}"},
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {more_tokens['alice']}"},
         timeout=TIMEOUT,
     ) as owner:
         before = (await owner.get(f"/v1/threads/{owned.thread_id}")).json()

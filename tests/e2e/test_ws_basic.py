@@ -129,7 +129,10 @@ async def test_many_threads_on_one_connection(
         assert (await ws.answer(index))["type"] == "subscribed"
     for thread_id in threads:
         await http(
-            server, tokens["alice"], "POST", f"/v1/threads/{thread_id}/messages",
+            server,
+            tokens["alice"],
+            "POST",
+            f"/v1/threads/{thread_id}/messages",
             json={"text": f"hi {thread_id}"},
         )
     seen: set[str] = set()
@@ -172,13 +175,23 @@ async def test_foreign_scope_subscribe_is_not_found(
 async def test_commands_match_http(ws: Client, server: ServerHandle, tokens: Any) -> None:
     thread_id = await new_thread(server, tokens["alice"])
     await ws.send(
-        {"type": "message.send", "thread_id": thread_id, "text": "email bob@example.com hi",
-         "client_request_id": "c1", "id": "m"}
+        {
+            "type": "message.send",
+            "thread_id": thread_id,
+            "text": "email bob@example.com hi",
+            "client_request_id": "c1",
+            "id": "m",
+        }
     )
     ack = await ws.answer("m")
     assert ack["type"] == "ack" and ack["run_id"]
-    again = {"type": "message.send", "thread_id": thread_id, "text": "x",
-             "client_request_id": "c1", "id": "m2"}
+    again = {
+        "type": "message.send",
+        "thread_id": thread_id,
+        "text": "x",
+        "client_request_id": "c1",
+        "id": "m2",
+    }
     await ws.send(again)
     assert (await ws.answer("m2"))["run_id"] == ack["run_id"]
     snapshot = await wait_run(server, tokens["alice"], thread_id, "waiting")
@@ -192,8 +205,13 @@ async def test_commands_match_http(ws: Client, server: ServerHandle, tokens: Any
     await ws.send({**resume, "payload": {"approved": True}, "id": "late"})
     late = await ws.answer("late")
     assert late["code"] == "conflict" and "alice" in str(late)
-    manual = {"type": "action.manual_result", "thread_id": thread_id, "action_id": action_id,
-              "output": 1, "id": "man"}
+    manual = {
+        "type": "action.manual_result",
+        "thread_id": thread_id,
+        "action_id": action_id,
+        "output": 1,
+        "id": "man",
+    }
     await ws.send(manual)
     assert (await ws.answer("man"))["code"] == "forbidden"
 
@@ -263,7 +281,8 @@ async def test_late_joiner_gets_the_stream_from_its_first_chunk(slow_server: Ser
     seqs = chunk_seqs(frames, sent["run_id"])
     assert seqs[0] == 0 and seqs == list(range(len(seqs))), seqs
     deltas = "".join(
-        f["chunk"]["delta"] for f in frames
+        f["chunk"]["delta"]
+        for f in frames
         if f["type"] == "chunk" and f["chunk"]["type"] == "text-delta"
     )
     assert "word0" in deltas and "word29" in deltas

@@ -1,9 +1,10 @@
-"""The gateway's two wires (server/wire.py) under a real uvicorn, in this process.
+"""The gateway's two wires (server/transports/ws/wire.py) under a real uvicorn, in this process.
 
-`threadline serve` runs uvicorn with `server.wsprotocol.WebSocketProtocol`, whose wire calls the
-gateway back; any other ASGI server gets `AsgiWire` (tasks over `receive`/`send`). Both must
-carry the same protocol: commands answered in the order sent even when pipelined, a stream in
-order, a close code for an oversize frame, every way a connection ends releasing what it held.
+`threadline serve` runs uvicorn with `server.transports.ws.uvicorn_ws.WebSocketProtocol`, whose
+wire calls the gateway back; any other ASGI server gets `AsgiWire` (tasks over
+`receive`/`send`). Both must carry the same protocol: commands answered in the order sent even
+when pipelined, a stream in order, a close code for an oversize frame, every way a connection
+ends releasing what it held.
 With the protocol's wire the ASGI call returns once the connection is set up (`hand_over`), so
 an idle subscribed connection holds no task at all.
 """
@@ -26,9 +27,9 @@ from websockets.exceptions import ConnectionClosed
 
 from server.app import create_app
 from server.auth import token_key
-from server.gateway import Gateway
 from server.settings import Settings
-from server.wsprotocol import WebSocketProtocol
+from server.transports.ws.gateway import Gateway
+from server.transports.ws.uvicorn_ws import WebSocketProtocol
 from tests.e2e import harness
 
 TIMEOUT = 10.0
@@ -58,7 +59,9 @@ class Served:
     async def connect(self) -> ClientConnection:
         return await connect(
             f"ws://127.0.0.1:{self.port}/v1/ws?token={self.token}",
-            open_timeout=TIMEOUT, close_timeout=2, max_size=2**22,
+            open_timeout=TIMEOUT,
+            close_timeout=2,
+            max_size=2**22,
         )
 
     async def new_thread(self) -> str:
@@ -73,13 +76,19 @@ class Served:
 async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
     env = harness.server_env(harness.sqlite_url(tmp_path))
     token = harness.create_token(env, "wire", "user", "wire")
-    settings = Settings(database_url=env["THREADLINE_DATABASE_URL"], demo_delay_ms=0,
-                        ws_max_frame_bytes=4096)
+    settings = Settings(
+        database_url=env["THREADLINE_DATABASE_URL"], demo_delay_ms=0, ws_max_frame_bytes=4096
+    )
     port = harness.free_port()
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, ws=WIRES[request.param],
-        log_level="warning", lifespan="on", ws_per_message_deflate=False,
+        app,
+        host="127.0.0.1",
+        port=port,
+        ws=WIRES[request.param],
+        log_level="warning",
+        lifespan="on",
+        ws_per_message_deflate=False,
     )
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
@@ -115,9 +124,11 @@ async def test_pipelined_commands_are_answered_in_order_and_a_run_streams(
         await ws.send(orjson.dumps({"type": "subscribe", "thread_id": thread_id, "id": 0}))
         for index in range(1, 6):
             await ws.send(orjson.dumps({"type": "ping", "id": index}))
-        await ws.send(orjson.dumps(
-            {"type": "message.send", "thread_id": thread_id, "text": "hello wire", "id": 6}
-        ))
+        await ws.send(
+            orjson.dumps(
+                {"type": "message.send", "thread_id": thread_id, "text": "hello wire", "id": 6}
+            )
+        )
         frames = await frames_until(
             ws, lambda f: f["type"] == "chunk" and f["chunk"]["type"] == "step-finish"
         )

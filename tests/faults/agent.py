@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from runtime import Agent, ToolContext, tool
-from runtime.demo.model import DemoModel
+from runtime.demo.demo_model import DemoModel
 
 EFFECTS_ENV = "FAULT_EFFECTS_FILE"
 LINGER_ENV = "FAULT_TOOL_LINGER"

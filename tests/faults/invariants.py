@@ -123,9 +123,7 @@ def _check(
         requests = [m["client_request_id"] for m in thread_messages if m["client_request_id"]]
         if len(requests) != len(set(requests)):
             bad.append(f"{thread_id}: duplicated client_request_id among messages")
-        bodies = [
-            (m["run_id"], m["parts"]) for m in thread_messages if m["role"] == "assistant"
-        ]
+        bodies = [(m["run_id"], m["parts"]) for m in thread_messages if m["role"] == "assistant"]
         if len(bodies) != len(set(bodies)):
             bad.append(f"{thread_id}: the same assistant message was committed twice")
 

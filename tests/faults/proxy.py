@@ -121,9 +121,7 @@ class FaultProxy:
             writer.transport.abort()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(
-                self.target_host, self.target_port
-            )
+            up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
         except OSError:
             writer.transport.abort()
             return

@@ -16,10 +16,10 @@ from realtime.channels import thread_channel
 from runtime.agent import Agent
 from runtime.demo import demo_agent
 from runtime.domain import Principal, Role, Snapshot
-from runtime.publisher import Publisher
-from runtime.service import ThreadService
+from runtime.engine.publisher import Publisher
+from runtime.engine.worker import Worker
+from runtime.service.thread_service import ThreadService
 from runtime.storage import PostgresStore
-from runtime.worker import Worker
 from tests.faults.invariants import Observed
 from tests.services import require_redis, unique_prefix
 

@@ -92,11 +92,10 @@ async def test_cut_during_resume_commit(
                 assert result.run_resumed
                 final = await rt.settle(thread_id)
                 assert final.run is not None and final.run.status is RunStatus.COMPLETED
-                tools = [
-                    p for m in final.messages for p in m.parts if isinstance(p, ToolCallPart)
-                ]
+                tools = [p for m in final.messages for p in m.parts if isinstance(p, ToolCallPart)]
                 assert len(tools) == 1 and tools[0].output == {
-                    "sent": True, "to": f"a{i}@example.com"
+                    "sent": True,
+                    "to": f"a{i}@example.com",
                 }
                 assert tools[0].waiting is not None and tools[0].waiting.resolution is not None
                 assert tools[0].waiting.resolution.subject == "alice"

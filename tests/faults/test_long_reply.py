@@ -9,10 +9,10 @@ import pytest
 
 from runtime.agent import Agent
 from runtime.domain import MAX_TEXT_CHARS, MessageRole, RunStatus, TextPart
-from runtime.providers.base import FinishDelta, ModelDelta, ModelRequest, TextDelta
-from runtime.providers.context import message_text
+from runtime.engine.streaming import MAX_STEP_TEXT_CHARS, TRUNCATION_MARKER
+from runtime.providers.model_api import FinishDelta, ModelDelta, ModelRequest, TextDelta
+from runtime.providers.model_context import message_text
 from runtime.providers.scripted import FunctionModel
-from runtime.streaming import MAX_STEP_TEXT_CHARS, TRUNCATION_MARKER
 from tests.faults.conftest import via
 from tests.faults.invariants import check_store
 from tests.faults.proxy import FaultProxy

@@ -82,8 +82,11 @@ async def test_postgres_outage_mid_run(
     async with make_proxy() as proxy:
         env = harness.server_env(
             via(database, proxy),
-            {"THREADLINE_REDIS_URL": require_redis(), "THREADLINE_DEMO_DELAY_MS": "20",
-             "THREADLINE_POLL_INTERVAL": "0.2"},
+            {
+                "THREADLINE_REDIS_URL": require_redis(),
+                "THREADLINE_DEMO_DELAY_MS": "20",
+                "THREADLINE_POLL_INTERVAL": "0.2",
+            },
         )
         server = await asyncio.to_thread(harness.start, "all", env, log_dir=tmp_path)
         try:

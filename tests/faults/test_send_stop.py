@@ -76,7 +76,8 @@ async def test_send_then_stop(
                 if run.status not in (RunStatus.COMPLETED, RunStatus.CANCELLED):
                     violations.append(f"{run_id} ended {run.status.value}: {run.error}")
                 replies = [
-                    m for m in finals[thread_id].messages
+                    m
+                    for m in finals[thread_id].messages
                     if m.run_id == run_id and m.role is MessageRole.ASSISTANT
                 ]
                 if len(replies) > 1:

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from runtime.domain import Role
+from runtime.engine.toolcalls import INTERRUPTED
 from runtime.storage import PostgresStore
-from runtime.toolcalls import INTERRUPTED
 from server.auth import create_token
 from tests.e2e import harness
 from tests.faults.agent import EFFECTS_ENV, LINGER_ENV
@@ -80,9 +80,7 @@ async def test_killed_between_tool_effect_and_commit(database: str, tmp_path: Pa
         # Executed at most once: the takeover did not run the non-idempotent tool again.
         assert len(effects.read_text().splitlines()) == 1
         assert final["run"]["status"] == "completed"
-        tools = [
-            p for m in final["messages"] for p in m["parts"] if p["type"] == "tool-call"
-        ]
+        tools = [p for m in final["messages"] for p in m["parts"] if p["type"] == "tool-call"]
         assert len(tools) == 1
         assert tools[0]["state"] == "output-error" and tools[0]["error"] == INTERRUPTED
         # The model saw the interrupted error and answered from it.

@@ -15,17 +15,17 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 import runtime.errors
+from realtime.bus_errors import BusUnavailableError
 from realtime.closecodes import CloseCode
-from realtime.errors import BusUnavailableError
 from runtime.domain import Principal, Role, WaitKind
 from runtime.errors import Forbidden, ThreadlineError
-from runtime.service import ThreadService
-from server import protocol
+from runtime.service.thread_service import ThreadService
+from server import protocol_catalog as protocol
 from server.app import create_app
-from server.commands import BY_NAME, COMMANDS, Command
-from server.errors import STATUS, InvalidJSON, Unauthorized, wire_error
-from server.frames import ClientFrame, FrameError
-from server.inputs import SendMessage
+from server.protocol.client_frames import ClientFrame, FrameError
+from server.protocol.commands import BY_NAME, COMMANDS, Command
+from server.protocol.inputs import SendMessage
+from server.protocol.wire_errors import STATUS, InvalidJSON, Unauthorized, wire_error
 from server.settings import Settings
 
 UNUSED_DB = f"sqlite:///{Path(tempfile.gettempdir()) / 'threadline-routes-unused.sqlite3'}"
@@ -52,13 +52,16 @@ def union_frames() -> dict[str, type[BaseModel]]:
 
 def test_the_doc_tables_are_generated_from_the_command_table() -> None:
     current = protocol.DOC.read_text(encoding="utf-8")
-    assert protocol.render(current) == current, "run: python -m server.protocol --write"
+    assert protocol.render(current) == current, "run: python -m server.protocol_catalog --write"
 
 
 def test_an_undocumented_command_makes_the_doc_stale(monkeypatch: pytest.MonkeyPatch) -> None:
     extra = Command(
-        name="thread.rename", input=SendMessage, call=BY_NAME["message.send"].call,
-        answer=lambda i, r: {}, answer_doc="`{}`",
+        name="thread.rename",
+        input=SendMessage,
+        call=BY_NAME["message.send"].call,
+        answer=lambda i, r: {},
+        answer_doc="`{}`",
     )
     monkeypatch.setattr(protocol, "COMMANDS", (*COMMANDS, extra))
     current = protocol.DOC.read_text(encoding="utf-8")

@@ -24,7 +24,7 @@ from runtime.lifecycle import (
     StepContext,
     StepResult,
 )
-from runtime.providers.base import (
+from runtime.providers.model_api import (
     ContextMessage,
     FinishDelta,
     ModelDelta,

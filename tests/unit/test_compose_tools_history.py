@@ -33,7 +33,7 @@ from runtime.lifecycle import (
     ToolCallContext,
     ToolResult,
 )
-from runtime.providers.base import ContextMessage, ModelDelta, ModelRequest, TextDelta
+from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest, TextDelta
 
 # --- builders -------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from runtime.demo import (
     get_weather,
     send_email,
 )
-from runtime.demo.model import (
+from runtime.demo.demo_model import (
     DEFAULT_DELAY_MS,
     MAX_CHUNKS,
     TextPlan,
@@ -28,8 +28,8 @@ from runtime.demo.model import (
     echo,
     split_chunks,
 )
+from runtime.demo.demo_tools import fake_weather
 from runtime.demo.redact import EMAIL, REDACTED
-from runtime.demo.tools import fake_weather
 from runtime.domain import (
     MAX_TEXT_CHARS,
     MessageRole,
@@ -41,7 +41,7 @@ from runtime.domain import (
     ToolState,
 )
 from runtime.lifecycle import RunContext, StepContext
-from runtime.providers.base import (
+from runtime.providers.model_api import (
     ContextMessage,
     FinishDelta,
     ModelDelta,
@@ -213,7 +213,7 @@ async def test_text_streams_in_several_small_chunks_then_usage_and_finish() -> N
 
 
 def test_input_tokens_count_every_message_of_a_growing_conversation() -> None:
-    from runtime.demo.model import _context_words, _words
+    from runtime.demo.demo_model import _context_words, _words
 
     history = [user("one two"), assistant(TextPart(text="three")), user("four five six")]
     system = ContextMessage(role=MessageRole.SYSTEM, parts=(TextPart(text="sys tem words"),))
@@ -412,9 +412,7 @@ async def test_weather_conversation() -> None:
         output=output,
     )
     _, text = await canonical_text(req(question, assistant(part)))
-    assert text == (
-        f"The weather in Paris is {output['conditions']}, {output['temperature_c']}°C."
-    )
+    assert text == (f"The weather in Paris is {output['conditions']}, {output['temperature_c']}°C.")
 
 
 async def test_echo_of_an_address_is_redacted() -> None:

@@ -27,7 +27,7 @@ from runtime.domain import (
     pending_actions_of,
 )
 from runtime.errors import IllegalTransition
-from server.errors import STATUS
+from server.protocol.wire_errors import STATUS
 
 LEGAL_RUN = {
     (RunStatus.QUEUED, RunStatus.RUNNING),

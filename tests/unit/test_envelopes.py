@@ -21,7 +21,7 @@ from realtime.envelopes import (
     encode_invalidate,
     encode_scope_invalidate,
 )
-from runtime.control import (
+from runtime.engine.control import (
     CONTROL_CHANNEL,
     StopEnvelope,
     WakeupEnvelope,
@@ -74,9 +74,7 @@ def test_control_messages_round_trip() -> None:
 def test_control_decoding_ignores_fields_a_newer_sender_adds() -> None:
     """Workers and gateways of two versions share the control channel during a rolling
     upgrade: a field this version does not know is ignored, the signal still taken."""
-    assert decode_control(b'{"type":"wakeup","run_id":"r","why":"x"}') == WakeupEnvelope(
-        run_id="r"
-    )
+    assert decode_control(b'{"type":"wakeup","run_id":"r","why":"x"}') == WakeupEnvelope(run_id="r")
     assert decode_control(b'{"type":"stop","run_id":"r","by":"x"}') == StopEnvelope(run_id="r")
     assert decode_control(encode(StopEnvelope(run_id="r"))) == StopEnvelope(run_id="r")
 
@@ -139,7 +137,7 @@ def test_channel_names() -> None:
 @pytest.mark.parametrize(
     "chunk",
     [
-        {"type": "text-delta", "delta": "héllo \u2028 \"quoted\""},
+        {"type": "text-delta", "delta": 'héllo \u2028 "quoted"'},
         {"type": "tool-call", "tool_call_id": "c1", "name": "n", "input": {"a": [1, 2.5, None]}},
         {},
     ],
@@ -165,7 +163,7 @@ def test_encode_chunk_refuses_what_the_envelope_refuses(args: tuple[object, ...]
         encode_chunk(*args)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("thread_id", ["th_1", "ünï \"q\""])
+@pytest.mark.parametrize("thread_id", ["th_1", 'ünï "q"'])
 @pytest.mark.parametrize("version", [0, 7, 2**40])
 def test_direct_encoders_are_the_envelope_encodings(thread_id: str, version: int) -> None:
     invalidate = InvalidateEnvelope(thread_id=thread_id, version=version)

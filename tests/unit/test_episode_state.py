@@ -6,16 +6,22 @@ import pytest
 
 from realtime.memory import MemoryBus
 from runtime.domain import Run, RunStatus, RunTrigger
-from runtime.episode_state import EpisodeState, Finalisation, Phase, finalisation
-from runtime.publisher import Publisher
-from runtime.streaming import ChunkSink
+from runtime.engine.episode_state import EpisodeState, Finalisation, Phase, finalisation
+from runtime.engine.publisher import Publisher
+from runtime.engine.streaming import ChunkSink
 
 
 def _state() -> EpisodeState:
     run = Run(
-        id="run_1", thread_id="th_1", scope="acme", status=RunStatus.RUNNING,
-        trigger=RunTrigger.MESSAGE, started_by="alice", input_message_id=None,
-        created_at=0.0, updated_at=0.0,
+        id="run_1",
+        thread_id="th_1",
+        scope="acme",
+        status=RunStatus.RUNNING,
+        trigger=RunTrigger.MESSAGE,
+        started_by="alice",
+        input_message_id=None,
+        created_at=0.0,
+        updated_at=0.0,
     )
     sink = ChunkSink(Publisher(MemoryBus()), "th_1", "run_1", 0)
     return EpisodeState(run=run, sink=sink, anchor=0)
@@ -23,10 +29,21 @@ def _state() -> EpisodeState:
 
 # The spec's order for a run of two steps, the second ending it.
 SPEC_ORDER = [
-    Phase.CONTEXT, Phase.TOOLS, Phase.PREPARE, Phase.MODEL_CALL, Phase.TOOL_PHASE, Phase.COMMIT,
+    Phase.CONTEXT,
+    Phase.TOOLS,
+    Phase.PREPARE,
+    Phase.MODEL_CALL,
+    Phase.TOOL_PHASE,
+    Phase.COMMIT,
     Phase.AFTER_STEP,
-    Phase.CONTEXT, Phase.TOOLS, Phase.PREPARE, Phase.MODEL_CALL, Phase.COMMIT, Phase.AFTER_STEP,
-    Phase.TRANSITION, Phase.ENDED,
+    Phase.CONTEXT,
+    Phase.TOOLS,
+    Phase.PREPARE,
+    Phase.MODEL_CALL,
+    Phase.COMMIT,
+    Phase.AFTER_STEP,
+    Phase.TRANSITION,
+    Phase.ENDED,
 ]
 
 

@@ -9,16 +9,16 @@ import pytest
 
 from realtime.envelopes import ResyncEnvelope, encode
 from runtime.domain import InputPolicy, Visibility
-from server.errors import wire_error
-from server.frames import (
+from server.protocol.client_frames import (
     CLIENT_FRAME_TYPES,
     FRAME_MODELS,
     ClientFrameAdapter,
     FrameError,
     decode_frame,
 )
-from server.inputs import NoInput, ResumeAction, SendMessage, SetVisibility, ThreadRef
-from server.replies import Ack, Subscribed
+from server.protocol.inputs import NoInput, ResumeAction, SendMessage, SetVisibility, ThreadRef
+from server.protocol.replies import Ack, Subscribed
+from server.protocol.wire_errors import wire_error
 
 VALID: dict[str, dict[str, Any]] = {
     "subscribe": {"thread_id": "t1"},
@@ -156,12 +156,15 @@ def test_server_frames_serialise_without_nulls() -> None:
 
 
 def test_a_frame_nested_deeper_than_validation_can_go_is_a_clear_error() -> None:
-    from server.frames import FrameError, decode_frame
+    from server.protocol.client_frames import FrameError, decode_frame
 
     depth = 1000  # orjson parses it; validating it would exhaust the stack
     raw = (
         '{"type": "message.send", "id": "d", "thread_id": "t", "text": "x", "policy": '
-        + '{"a":' * depth + "{}" + "}" * depth + "}"
+        + '{"a":' * depth
+        + "{}"
+        + "}" * depth
+        + "}"
     )
     try:
         decode_frame(raw)

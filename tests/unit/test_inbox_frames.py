@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.inbox import inbox_frames
+from server.live.inbox import inbox_frames
 
 
 def test_new_actions_are_pending_and_vanished_ones_resolved() -> None:
@@ -10,10 +10,20 @@ def test_new_actions_are_pending_and_vanished_ones_resolved() -> None:
     after = {"b": {"id": "b"}, "c": {"id": "c"}}
     frames = inbox_frames("acme", "thr", 7, before, after)
     assert frames == [
-        {"type": "action.pending", "scope": "acme", "thread_id": "thr", "version": 7,
-         "action": {"id": "c"}},
-        {"type": "action.resolved", "scope": "acme", "thread_id": "thr", "version": 7,
-         "action_id": "a"},
+        {
+            "type": "action.pending",
+            "scope": "acme",
+            "thread_id": "thr",
+            "version": 7,
+            "action": {"id": "c"},
+        },
+        {
+            "type": "action.resolved",
+            "scope": "acme",
+            "thread_id": "thr",
+            "version": 7,
+            "action_id": "a",
+        },
     ]
 
 

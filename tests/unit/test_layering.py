@@ -9,13 +9,74 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("runtime", "realtime", "server")
-# What each package may import of the others; anything not listed is forbidden.
+PACKAGES = ("runtime", "realtime", "server", "threadline_client")
+# The layers inside the packages. A module belongs to the first layer whose prefix names it (a
+# prefix ending in "." names the package's top-level modules only).
+LAYERS: tuple[tuple[str, str], ...] = (
+    ("runtime.__init__", "runtime.api"),  # the authors' façade re-exports every layer
+    ("runtime.engine", "runtime.engine"),  # the spec's loop
+    ("runtime.service", "runtime.service"),  # what the gateway calls
+    ("runtime.storage", "runtime.storage"),
+    ("runtime.providers", "runtime.authoring"),  # models are part of what authors write with
+    ("runtime.demo", "runtime.demo"),
+    ("runtime.", "runtime.authoring"),  # the vocabulary agent authors write with
+    ("realtime", "realtime"),
+    ("server.protocol_catalog", "server.composition"),
+    ("server.app", "server.composition"),
+    ("server.cli", "server.composition"),
+    ("server.protocol", "server.protocol"),  # the command table and wire models
+    ("server.transports", "server.transports"),  # http, ws, sse
+    ("server.live", "server.live"),  # inbox, presence, revocation, quotas
+    ("server.", "server.base"),  # settings, auth, logs, tracing
+    ("threadline_client", "threadline_client"),
+)
+_RUNTIME_BELOW = frozenset({"runtime.authoring"})
+# What each layer may import of the other layers; anything not listed is forbidden.
 ALLOWED: dict[str, frozenset[str]] = {
     "realtime": frozenset(),
-    "runtime": frozenset({"realtime"}),
-    "server": frozenset({"runtime", "realtime"}),
+    "threadline_client": frozenset(),  # the client talks to the server over the wire only
+    "runtime.authoring": frozenset({"realtime"}),
+    "runtime.demo": _RUNTIME_BELOW,
+    "runtime.storage": frozenset({"runtime.authoring", "realtime"}),
+    # The engine never imports the service: the service starts what the engine runs.
+    "runtime.engine": _RUNTIME_BELOW | {"runtime.storage", "realtime"},
+    "runtime.service": _RUNTIME_BELOW | {"runtime.storage", "runtime.engine", "realtime"},
+    "runtime.api": _RUNTIME_BELOW
+    | {"runtime.demo", "runtime.engine", "runtime.service", "runtime.storage", "realtime"},
+    "server.base": frozenset({"runtime.authoring", "runtime.service", "runtime.storage"}),
+    "server.live": frozenset({"runtime.authoring", "runtime.storage", "server.base", "realtime"}),
+    "server.protocol": frozenset({"runtime.authoring", "runtime.service", "runtime.storage"})
+    | {"server.live", "server.base", "realtime"},
+    # Transports never touch storage or the engine: every effect goes through the command table.
+    "server.transports": frozenset({"runtime.authoring", "runtime.service"})
+    | {"server.protocol", "server.live", "server.base", "realtime"},
+    "server.composition": frozenset(
+        {"runtime.api", "runtime.authoring", "runtime.engine", "runtime.service"}
+        | {"runtime.storage", "runtime.demo", "realtime"}
+        | {"server.base", "server.protocol", "server.transports", "server.live"}
+    ),
 }
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a module (or a package's `__init__`, named by the package) belongs to."""
+    if module == "runtime":
+        return "runtime.api"
+    if module == "server":
+        return "server.base"
+    for prefix, layer in LAYERS:
+        if prefix.endswith("."):
+            if module.startswith(prefix) and module.count(".") == 1:
+                return layer
+        elif module == prefix or module.startswith(prefix + "."):
+            return layer
+    return None
+
+
+def imported_layer(name: str) -> str | None:
+    """The layer of an imported name: `from runtime import Agent` imports the façade's
+    vocabulary (the authoring layer), `import runtime.engine` a package of its own."""
+    return "runtime.authoring" if name == "runtime" else layer_of(name)
 
 
 def imported_modules(source: str, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
@@ -44,18 +105,27 @@ def module_name(path: Path) -> tuple[str, bool]:
     return ".".join(parts), is_package
 
 
-def package_imports() -> list[tuple[str, str, str]]:
-    """(importing file:line, importing package, imported package) across the three packages."""
+def layer_imports() -> list[tuple[str, str, str]]:
+    """(importing file:line, importing layer, imported layer) across every package."""
     edges = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             module, is_package = module_name(path)
+            source = "runtime.api" if module == "runtime" else layer_of(module)
+            assert source is not None, f"{path} is in no layer"
             for line, name in imported_modules(path.read_text(), module, is_package):
-                target = name.split(".")[0]
-                if target in PACKAGES and target != package:
-                    where = f"{path.relative_to(ROOT)}:{line}"
-                    edges.append((where, package, target))
+                target = imported_layer(name) if name.split(".")[0] in PACKAGES else None
+                if target is not None and target != source:
+                    edges.append((f"{path.relative_to(ROOT)}:{line}", source, target))
     return edges
+
+
+def forbidden_edges(edges: list[tuple[str, str, str]]) -> list[str]:
+    return [
+        f"{where}: {source} imports {target}"
+        for where, source, target in edges
+        if target not in ALLOWED[source]
+    ]
 
 
 def test_the_checker_sees_imports_inside_functions_and_relative_ones() -> None:
@@ -68,7 +138,7 @@ def test_the_checker_sees_imports_inside_functions_and_relative_ones() -> None:
         "from . import sibling\n"
         "from ..outer import thing\n"
     )
-    found = [name for _, name in imported_modules(source, "runtime.providers.base", False)]
+    found = [name for _, name in imported_modules(source, "runtime.providers.model_api", False)]
     assert sorted(found) == [
         "realtime.bus",
         "runtime.outer",
@@ -80,20 +150,64 @@ def test_the_checker_sees_imports_inside_functions_and_relative_ones() -> None:
     assert init == ["runtime.demo"]
 
 
-def test_packages_import_only_what_the_layering_allows() -> None:
-    edges = package_imports()
-    assert edges, "the walk found no cross-package import at all: it is looking in the wrong place"
-    forbidden = [
-        f"{where}: {source} imports {target}"
-        for where, source, target in edges
-        if target not in ALLOWED[source]
+def test_layers_import_only_what_the_layering_allows() -> None:
+    edges = layer_imports()
+    assert edges, "the walk found no cross-layer import at all: it is looking in the wrong place"
+    assert {source for _, source, _ in edges} >= set(ALLOWED) - {"realtime", "threadline_client"}
+    assert forbidden_edges(edges) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "why"),
+    [
+        (
+            "runtime.engine.worker",
+            "from runtime.service.thread_service import ThreadService\n",
+            "the engine imports the service",
+        ),
+        (
+            "server.transports.http_routes",
+            "from runtime.storage.store import Store\n",
+            "a transport imports storage",
+        ),
+        (
+            "server.transports.sse.agui",
+            "import runtime.engine.worker\n",
+            "a transport imports the engine",
+        ),
+        (
+            "runtime.agent",
+            "from runtime.engine.episode import Episode\n",
+            "authoring imports the engine",
+        ),
+        (
+            "runtime.storage.sql.sqlite",
+            "from runtime.service import access\n",
+            "storage imports the service",
+        ),
+        (
+            "threadline_client.client",
+            "from runtime.domain import Role\n",
+            "the client imports the runtime",
+        ),
+        ("realtime.hub", "from server.live import inbox\n", "realtime imports the server"),
+    ],
+)
+def test_a_deliberate_wrong_import_is_refused(module: str, source: str, why: str) -> None:
+    """The contract fails on a wrong import: each of these, added to the module, is refused."""
+    layer = layer_of(module)
+    assert layer is not None
+    edges = [
+        (f"{module}:{line}", layer, target)
+        for line, name in imported_modules(source, module, False)
+        if (target := imported_layer(name)) is not None and target != layer
     ]
-    assert forbidden == []
+    assert edges and forbidden_edges(edges), why
 
 
-def test_no_cycles_between_packages() -> None:
-    graph: dict[str, set[str]] = {package: set() for package in PACKAGES}
-    for _, source, target in package_imports():
+def test_no_cycles_between_layers() -> None:
+    graph: dict[str, set[str]] = {layer: set() for layer in ALLOWED}
+    for _, source, target in layer_imports():
         graph[source].add(target)
 
     def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
@@ -102,8 +216,18 @@ def test_no_cycles_between_packages() -> None:
             for nxt in graph[start]
         )
 
-    cycles = [package for package in PACKAGES if reaches(package, package)]
-    assert cycles == [], f"packages on an import cycle: {cycles} ({graph})"
+    cycles = [layer for layer in ALLOWED if reaches(layer, layer)]
+    assert cycles == [], f"layers on an import cycle: {cycles} ({graph})"
+
+
+def test_file_names_are_unique() -> None:
+    """One name, one meaning: no two modules of the packages share a file name."""
+    seen: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if path.name != "__init__.py":
+                seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
 
 
 @pytest.mark.parametrize(
@@ -116,7 +240,7 @@ def test_examples_import_only_the_public_api(path: Path) -> None:
     deep = [
         f"{path.name}:{line}: {name}"
         for line, name in imported_modules(path.read_text(), module, is_package)
-        if name.split(".")[0] in PACKAGES and name not in ("runtime", "realtime")
+        if name.split(".")[0] in PACKAGES and name not in ("runtime", "realtime", "threadline_client")
     ]
     assert deep == []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from runtime.providers.base import (
+from runtime.providers.model_api import (
     FinishDelta,
     ModelDeltaAdapter,
     TextDelta,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.domain import Principal, Role
-from runtime.permissions import Destructive, PermissionPolicy, Who
+from runtime.service.permissions import Destructive, PermissionPolicy, Who
 
 
 def who(role: Role, subject: str = "alice") -> Principal:
@@ -37,5 +37,8 @@ def test_an_unknown_author_is_nobody_and_rules_are_per_action() -> None:
     assert not policy.allows(Destructive.STOP, who(Role.USER), None)
     assert policy.allows(Destructive.CANCEL_QUEUED, who(Role.USER, "bob"), "alice")
     assert PermissionPolicy().model_dump() == {
-        "regenerate": "scope", "visibility": "scope", "stop": "scope", "cancel_queued": "scope",
+        "regenerate": "scope",
+        "visibility": "scope",
+        "stop": "scope",
+        "cancel_queued": "scope",
     }

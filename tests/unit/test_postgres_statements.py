@@ -3,7 +3,7 @@ literals for the simple protocol (no server needed)."""
 
 from __future__ import annotations
 
-from runtime.storage.postgres import _held_statement, _literal_statement, _renumber, _table
+from runtime.storage.sql.postgres import _held_statement, _literal_statement, _renumber, _table
 
 
 def test_held_writes_become_one_statement_with_renumbered_parameters() -> None:
@@ -23,8 +23,11 @@ def test_held_writes_become_one_statement_with_renumbered_parameters() -> None:
 
 def test_literal_statement_writes_each_parameter_in_place() -> None:
     held = [
-        ("INSERT INTO t (a, b, c, d, e, f, g, h, i, j) VALUES "
-         "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)", (*range(9), "it's")),
+        (
+            "INSERT INTO t (a, b, c, d, e, f, g, h, i, j) VALUES "
+            "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            (*range(9), "it's"),
+        ),
         ("UPDATE u SET a = $1, b = $2, c = $3 WHERE id = $4", (None, True, 1.5, "x")),
     ]
     assert _literal_statement(held, True) == (

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.presence import aggregate, presence_frames
+from server.live.presence import aggregate, presence_frames
 
 
 def entry(subject: str, **fields: Any) -> dict[str, Any]:
-    return {"subject": subject, "role": "user", "name": subject, "typing": False,
-            "reviewing": None, "updated_at": 1.0, "expires_at": 9e9, **fields}
+    return {
+        "subject": subject,
+        "role": "user",
+        "name": subject,
+        "typing": False,
+        "reviewing": None,
+        "updated_at": 1.0,
+        "expires_at": 9e9,
+        **fields,
+    }
 
 
 def test_tabs_of_one_person_are_one_member_with_merged_state() -> None:
@@ -24,8 +32,14 @@ def test_tabs_of_one_person_are_one_member_with_merged_state() -> None:
     assert members["alice"]["connections"] == 2
     assert members["alice"]["typing"] is True
     assert members["alice"]["reviewing"] == "act_new"  # the most recently updated tab's
-    assert members["bob"] == {"subject": "bob", "role": "user", "name": "bob",
-                              "connections": 1, "typing": False, "reviewing": None}
+    assert members["bob"] == {
+        "subject": "bob",
+        "role": "user",
+        "name": "bob",
+        "connections": 1,
+        "typing": False,
+        "reviewing": None,
+    }
 
 
 def test_frames_say_join_update_and_leave_and_nothing_when_equal() -> None:

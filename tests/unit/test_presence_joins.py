@@ -7,9 +7,9 @@ import asyncio
 from typing import Any
 
 from realtime.memory import MemoryBus
-from realtime.presence import MemoryPresence
+from realtime.presence_store import MemoryPresence
 from runtime.domain import Principal, Role
-from server.presence import PresenceHub
+from server.live.presence import PresenceHub
 
 
 class CountingStore(MemoryPresence):

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.domain import MessageRole, TextPart, ToolCallPart, ToolState
 from runtime.providers.anthropic import AnthropicModel, EventMapper
-from runtime.providers.base import (
+from runtime.providers.model_api import (
     ContextMessage,
     FinishDelta,
     ModelRequest,
@@ -17,7 +17,7 @@ from runtime.providers.base import (
     ToolCallDelta,
     UsageDelta,
 )
-from runtime.providers.context import message_turns, tool_result_content
+from runtime.providers.model_context import message_turns, tool_result_content
 from runtime.providers.openai_compat import OpenAICompatModel, chunk_deltas
 
 
@@ -45,8 +45,12 @@ def test_anthropic_running_usage_totals_become_increments() -> None:
 
 @pytest.mark.parametrize(
     ("stop", "finish"),
-    [("end_turn", "stop"), ("tool_use", "tool_calls"), ("max_tokens", "length"),
-     ("pause_turn", "pause_turn")],
+    [
+        ("end_turn", "stop"),
+        ("tool_use", "tool_calls"),
+        ("max_tokens", "length"),
+        ("pause_turn", "pause_turn"),
+    ],
 )
 def test_anthropic_stop_reasons(stop: str, finish: str) -> None:
     event = NS(type="message_delta", delta=NS(stop_reason=stop), usage=None)
@@ -55,8 +59,11 @@ def test_anthropic_stop_reasons(stop: str, finish: str) -> None:
 
 def test_anthropic_blocks() -> None:
     mapper = EventMapper()
-    tool = NS(type="content_block_start", index=2,
-              content_block=NS(type="tool_use", id="toolu_1", name="lookup"))
+    tool = NS(
+        type="content_block_start",
+        index=2,
+        content_block=NS(type="tool_use", id="toolu_1", name="lookup"),
+    )
     assert mapper.map(tool) == [ToolCallDelta(index=2, id="toolu_1", name="lookup")]
     text = NS(type="content_block_start", index=0, content_block=NS(type="text", text="Hi"))
     assert mapper.map(text) == [TextDelta(text="Hi")]
@@ -104,8 +111,12 @@ def test_message_turns_split_after_tool_calls() -> None:
         (ToolState.SKIPPED, {}, "the tool call was skipped", False),
         (ToolState.REJECTED, {"error": "policy"}, "the tool call was rejected: policy", True),
         (ToolState.CANCELLED, {}, "the tool call was cancelled", True),
-        (ToolState.AWAITING_ACTION, {},
-         "the tool call is waiting for a human and has no result yet", False),
+        (
+            ToolState.AWAITING_ACTION,
+            {},
+            "the tool call is waiting for a human and has no result yet",
+            False,
+        ),
     ],
 )
 def test_tool_result_content(

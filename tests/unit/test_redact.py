@@ -100,9 +100,7 @@ def test_nothing_is_released_before_it_is_known_safe(case: tuple[str, list[str]]
 
 
 @given(addresses, st.integers(1, 4))
-def test_an_address_streamed_character_by_character_never_appears(
-    address: str, size: int
-) -> None:
+def test_an_address_streamed_character_by_character_never_appears(address: str, size: int) -> None:
     text = f"Done: I sent the email to {address}."
     chunks = [text[i : i + size] for i in range(0, len(text), size)]
     out = feed_all(chunks)

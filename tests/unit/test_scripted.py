@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from runtime.domain import MessageRole, TextPart
-from runtime.providers.base import (
+from runtime.providers.model_api import (
     ContextMessage,
     FinishDelta,
     ModelDelta,
@@ -157,9 +157,7 @@ async def test_function_model_with_a_list_or_an_awaitable_list() -> None:
         return text_response("awaited")
 
     assert (await collect(FunctionModel(plain).stream(request())))[0] == TextDelta(text="plain")
-    assert (await collect(FunctionModel(awaited).stream(request())))[0] == TextDelta(
-        text="awaited"
-    )
+    assert (await collect(FunctionModel(awaited).stream(request())))[0] == TextDelta(text="awaited")
 
 
 def test_split_text() -> None:

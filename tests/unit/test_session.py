@@ -12,7 +12,7 @@ from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, MessageKind, e
 from realtime.outbox import Outbox
 from runtime.domain import Admission, Principal, Role, Thread
 from runtime.errors import ActionConflict, NotFound
-from server.session import Session, SessionClosedError
+from server.transports.ws.session import Session, SessionClosedError
 
 THREAD = "t-mine"
 FOREIGN = "t-foreign"
@@ -224,7 +224,12 @@ async def test_a_replayed_chunk_arriving_live_after_subscribed_is_not_sent_twice
         hub.publish(THREAD, data, "chunk", None)
     frames = drain(outbox)[1:]
     assert [(f["run_id"], f["seq"]) for f in frames] == [
-        ("r1", 0), ("r1", 1), ("r0", 0), ("r1", 2), ("r0", 1), ("r1", 3)
+        ("r1", 0),
+        ("r1", 1),
+        ("r0", 0),
+        ("r1", 2),
+        ("r0", 1),
+        ("r1", 3),
     ]
 
 
@@ -303,8 +308,14 @@ async def test_commands_ack_with_the_http_answer(parts: Any) -> None:
     send = {"type": "message.send", "thread_id": THREAD, "text": "hi", "policy": "reject"}
     await session.feed(orjson.dumps({**send, "id": "m"}))
     assert drain(outbox) == [
-        {"type": "ack", "id": "m", "thread_id": THREAD, "version": 5, "run_id": "r1",
-         "message_id": "m1"}
+        {
+            "type": "ack",
+            "id": "m",
+            "thread_id": THREAD,
+            "version": 5,
+            "run_id": "r1",
+            "message_id": "m1",
+        }
     ]
     name, (_, text, kwargs) = commands.calls[0]
     assert (name, text, kwargs["policy"].value) == ("send_message", "hi", "reject")

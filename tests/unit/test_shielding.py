@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from runtime.shielding import uncancellable
+from runtime.engine.shielding import uncancellable
 
 
 async def test_a_cancelled_caller_waits_for_the_work_then_is_cancelled() -> None:

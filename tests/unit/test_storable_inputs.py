@@ -9,8 +9,14 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from server.frames import FrameError, decode_frame
-from server.inputs import MAX_JSON_DEPTH, CreateThread, ResumeAction, SendMessage, ToolResult
+from server.protocol.client_frames import FrameError, decode_frame
+from server.protocol.inputs import (
+    MAX_JSON_DEPTH,
+    CreateThread,
+    ResumeAction,
+    SendMessage,
+    ToolResult,
+)
 
 
 def nested(depth: int) -> Any:
@@ -25,12 +31,18 @@ def nested(depth: int) -> Any:
     [
         (SendMessage, {"thread_id": "th_1", "text": "a\x00b"}, "text"),
         (SendMessage, {"thread_id": "th\x001", "text": "hi"}, "thread_id"),
-        (SendMessage, {"thread_id": "th_1", "text": "hi", "client_request_id": "r\x00"},
-         "client_request_id"),
+        (
+            SendMessage,
+            {"thread_id": "th_1", "text": "hi", "client_request_id": "r\x00"},
+            "client_request_id",
+        ),
         (CreateThread, {"title": "t\x00"}, "title"),
         (CreateThread, {"metadata": {"k": ["ok", "b\x00d"]}}, "metadata"),
-        (ResumeAction, {"thread_id": "t", "action_id": "a", "payload": nested(MAX_JSON_DEPTH + 1)},
-         "payload"),
+        (
+            ResumeAction,
+            {"thread_id": "t", "action_id": "a", "payload": nested(MAX_JSON_DEPTH + 1)},
+            "payload",
+        ),
         (ToolResult, {"thread_id": "t", "action_id": "a", "output": nested(300)}, "output"),
         (ToolResult, {"thread_id": "t", "action_id": "a", "output": {"k\x00": 1}}, "output"),
     ],

@@ -13,9 +13,9 @@ from pydantic import TypeAdapter
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope, encode
 from runtime.domain import Principal, Role, Snapshot
-from server.agui import RunStream, agui_messages
-from server.aisdk import UIStream
-from server.streams import Chunk, Committed, ThreadFeed
+from server.transports.sse.agui import RunStream, agui_messages
+from server.transports.sse.aisdk import UIStream
+from server.transports.sse.thread_stream import Chunk, Committed, ThreadFeed
 
 THREAD = "t1"
 RUN = "r1"
@@ -24,14 +24,21 @@ PRINCIPAL = Principal(subject="alice", role=Role.USER, scopes=frozenset({"alpha"
 
 
 def snap(version: int, status: str = "running", next_seq: int = 0, **extra: Any) -> Snapshot:
-    return Snapshot.model_validate({
-        "thread": {"id": THREAD, "scope": "alpha", "title": "", "version": version,
-                   "metadata": {}},
-        "messages": extra.get("messages", []),
-        "pending_actions": extra.get("pending_actions", []),
-        "run": {"id": RUN, "status": status, "next_seq": next_seq},
-        "queue": [],
-    })
+    return Snapshot.model_validate(
+        {
+            "thread": {
+                "id": THREAD,
+                "scope": "alpha",
+                "title": "",
+                "version": version,
+                "metadata": {},
+            },
+            "messages": extra.get("messages", []),
+            "pending_actions": extra.get("pending_actions", []),
+            "run": {"id": RUN, "status": status, "next_seq": next_seq},
+            "queue": [],
+        }
+    )
 
 
 def chunk(seq: int, body: dict[str, Any], run_id: str = RUN) -> bytes:
@@ -117,8 +124,9 @@ async def test_a_takeover_voids_what_the_old_worker_streamed() -> None:
     # The new worker redoes the step from the committed next_seq (0): its seqs repeat.
     takeover = chunk(0, {"type": "run-takeover", "episode": 2})
     service = FakeService([snap(5)])
-    hub = FakeHub([[delta(0, "old"), delta(1, "old")], [delta(0, "old"), takeover,
-                                                         delta(1, "new")]])
+    hub = FakeHub(
+        [[delta(0, "old"), delta(1, "old")], [delta(0, "old"), takeover, delta(1, "new")]]
+    )
     feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
     events = await collect(feed, hub, [takeover], 6)
     assert seqs(events) == ["snap", 0, 1, "reset", 0, 1]
@@ -172,11 +180,28 @@ def test_agui_events_validate_and_close_what_is_open(status: str, last: str) -> 
 
 
 def test_agui_interrupt_carries_the_action_schema() -> None:
-    schema = {"type": "object", "properties": {"approved": {"type": "boolean"}},
-              "required": ["approved"]}
-    waiting = snap(9, status="waiting", pending_actions=[{
-        "id": "a1", "kind": "approval", "run_id": RUN, "message_id": "m1", "tool_call_id": "c1",
-        "tool_name": "send_email", "input": {}, "schema": schema, "allowed_roles": ["user"]}])
+    schema = {
+        "type": "object",
+        "properties": {"approved": {"type": "boolean"}},
+        "required": ["approved"],
+    }
+    waiting = snap(
+        9,
+        status="waiting",
+        pending_actions=[
+            {
+                "id": "a1",
+                "kind": "approval",
+                "run_id": RUN,
+                "message_id": "m1",
+                "tool_call_id": "c1",
+                "tool_name": "send_email",
+                "input": {},
+                "schema": schema,
+                "allowed_roles": ["user"],
+            }
+        ],
+    )
     [*_, finished] = RunStream(THREAD, RUN).finish(waiting)
     outcome = orjson.loads(finished.model_dump_json(by_alias=True))["outcome"]
     assert outcome["type"] == "interrupt"
@@ -186,16 +211,39 @@ def test_agui_interrupt_carries_the_action_schema() -> None:
 
 
 def test_agui_messages_follow_the_committed_order() -> None:
-    committed = snap(3, status="completed", messages=[
-        {"id": "u", "role": "user", "visibility": "visible",
-         "parts": [{"type": "text", "text": "hi"}]},
-        {"id": "a", "role": "assistant", "visibility": "visible", "parts": [
-            {"type": "tool-call", "tool_call_id": "c1", "name": "f", "input": {"x": 1},
-             "state": "output-available", "output": [1]}]},
-    ])
+    committed = snap(
+        3,
+        status="completed",
+        messages=[
+            {
+                "id": "u",
+                "role": "user",
+                "visibility": "visible",
+                "parts": [{"type": "text", "text": "hi"}],
+            },
+            {
+                "id": "a",
+                "role": "assistant",
+                "visibility": "visible",
+                "parts": [
+                    {
+                        "type": "tool-call",
+                        "tool_call_id": "c1",
+                        "name": "f",
+                        "input": {"x": 1},
+                        "state": "output-available",
+                        "output": [1],
+                    }
+                ],
+            },
+        ],
+    )
     dumped = [m.model_dump(by_alias=True) for m in agui_messages(committed)]
     assert [(m["id"], m["role"]) for m in dumped] == [
-        ("u", "user"), ("a", "assistant"), ("result-c1", "tool")]
+        ("u", "user"),
+        ("a", "assistant"),
+        ("result-c1", "tool"),
+    ]
     assert dumped[1]["toolCalls"][0]["function"]["arguments"] == '{"x":1}'
 
 
@@ -204,9 +252,16 @@ def test_ui_message_chunks_of_a_step() -> None:
     out = [c for seq, body in enumerate(STEP) for c in stream.chunk(Chunk(RUN, seq, body))]
     out += stream.finish(snap(9, status="completed"))
     assert [c["type"] for c in out] == [
-        "start-step", "text-start", "text-delta", "text-delta", "text-end",
-        "tool-input-start", "tool-input-delta", "tool-input-available",
-        "tool-output-available", "finish",
+        "start-step",
+        "text-start",
+        "text-delta",
+        "text-delta",
+        "text-end",
+        "tool-input-start",
+        "tool-input-delta",
+        "tool-input-available",
+        "tool-output-available",
+        "finish",
     ]
     assert out[-1]["finishReason"] == "stop"
 
@@ -214,10 +269,23 @@ def test_ui_message_chunks_of_a_step() -> None:
 def test_agui_shared_state_is_a_snapshot_then_deltas_of_what_changed() -> None:
     stream = RunStream(THREAD, RUN)
     running = snap(7, status="running")
-    waiting = snap(8, status="waiting", pending_actions=[{
-        "id": "a1", "kind": "approval", "run_id": RUN, "message_id": "m1", "tool_call_id": "c1",
-        "tool_name": "send_email", "input": {"to": "x@example.com"}, "schema": {},
-        "allowed_roles": ["user"]}])
+    waiting = snap(
+        8,
+        status="waiting",
+        pending_actions=[
+            {
+                "id": "a1",
+                "kind": "approval",
+                "run_id": RUN,
+                "message_id": "m1",
+                "tool_call_id": "c1",
+                "tool_name": "send_email",
+                "input": {"to": "x@example.com"},
+                "schema": {},
+                "allowed_roles": ["user"],
+            }
+        ],
+    )
     [first] = stream.state_events(running)
     assert first.type == "STATE_SNAPSHOT"
     assert first.snapshot == {"run": {"id": RUN, "status": "running"}, "pendingActions": []}
@@ -227,8 +295,19 @@ def test_agui_shared_state_is_a_snapshot_then_deltas_of_what_changed() -> None:
     wire = delta.model_dump_json(by_alias=True)
     assert json.loads(wire)["delta"] == [
         {"op": "replace", "path": "/run", "value": {"id": RUN, "status": "waiting"}},
-        {"op": "replace", "path": "/pendingActions", "value": [{
-            "id": "a1", "kind": "approval", "toolName": "send_email", "toolCallId": "c1",
-            "runId": RUN, "allowedRoles": ["user"]}]},
+        {
+            "op": "replace",
+            "path": "/pendingActions",
+            "value": [
+                {
+                    "id": "a1",
+                    "kind": "approval",
+                    "toolName": "send_email",
+                    "toolCallId": "c1",
+                    "runId": RUN,
+                    "allowedRoles": ["user"],
+                }
+            ],
+        },
     ]
     EVENTS.validate_json(wire)

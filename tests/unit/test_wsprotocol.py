@@ -8,7 +8,7 @@ import pytest
 from websockets.frames import Frame
 from websockets.streams import StreamReader
 
-from server.wsprotocol import Inbox, Signal, text_frame
+from server.transports.ws.uvicorn_ws import Inbox, Signal, text_frame
 
 
 def parse(frame: bytes) -> Frame:

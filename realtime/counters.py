@@ -1,0 +1,297 @@
+"""Quota counters: token buckets and expiring connection sets, in Redis or in this process."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from realtime.bus_metrics import LIMITER_FALLBACKS, safe_add
+
+log = logging.getLogger(__name__)
+
+
+class Counters(Protocol):
+    """What the server's limiter needs from a counter store (atomic per call)."""
+
+    @property
+    def shared(self) -> bool:
+        """True while counts are shared with other processes (Redis reachable)."""
+        ...
+
+    async def take(self, key: str, rate: float, burst: float, cost: float = 1.0) -> float:
+        """Take `cost` from the token bucket `key`: 0 if allowed, else seconds until it would be."""
+        ...
+
+    async def join(self, keys: Sequence[str], caps: Sequence[int], member: str, ttl: float) -> int:
+        """Add `member` to every set of `keys` if none is at its cap; -1 on success, else the
+        index of the first full set (nothing is added then). Members expire after `ttl`."""
+        ...
+
+    async def refresh(self, keys: Sequence[str], member: str, ttl: float) -> None: ...
+    async def leave(self, keys: Sequence[str], member: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+@dataclass
+class MemoryCounters:
+    """Counters of this process only: what one gateway sees, exact for the embedded setup."""
+
+    clock: Any = time.monotonic
+    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    _sets: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+    async def take(self, key: str, rate: float, burst: float, cost: float = 1.0) -> float:
+        now = self.clock()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(burst, now)
+            self._prune(now)
+        bucket.tokens = min(burst, bucket.tokens + max(0.0, now - bucket.at) * rate)
+        bucket.at = now
+        if bucket.tokens >= cost:
+            bucket.tokens -= cost
+            return 0.0
+        return (cost - bucket.tokens) / rate
+
+    def _prune(self, now: float) -> None:
+        # Buckets are created per token and scope: drop old full ones so the map stays small.
+        if len(self._buckets) > 10_000:
+            stale = [k for k, b in self._buckets.items() if now - b.at > 3600]
+            for key in stale:
+                del self._buckets[key]
+
+    async def join(self, keys: Sequence[str], caps: Sequence[int], member: str, ttl: float) -> int:
+        now = self.clock()
+        for index, (key, cap) in enumerate(zip(keys, caps, strict=True)):
+            members = self._live(key, now)
+            if member not in members and len(members) >= cap:
+                return index
+        for key in keys:
+            self._sets.setdefault(key, {})[member] = now + ttl
+        return -1
+
+    def _live(self, key: str, now: float) -> dict[str, float]:
+        members = self._sets.get(key, {})
+        for name in [m for m, expiry in members.items() if expiry <= now]:
+            del members[name]
+        return members
+
+    async def refresh(self, keys: Sequence[str], member: str, ttl: float) -> None:
+        now = self.clock()
+        for key in keys:
+            members = self._sets.get(key)
+            if members is not None and member in members:
+                members[member] = now + ttl
+
+    async def leave(self, keys: Sequence[str], member: str) -> None:
+        for key in keys:
+            members = self._sets.get(key)
+            if members is not None:
+                members.pop(member, None)
+                if not members:
+                    del self._sets[key]
+
+    async def close(self) -> None:
+        return None
+
+
+# Redis' own clock (TIME) so every gateway agrees on refills and expiries.
+_TAKE = """
+local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local v = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(v[1]) or burst
+local at = tonumber(v[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local wait = 0
+if tokens >= cost then tokens = tokens - cost else wait = (cost - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+return tostring(wait)
+"""
+
+_JOIN = """
+local member, ttl = ARGV[1], tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local full = redis.call('ZCARD', key) >= tonumber(ARGV[2 + i])
+  if full and not redis.call('ZSCORE', key, member) then
+    return i - 1
+  end
+end
+for _, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now + ttl, member)
+  redis.call('PEXPIRE', key, ttl)
+end
+return -1
+"""
+
+_REFRESH = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', key, tonumber(ARGV[2]))
+end
+return 0
+"""
+
+_LEAVE = """
+for _, key in ipairs(KEYS) do
+  redis.call('ZREM', key, ARGV[1])
+end
+return 0
+"""
+
+
+class RedisCounters:
+    """Counters shared by every process on one Redis; this process's own counts when it is down.
+
+    Every call is one Lua script (atomic, on Redis' clock). Concurrent calls are coalesced by a
+    `Batcher`: what is queued goes as one script call that runs each in turn, with at most
+    `senders` batches (connections) in flight. So a burst of thousands of calls (websockets
+    connecting or closing at once) is counted in Redis exactly, in a few round trips, instead
+    of asking for a connection each (the pool refused the 101st).
+
+    A Redis failure never refuses a request by itself: the call falls back to `MemoryCounters`
+    (per-gateway limits, so a cluster of N gateways admits up to N times a limit), is counted
+    in `fallbacks` and the `threadline.realtime.limiter_fallbacks` metric, and logs once per
+    outage; the next call tries Redis again. A batch that takes longer than `timeout` fails.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        *,
+        timeout: float = 0.5,
+        client_name: str = "threadline-limits",
+        senders: int = 2,
+    ) -> None:
+        from realtime.redis_batch import Batcher  # scale-out only
+        from realtime.redis_urls import command_client, is_cluster_url
+
+        self.prefix = prefix
+        self.fallback = MemoryCounters()
+        self.fallbacks = 0  # calls counted by this process because Redis failed
+        # On a cluster every call must name keys of one slot: the limiter tags them (join).
+        self._client: Any = command_client(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            client_name=client_name,
+        )
+        self._cluster = is_cluster_url(url)
+        self.batcher = Batcher(
+            self._client, timeout=timeout, senders=senders, cluster=self._cluster
+        )
+        self._take = self.batcher.operation(_TAKE)
+        self._join = self.batcher.operation(_JOIN)
+        self._refresh = self.batcher.operation(_REFRESH)
+        self._leave = self.batcher.operation(_LEAVE)
+        self._degraded = False
+
+    @property
+    def shared(self) -> bool:
+        return not self._degraded
+
+    def _keys(self, keys: Sequence[str]) -> list[str]:
+        full = [self.prefix + key for key in keys]
+        if self._cluster and len(full) > 1:
+            from redis.crc import key_slot
+
+            # Raised, not counted as an outage: a cross-slot call would fail on every attempt
+            # and silently leave the limits per gateway.
+            if len({key_slot(key.encode()) for key in full}) > 1:
+                raise ValueError(f"keys {keys!r} must share a hash tag on a Redis Cluster")
+        return full
+
+    def _failed(self, exc: Exception) -> None:
+        self.fallbacks += 1
+        safe_add(LIMITER_FALLBACKS, 1, {"error": type(exc).__name__})
+        if not self._degraded:
+            log.warning(
+                "quota counters fall back to this process (Redis: %s: %s)", type(exc).__name__, exc
+            )
+        self._degraded = True
+
+    def _ok(self) -> None:
+        if self._degraded:
+            log.info("quota counters are shared through Redis again")
+        self._degraded = False
+
+    async def take(self, key: str, rate: float, burst: float, cost: float = 1.0) -> float:
+        try:
+            reply = await self.batcher.call(self._take, self._keys([key]), [rate, burst, cost])
+            wait = float(reply)
+        except Exception as exc:  # any Redis failure: count locally instead
+            self._failed(exc)
+            return await self.fallback.take(key, rate, burst, cost)
+        self._ok()
+        return wait
+
+    async def join(self, keys: Sequence[str], caps: Sequence[int], member: str, ttl: float) -> int:
+        # Joined locally too, so a Redis outage later still counts this connection.
+        full_keys = self._keys(keys)
+        local = await self.fallback.join(keys, caps, member, ttl)
+        try:
+            args: list[str | int] = [member, math.ceil(ttl * 1000), *caps]
+            full = int(await self.batcher.call(self._join, full_keys, args))
+        except Exception as exc:
+            self._failed(exc)
+            return local
+        self._ok()
+        if full >= 0 and local < 0:
+            await self.fallback.leave(keys, member)
+        return full
+
+    async def refresh(self, keys: Sequence[str], member: str, ttl: float) -> None:
+        full_keys = self._keys(keys)
+        await self.fallback.refresh(keys, member, ttl)
+        try:
+            await self.batcher.call(self._refresh, full_keys, [member, math.ceil(ttl * 1000)])
+        except Exception as exc:
+            self._failed(exc)
+            return
+        self._ok()
+
+    async def leave(self, keys: Sequence[str], member: str) -> None:
+        full_keys = self._keys(keys)
+        await self.fallback.leave(keys, member)
+        try:
+            await self.batcher.call(self._leave, full_keys, [member])
+        except Exception as exc:
+            self._failed(exc)
+            return
+        self._ok()
+
+    async def close(self) -> None:
+        await self.batcher.close()
+        await self._client.aclose()
+
+
+def open_counters(redis_url: str | None, prefix: str) -> Counters:
+    """Redis counters when Redis is configured, else this process's."""
+    if not redis_url:
+        return MemoryCounters()
+    return RedisCounters(redis_url, prefix)
+
+
+__all__ = ["Counters", "MemoryCounters", "RedisCounters", "open_counters"]

@@ -1,0 +1,1 @@
+"""The spec's execution loop: the worker, episodes, steps, tool calls, streaming and commits."""

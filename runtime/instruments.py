@@ -1,0 +1,72 @@
+"""OpenTelemetry instruments shared by the runtime and storage; behaviour never depends on them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import metrics, trace
+
+# One definition for both layers (runtime may use realtime, never the reverse).
+from realtime.bus_metrics import safe_add as safe_add
+
+tracer = trace.get_tracer("threadline.runtime")
+meter = metrics.get_meter("threadline.runtime")
+
+RUNS = meter.create_counter("threadline.runs", description="run events by outcome")
+MODEL_CALL_DURATION = meter.create_histogram(
+    "threadline.model_call.duration", unit="s", description="model call wall time"
+)
+TOKENS = meter.create_counter("threadline.tokens", description="model token usage by kind")
+TOOL_CALL_DURATION = meter.create_histogram(
+    "threadline.tool_call.duration", unit="s", description="tool execution wall time"
+)
+TOOL_ERRORS = meter.create_counter("threadline.tool_call.errors")
+QUEUE_EVENTS = meter.create_counter("threadline.queue.events", description="admissions etc.")
+LEASE_EVENTS = meter.create_counter("threadline.lease.events", description="acquire/lost/...")
+STORAGE_RETRIES = meter.create_counter("threadline.storage.retries")
+HISTORY_REWRITTEN_FAILURES = meter.create_counter(
+    "threadline.history_rewritten.failures",
+    description="history_rewritten observer failures after a committed rewrite",
+)
+# OpenTelemetry GenAI semantic conventions (client metrics).
+GEN_AI_TOKEN_USAGE = meter.create_histogram(
+    "gen_ai.client.token.usage", unit="{token}", description="tokens used per model call"
+)
+GEN_AI_OPERATION_DURATION = meter.create_histogram(
+    "gen_ai.client.operation.duration", unit="s", description="time spent waiting on the model"
+)
+PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
+
+
+def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None = None) -> None:
+    """Record a histogram value; like safe_add, never changes execution."""
+    try:  # noqa: SIM105 - as safe_add, without a suppress object
+        histogram.record(value, attributes or {})
+    except Exception:
+        pass
+
+
+def start_span(name: str, start_time: int | None = None, **attributes: Any) -> trace.Span:
+    """A span ended by the caller, for work whose end is not the end of a `with` block
+    (`start_time`: nanoseconds since the epoch, default now)."""
+    return tracer.start_span(name, attributes=attributes, start_time=start_time)
+
+
+def fail_span(current: trace.Span, exc: BaseException | str) -> None:
+    """Mark `current` failed; never raises (telemetry must not change execution)."""
+    with contextlib.suppress(Exception):
+        if isinstance(exc, BaseException):
+            current.record_exception(exc)
+            current.set_attribute("error.type", type(exc).__name__)
+        current.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+
+
+@contextmanager
+def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
+    """A span around the body; the SDK's processors contain exporter failures, and exceptions
+    of the body propagate unchanged (recorded on the span)."""
+    with tracer.start_as_current_span(name, attributes=attributes) as current:
+        yield current

@@ -1,0 +1,426 @@
+"""Thread commands on behalf of a principal: the runtime's public face for HTTP and websocket."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from runtime.agent import Agent
+from runtime.compose import compose_lifecycle
+from runtime.domain import (
+    Admission,
+    InboxEntry,
+    InputPolicy,
+    Principal,
+    Resolution,
+    Role,
+    Snapshot,
+    Thread,
+    ToolCallPart,
+    Visibility,
+    WaitKind,
+)
+from runtime.engine.publisher import Publisher
+from runtime.errors import Forbidden, InvalidInput, NotFound
+from runtime.service.access import AccessControl, last_assistant_reply_start
+from runtime.service.payloads import check_payload
+from runtime.service.permissions import Destructive, PermissionPolicy
+from runtime.service.rewrites import rewrite
+from runtime.storage.decisions import check_retryable
+from runtime.storage.store import (
+    AdmissionLimits,
+    ResolveResult,
+    RetryRun,
+    RewriteResult,
+    SetVisibility,
+    StopResult,
+    Store,
+    Truncate,
+)
+from runtime.tools import client_tools_from
+
+log = logging.getLogger(__name__)
+
+# Roles that may post manual tool results (and other operations for trusted backends).
+TRUSTED_ROLES = frozenset({Role.BACKEND, Role.ADMIN})
+
+
+def require_trusted(principal: Principal) -> None:
+    """Refuse a principal that is not a backend actor or an admin.
+
+    Decided here, not in the transports, so HTTP and websocket cannot disagree. It needs no
+    lookup, so adapters may ask it before reading a body: a 403 never reveals whether a thread
+    exists, nor depends on the body.
+    """
+    if principal.role not in TRUSTED_ROLES:
+        raise Forbidden(f"role {principal.role} may not do this; backend or admin required")
+
+
+def field_errors(items: Iterable[tuple[Iterable[Any], str]]) -> list[dict[str, Any]]:
+    """`[{"loc": [...], "msg": ...}]`, the one shape of field errors on every error body."""
+    return [{"loc": [str(part) for part in loc], "msg": msg} for loc, msg in items]
+
+
+def validation_field_errors(exc: ValidationError, *, skip: int = 0) -> list[dict[str, Any]]:
+    """Field errors of a pydantic error; `skip` drops leading loc parts (a union's tag)."""
+    return field_errors((err["loc"][skip:], err["msg"]) for err in exc.errors())
+
+
+class ThreadService:
+    """Validates and applies commands; every write commits in storage, then publishes.
+
+    Deny by default: every call filters by the principal's scopes, so a foreign thread is
+    `NotFound`, exactly like a missing one.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        publisher: Publisher,
+        agent: Agent,
+        *,
+        limits: AdmissionLimits | None = None,
+        permissions: PermissionPolicy | None = None,
+        snapshot_messages: int | None = None,
+        queue_preview_chars: int | None = None,
+    ) -> None:
+        self.store = store
+        # Bounded snapshots: the last `snapshot_messages` messages, queued texts cut to a preview.
+        self.snapshot_messages = snapshot_messages
+        self.queue_preview_chars = queue_preview_chars
+        self.permissions = permissions or PermissionPolicy()
+        self.access = AccessControl(store, self.permissions)
+        # Queue and per-scope run bounds, checked by the store inside the admission transaction.
+        self.limits = limits
+        self.publisher = publisher
+        self.agent = agent
+        self.lifecycle = compose_lifecycle(agent.lifecycle)
+        self.owner = f"svc-{uuid.uuid4().hex[:8]}"
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def create_thread(
+        self,
+        principal: Principal,
+        *,
+        title: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+    ) -> Snapshot:
+        target = scope or _default_scope(principal)
+        if not principal.can_access(target):
+            raise Forbidden(f"you may not create threads in scope {target!r}")
+        thread = await self.store.create_thread(target, title, dict(metadata or {}))
+        return await self.snapshot(principal, thread.id)
+
+    async def list_threads(self, principal: Principal, limit: int = 100) -> list[Thread]:
+        return await self.store.list_threads(principal.scopes, limit)
+
+    async def pending_actions(
+        self, principal: Principal, limit: int = 100, after: str | None = None
+    ) -> list[InboxEntry]:
+        """The scope-wide inbox: pending actions of the principal's threads (one entry per
+        thread, at most `limit`, by thread id after the cursor `after`)."""
+        return await self.store.pending_actions(principal.scopes, limit=limit, after=after)
+
+    async def snapshot(
+        self,
+        principal: Principal,
+        thread_id: str,
+        *,
+        include_hidden: bool = False,
+        before: int | None = None,
+        limit: int | None = None,
+    ) -> Snapshot:
+        """The thread as this principal sees it; bounded when the service is configured so
+        (the last messages, `page.before` the cursor of older ones; queued texts previewed)."""
+        snapshot = await self.store.snapshot(
+            thread_id,
+            principal.scopes,
+            include_hidden=include_hidden,
+            message_limit=limit or self.snapshot_messages,
+            before=before,
+        )
+        return await self.access.annotate(principal, self._preview_queue(snapshot))
+
+    def _preview_queue(self, snapshot: Snapshot) -> Snapshot:
+        cap = self.queue_preview_chars
+        if cap is None or all(len(item.text) <= cap for item in snapshot.queue):
+            return snapshot
+        queue = tuple(
+            item
+            if len(item.text) <= cap
+            else item.model_copy(
+                update={"text": item.text[:cap], "truncated": True, "size": len(item.text)}
+            )
+            for item in snapshot.queue
+        )
+        return snapshot.model_copy(update={"queue": queue})
+
+    async def queued_item(self, principal: Principal, thread_id: str, item_id: str) -> Any:
+        """One queued item with its full text (a snapshot carries only a preview)."""
+        await self.store.get_thread(thread_id, principal.scopes)
+        for item in await self.store.list_queue(thread_id):
+            if item.id == item_id:
+                return item
+        raise NotFound(f"queued item {item_id} not found")
+
+    # --- input ---------------------------------------------------------------------------
+
+    async def send_message(
+        self,
+        principal: Principal,
+        thread_id: str,
+        text: str,
+        *,
+        client_request_id: str | None = None,
+        policy: InputPolicy = InputPolicy.ENQUEUE,
+        client_tools: Sequence[Mapping[str, Any]] = (),
+    ) -> Admission:
+        try:
+            tools = [t.model_dump() for t in client_tools_from(client_tools)]
+        except ValidationError as exc:
+            errors = validation_field_errors(exc)
+            raise InvalidInput("invalid client tool definition", errors=errors) from exc
+        _check_client_tool_names(self.agent, [t["name"] for t in tools])
+        admission = await self.store.submit_input(
+            thread_id,
+            principal.scopes,
+            text=text,
+            submitted_by=principal.subject,
+            client_request_id=client_request_id,
+            policy=policy,
+            client_tools=tools,
+            limits=self.limits,
+        )
+        if admission.duplicate:
+            return admission
+        await self.publisher.invalidate(
+            thread_id,
+            admission.version,
+            stop=admission.interrupted_run_id or None,
+            wakeup=admission.run_id or None,
+        )
+        return admission
+
+    async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int:
+        await self.access.require_cancel_queued(principal, thread_id, item_id)
+        version = await self.store.cancel_queued_item(thread_id, principal.scopes, item_id)
+        await self.publisher.invalidate(thread_id, version)
+        return version
+
+    # --- pending actions -----------------------------------------------------------------
+
+    async def resume_action(
+        self,
+        principal: Principal,
+        thread_id: str,
+        action_id: str,
+        payload: Mapping[str, Any],
+        *,
+        expected_version: int | None = None,
+        kind: WaitKind | None = None,
+    ) -> ResolveResult:
+        """Validate `payload` once, with the tool's own payload model (and a submitted result's
+        output with the tool's output model), then compare-and-set its resolution.
+
+        `kind` restricts which kind of action the route may resolve (client/manual results);
+        manual results are for trusted roles only, refused before any lookup.
+        """
+        if kind is WaitKind.MANUAL_RESULT:
+            require_trusted(principal)
+        part = await self._pending_part(principal, thread_id, action_id)
+        if part is not None and part.waiting is not None:
+            if kind is not None and part.waiting.kind is not kind:
+                raise InvalidInput(
+                    f"action {action_id} is a {part.waiting.kind} action, not {kind}"
+                )
+            if principal.role not in part.waiting.allowed_roles:
+                raise Forbidden(f"role {principal.role} may not resolve this action")
+            check_payload(self.agent, part, payload)
+        resolution = Resolution(
+            subject=principal.subject,
+            role=principal.role,
+            payload=dict(payload),
+            at=await self.store.db_time(),
+        )
+        # The store re-checks everything atomically: a concurrent winner makes this a conflict.
+        result = await self.store.resolve_action(
+            thread_id, principal.scopes, action_id, resolution, expected_version
+        )
+        await self.publisher.invalidate(
+            thread_id,
+            result.version,
+            wakeup=result.run_id if result.run_resumed and result.run_id else None,
+        )
+        return result
+
+    async def _pending_part(
+        self, principal: Principal, thread_id: str, action_id: str
+    ) -> ToolCallPart | None:
+        messages = await self._messages(principal, thread_id)
+        if not messages:
+            return None
+        for part in messages[-1].parts:
+            if (
+                isinstance(part, ToolCallPart)
+                and part.waiting is not None
+                and part.waiting.action_id == action_id
+                and part.is_pending
+            ):
+                return part
+        return None
+
+    async def _messages(self, principal: Principal, thread_id: str) -> list[Any]:
+        await self.store.get_thread(thread_id, principal.scopes)
+        return await self.store.list_messages(thread_id)
+
+    # --- stop ----------------------------------------------------------------------------
+
+    async def stop_run(self, principal: Principal, thread_id: str, run_id: str) -> StopResult:
+        await self.access.require_stop(principal, thread_id, run_id)
+        result = await self.store.request_stop(thread_id, principal.scopes, run_id)
+        if result.status.is_terminal:
+            await self.publisher.invalidate(thread_id, result.version)
+        else:
+            # The worker owning the run (or the next one to lease it) finalises it.
+            await self.publisher.stop(run_id)
+            await self.publisher.wakeup(run_id, thread_id)
+        return result
+
+    # --- history rewrites ----------------------------------------------------------------
+
+    async def regenerate(
+        self,
+        principal: Principal,
+        thread_id: str,
+        message_id: str | None = None,
+        *,
+        expected_version: int | None = None,
+    ) -> RewriteResult:
+        messages = await self._messages(principal, thread_id)
+        if message_id is None:
+            target = last_assistant_reply_start(messages)
+            if target is None:
+                raise InvalidInput("there is no assistant reply to regenerate")
+            message_id = target
+        elif not any(m.id == message_id for m in messages):
+            raise NotFound(f"message {message_id} not found")
+        await self.access.require(
+            principal, Destructive.REGENERATE, thread_id, message_id=message_id
+        )
+        start = message_id
+        result = await rewrite(
+            self,
+            principal,
+            thread_id,
+            lambda version: Truncate(
+                from_message_id=start, started_by=principal.subject, expected_version=version
+            ),
+            kind="regenerate",
+            message_id=message_id,
+            expected_version=expected_version,
+        )
+        if result.run_id:
+            await self.publisher.wakeup(result.run_id, thread_id)
+        return result
+
+    async def retry(
+        self,
+        principal: Principal,
+        thread_id: str,
+        run_id: str | None = None,
+        *,
+        expected_version: int | None = None,
+    ) -> RewriteResult:
+        """Answer the input of the thread's latest run again when that run failed or was
+        cancelled: its messages go, a new run (trigger `retry`) starts, through both rewrite
+        phases. `run_id`, when given, must name that latest run."""
+        snapshot = await self.store.snapshot(thread_id, principal.scopes)
+        latest = snapshot.run
+        if latest is None:
+            raise InvalidInput("the thread has no run to retry")
+        target = run_id or latest.id
+        check_retryable(target, latest.id, latest.status)
+        run = await self.store.get_run(target)
+        result = await rewrite(
+            self,
+            principal,
+            thread_id,
+            lambda version: RetryRun(
+                run_id=target, started_by=principal.subject, expected_version=version
+            ),
+            kind="retry",
+            message_id=run.input_message_id or "",
+            expected_version=expected_version,
+            retried_run_id=target,
+        )
+        if result.run_id:
+            await self.publisher.wakeup(result.run_id, thread_id)
+        return result
+
+    async def set_visibility(
+        self,
+        principal: Principal,
+        thread_id: str,
+        message_id: str,
+        visibility: Visibility,
+        *,
+        expected_version: int | None = None,
+    ) -> RewriteResult:
+        if not self.access.open_to(principal, Destructive.VISIBILITY):
+            messages = await self._messages(principal, thread_id)
+            if not any(m.id == message_id for m in messages):
+                raise NotFound(f"message {message_id} not found")
+            await self.access.require(
+                principal, Destructive.VISIBILITY, thread_id, message_id=message_id
+            )
+        return await rewrite(
+            self,
+            principal,
+            thread_id,
+            lambda version: SetVisibility(
+                message_id=message_id, visibility=visibility, expected_version=version
+            ),
+            kind="visibility",
+            message_id=message_id,
+            visibility=visibility,
+            expected_version=expected_version,
+        )
+
+
+def _check_client_tool_names(agent: Agent, names: Sequence[str]) -> None:
+    """Tool assembly needs one tool per name: a client tool may not shadow a server tool (the
+    model would see both and the server one would run) nor another client tool."""
+    seen: set[str] = set()
+    errors = []
+    for index, name in enumerate(names):
+        if agent.tool(name) is not None:
+            errors.append(((index, "name"), f"{name!r} is the name of a server tool"))
+        elif name in seen:
+            errors.append(((index, "name"), f"{name!r} is defined twice"))
+        seen.add(name)
+    if errors:
+        raise InvalidInput(
+            "client tool names must differ from server tools and each other",
+            errors=field_errors((("client_tools", *loc), msg) for loc, msg in errors),
+        )
+
+
+def _default_scope(principal: Principal) -> str:
+    if len(principal.scopes) != 1:
+        raise InvalidInput("this token has several scopes: say which one with 'scope'")
+    return next(iter(principal.scopes))
+
+
+__all__ = [
+    "TRUSTED_ROLES",
+    "ThreadService",
+    "field_errors",
+    "require_trusted",
+    "validation_field_errors",
+]

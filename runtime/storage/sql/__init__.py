@@ -1,0 +1,1 @@
+"""SQL backends of the store: SQLite and Postgres over one transaction path, and migrations."""

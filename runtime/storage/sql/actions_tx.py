@@ -1,0 +1,90 @@
+"""Transaction functions for pending actions: the resolving compare-and-set under the thread
+lock, and the index of action ids that finds an action outside the tail without a scan."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from runtime.domain import Part, Resolution, RunStatus
+from runtime.errors import RunStopping
+from runtime.storage.decisions import (
+    action_ids,
+    check_expected_version,
+    resolve_action,
+    stale_action_error,
+)
+from runtime.storage.sql.core import Conn, bump, lock_thread
+from runtime.storage.sql.rows import decode_parts, encode_parts
+from runtime.storage.sql.threads_tx import tail_row
+from runtime.storage.store import ResolveResult
+
+
+async def resolve(
+    conn: Conn,
+    thread_id: str,
+    scopes: Collection[str],
+    action_id: str,
+    resolution: Resolution,
+    expected_version: int | None,
+) -> ResolveResult:
+    # The thread lock makes the compare-and-set race-free: of concurrent resolutions the first
+    # to lock wins, every later one sees its result.
+    thread = await lock_thread(conn, thread_id, scopes)
+    check_expected_version(thread_id, int(thread["version"]), expected_version)
+    tail = await tail_row(conn, thread_id)
+    outcome = None
+    if tail is not None:
+        outcome = resolve_action(decode_parts(tail["parts"]), action_id, resolution)
+    if tail is None or outcome is None:
+        # One indexed row (message_actions), never a scan of the thread's messages.
+        row = await conn.fetchrow(
+            "SELECT m.parts FROM message_actions a JOIN messages m ON m.id = a.message_id"
+            " WHERE a.thread_id = $1 AND a.action_id = $2",
+            thread_id,
+            action_id,
+        )
+        older = () if row is None else (decode_parts(row["parts"]),)
+        raise stale_action_error(older, action_id)
+    run_id = tail["run_id"]
+    if run_id is not None and await conn.fetchval(
+        "SELECT stop_requested FROM runs WHERE id = $1", run_id
+    ):
+        # Answering 200 would be a lie: the stop's finalisation cancels this action next.
+        raise RunStopping(f"run {run_id} is stopping; its actions are being cancelled")
+    await conn.execute(
+        "UPDATE messages SET parts = $2, updated_at = $3 WHERE id = $1",
+        tail["id"],
+        encode_parts(outcome.parts),
+        await conn.now(),
+    )
+    resumed = False
+    if run_id is not None and outcome.last_pending:
+        status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
+        if status == RunStatus.WAITING:
+            await conn.execute(
+                # The next episode resumes; one after it (episode past this count) is a takeover.
+                "UPDATE runs SET status = 'running', resumed_episode = episode, updated_at = $2"
+                " WHERE id = $1",
+                run_id,
+                await conn.now(),
+            )
+            resumed = True
+    return ResolveResult(
+        thread_id=thread_id,
+        version=await bump(conn, thread_id),
+        run_id=run_id,
+        run_resumed=resumed,
+    )
+
+
+async def index_actions(conn: Conn, thread_id: str, message_id: str, parts: Sequence[Part]) -> None:
+    """Record which message holds each action id of `parts`; called in the transaction that
+    writes the message, so the index never disagrees with a committed message."""
+    for action_id in action_ids(parts):
+        await conn.execute(
+            "INSERT INTO message_actions (thread_id, action_id, message_id) VALUES ($1, $2, $3)"
+            " ON CONFLICT (thread_id, action_id) DO UPDATE SET message_id = excluded.message_id",
+            thread_id,
+            action_id,
+            message_id,
+        )

@@ -1,0 +1,419 @@
+"""`SqlStore`: the `Store` over a dialect and a connection pool, one transaction per method."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any
+
+from runtime.domain import (
+    Admission,
+    InboxEntry,
+    InputPolicy,
+    Lease,
+    LeaseKind,
+    Message,
+    Principal,
+    QueuedItem,
+    Resolution,
+    Role,
+    Run,
+    Snapshot,
+    Thread,
+)
+from runtime.errors import InvalidInput
+from runtime.storage.input_checks import (
+    check_display_name,
+    check_owner,
+    check_patch,
+    check_submit,
+    check_text,
+    check_thread_fields,
+    check_thread_id,
+    check_token,
+    check_ttl,
+)
+from runtime.storage.sql import (
+    actions_tx,
+    inbox_tx,
+    leases_tx,
+    queue_tx,
+    rewrites_tx,
+    runs_tx,
+    threads_tx,
+)
+from runtime.storage.sql.core import (
+    Conn,
+    ThreadLock,
+    applied_migrations,
+    apply_migrations,
+    migration_scripts,
+    normalize_scopes,
+)
+from runtime.storage.sql.rows import (
+    dumps,
+    encode_client_tools,
+    encode_metadata,
+    encode_parts,
+    new_id,
+    validate_parts,
+)
+from runtime.storage.sql.transactions import SqlTransactions
+from runtime.storage.store import (
+    AdmissionLimits,
+    CommitVersion,
+    EpisodeStart,
+    HistoryRead,
+    ResolveResult,
+    RetryRun,
+    RewriteOp,
+    RewriteResult,
+    RunStart,
+    SetVisibility,
+    StepCommit,
+    StopResult,
+    Truncate,
+)
+
+
+class SqlStore(SqlTransactions):
+    """Every `Store` method, written once: check the input, then run one transaction function
+    through `_run` (`SqlTransactions`). What differs per backend is in `dialect` and `pool`,
+    never in a subclass."""
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self.pool.is_open:
+            return
+        await self._retry(self.pool.open)
+        try:
+            await self.migrate()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations in one transaction; returns the names applied now."""
+        scripts = migration_scripts(self.dialect)
+        # Unkeyed: the key table is created by a migration, and migrating twice is harmless.
+        return await self._retry(
+            lambda: self._attempt(lambda conn: apply_migrations(conn, scripts), write=True)
+        )
+
+    async def applied_migrations(self) -> list[str]:
+        return await self._read(applied_migrations)
+
+    # --- threads and snapshots ----------------------------------------------------------
+
+    async def create_thread(
+        self,
+        scope: str,
+        title: str = "",
+        metadata: dict[str, Any] | None = None,
+        private_metadata: dict[str, Any] | None = None,
+        *,
+        thread_id: str | None = None,
+    ) -> Thread:
+        """A new thread; a caller-chosen `thread_id` that exists already raises Conflict."""
+        check_thread_fields(scope, title)
+        if thread_id is not None:
+            check_thread_id(thread_id)
+        public_json = encode_metadata(metadata, "metadata")
+        private_json = encode_metadata(private_metadata, "private_metadata")
+        thread_id = thread_id or new_id("th")
+        return await self._write(
+            lambda conn: threads_tx.create_thread(
+                conn, thread_id, scope, title, public_json, private_json
+            )
+        )
+
+    async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread:
+        return await self._read(lambda conn: threads_tx.get_thread(conn, thread_id, scopes))
+
+    async def list_threads(self, scopes: Collection[str], limit: int = 100) -> list[Thread]:
+        if limit <= 0:
+            return []
+        return await self._read(lambda conn: threads_tx.list_threads(conn, scopes, limit))
+
+    async def snapshot(
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        *,
+        include_hidden: bool = False,
+        message_limit: int | None = None,
+        before: int | None = None,
+    ) -> Snapshot:
+        return await self._read(
+            lambda conn: threads_tx.snapshot(
+                conn, thread_id, scopes, include_hidden, message_limit, before
+            )
+        )
+
+    async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]:
+        ids = list(dict.fromkeys(thread_ids))
+        if not ids:
+            return {}
+        return await self._read(lambda conn: threads_tx.thread_versions(conn, ids))
+
+    async def list_messages(
+        self, thread_id: str, up_to_position: int | None = None
+    ) -> list[Message]:
+        return await self._read(
+            lambda conn: threads_tx.list_messages(conn, thread_id, up_to_position)
+        )
+
+    async def read_history(self, thread_id: str, from_position: int = 0) -> HistoryRead:
+        epoch, messages = await self._read_statements(
+            lambda conn: threads_tx.read_history(conn, thread_id, from_position)
+        )
+        return HistoryRead(epoch=epoch, messages=tuple(messages))
+
+    # --- input and queue admission ------------------------------------------------------
+
+    async def submit_input(
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        *,
+        text: str,
+        submitted_by: str,
+        client_request_id: str | None = None,
+        policy: InputPolicy = InputPolicy.ENQUEUE,
+        client_tools: Sequence[dict[str, Any]] = (),
+        limits: AdmissionLimits | None = None,
+    ) -> Admission:
+        text = check_text(text)
+        policy = check_submit(submitted_by, client_request_id, policy)
+        tools_json = encode_client_tools(client_tools)
+        return await self._run(
+            lambda conn: queue_tx.submit_input(
+                conn,
+                thread_id,
+                scopes,
+                text=text,
+                submitted_by=submitted_by,
+                client_request_id=client_request_id,
+                policy=policy,
+                tools_json=tools_json,
+                limits=limits,
+            ),
+            write=True,
+            lock=ThreadLock(thread_id, normalize_scopes(scopes)),
+        )
+
+    async def cancel_queued_item(
+        self, thread_id: str, scopes: Collection[str], item_id: str
+    ) -> int:
+        return await self._write(
+            lambda conn: queue_tx.cancel_queued_item(conn, thread_id, scopes, item_id)
+        )
+
+    async def list_queue(self, thread_id: str) -> list[QueuedItem]:
+        return await self._read(lambda conn: threads_tx.list_queue(conn, thread_id))
+
+    # --- runs ---------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self._read_statements(lambda conn: runs_tx.get_run(conn, run_id))
+
+    async def active_run(self, thread_id: str) -> Run | None:
+        return await self._read(lambda conn: runs_tx.active_run(conn, thread_id))
+
+    async def find_runnable_runs(self, limit: int = 10) -> list[Run]:
+        if limit <= 0:
+            return []
+        # Outside a transaction: the clock read and the query need not be one snapshot (a run
+        # found runnable is leased, checked again, before anything runs it).
+        return await self._read_statements(lambda conn: runs_tx.find_runnable_runs(conn, limit))
+
+    async def request_stop(
+        self, thread_id: str, scopes: Collection[str], run_id: str
+    ) -> StopResult:
+        return await self._write(lambda conn: runs_tx.request_stop(conn, thread_id, scopes, run_id))
+
+    async def start_episode(self, lease: Lease) -> tuple[Run, int]:
+        return await self._write(lambda conn: runs_tx.start_episode(conn, lease))
+
+    async def begin_episode(self, lease: Lease, history_from: int = 0) -> EpisodeStart:
+        return await self._run(
+            lambda conn: runs_tx.begin_episode(conn, lease, history_from),
+            write=True,
+            lock=ThreadLock(lease.thread_id),
+        )
+
+    async def commit(self, lease: Lease, commit: StepCommit) -> CommitVersion:
+        # Validate (and serialise) everything before taking any lock.
+        tail = commit.update_tail
+        tail_parts = validate_parts(tail.parts) if tail is not None else None
+        appends = [(message, encode_parts(message.parts)) for message in commit.append]
+        # Keyed by run and fencing token (plus the per-call suffix `_run` adds): a retry of this
+        # commit after an unknown outcome finds it instead of appending the step twice.
+        return await self._run(
+            lambda conn: runs_tx.commit(conn, lease, commit, tail_parts, appends),
+            write=True,
+            key=f"commit:{lease.resource_id}:{lease.token}",
+            lock=ThreadLock(lease.thread_id),
+        )
+
+    # --- leases -------------------------------------------------------------------------
+
+    async def acquire_run_lease(self, run_id: str, owner: str, ttl: float) -> Lease | None:
+        if self.dialect.run_lease_function is None:
+            return await self._acquire(
+                leases_tx.acquire_run_lease, LeaseKind.RUN, run_id, owner, ttl
+            )
+        # One statement, keyed inside the database function (the key is claimed there first,
+        # as `_run` claims it): a retry after an unknown outcome grants nothing twice.
+        ttl, owner, key = check_ttl(ttl), check_owner(owner), new_id("tx")
+        lease = await self._write_statement(
+            lambda conn: leases_tx.acquire_run_lease_call(conn, key, run_id, owner, ttl)
+        )
+        if lease is None:
+            leases_tx.lease_event("busy", LeaseKind.RUN)
+        return lease
+
+    async def start_run(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        thread_id: str | None = None,
+        history_from: int = 0,
+    ) -> RunStart | None:
+        function = self.dialect.start_run_function
+        if function is None:
+            lease = await self.acquire_run_lease(run_id, owner, ttl)
+            return None if lease is None else RunStart(lease=lease)
+        # One statement, keyed inside the database function, as `acquire_run_lease`'s.
+        ttl, owner, key = check_ttl(ttl), check_owner(owner), new_id("tx")
+        history = None if thread_id is None else (thread_id, int(history_from))
+        start = await self._write_statement(
+            lambda conn: leases_tx.start_run_call(conn, key, run_id, owner, ttl, history)
+        )
+        if start is None:
+            leases_tx.lease_event("busy", LeaseKind.RUN)
+        return start
+
+    async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
+        return await self._acquire(
+            leases_tx.acquire_admin_lease, LeaseKind.ADMIN, thread_id, owner, ttl
+        )
+
+    async def _acquire(
+        self,
+        acquire: Callable[[Conn, str, str, float], Awaitable[Lease | None]],
+        kind: LeaseKind,
+        resource_id: str,
+        owner: str,
+        ttl: float,
+    ) -> Lease | None:
+        ttl, owner = check_ttl(ttl), check_owner(owner)
+        lease = await self._write(lambda conn: acquire(conn, resource_id, owner, ttl))
+        if lease is None:
+            leases_tx.lease_event("busy", kind)
+        return lease
+
+    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+        ttl = check_ttl(ttl)
+        return await self._write(lambda conn: leases_tx.renew_lease(conn, lease, ttl))
+
+    async def release_lease(self, lease: Lease) -> None:
+        # One DELETE of this token's row: a retry after it went through deletes nothing.
+        await self._write_statement(lambda conn: leases_tx.release_lease(conn, lease))
+
+    # --- pending actions and history rewrites -------------------------------------------
+
+    async def resolve_action(
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        action_id: str,
+        resolution: Resolution,
+        expected_version: int | None = None,
+    ) -> ResolveResult:
+        return await self._write(
+            lambda conn: actions_tx.resolve(
+                conn, thread_id, scopes, action_id, resolution, expected_version
+            )
+        )
+
+    async def pending_actions(
+        self,
+        scopes: Collection[str],
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        thread_ids: Sequence[str] | None = None,
+    ) -> list[InboxEntry]:
+        """Pending actions of up to `limit` threads in `scopes`, by thread id after `after`."""
+        if limit <= 0:
+            return []
+        ids = None if thread_ids is None else list(dict.fromkeys(thread_ids))
+        return await self._read(
+            lambda conn: inbox_tx.pending_actions(
+                conn, scopes, limit=limit, after=after, thread_ids=ids
+            )
+        )
+
+    async def thread_scopes(self, thread_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(thread_ids))[:500]
+        if not ids:
+            return {}
+        return await self._read(lambda conn: inbox_tx.thread_scopes(conn, ids))
+
+    async def rewrite_history(
+        self,
+        lease: Lease,
+        op: RewriteOp,
+        public_patch: dict[str, Any] | None = None,
+        private_patch: dict[str, Any] | None = None,
+    ) -> RewriteResult:
+        if not isinstance(op, Truncate | SetVisibility | RetryRun):
+            raise InvalidInput("op must be Truncate, SetVisibility or RetryRun")
+        public = check_patch(public_patch, "public_patch")
+        private = check_patch(private_patch, "private_patch")
+        return await self._write(
+            lambda conn: rewrites_tx.rewrite_history(conn, lease, op, public, private)
+        )
+
+    # --- principals and the clock -------------------------------------------------------
+
+    async def create_token(
+        self,
+        token_hash: str,
+        subject: str,
+        role: Role,
+        scopes: Collection[str],
+        expires_in: float | None = None,
+        display_name: str | None = None,
+    ) -> None:
+        role = check_token(token_hash, subject, role)
+        if expires_in is not None and not expires_in > 0:
+            raise InvalidInput("expires_in must be a positive number of seconds")
+        name = check_display_name(display_name)
+        scopes_json = dumps(list(normalize_scopes(scopes)))
+        await self._write(
+            lambda conn: threads_tx.create_token(
+                conn, token_hash, subject, role, scopes_json, expires_in, name
+            )
+        )
+
+    async def revoke_token(self, token_hash: str) -> bool:
+        return await self._write(lambda conn: threads_tx.revoke_token(conn, token_hash))
+
+    async def principal_for_token(self, token_hash: str) -> Principal | None:
+        return await self._read(lambda conn: threads_tx.principal_for_token(conn, token_hash))
+
+    async def token_expires_in(self, token_hash: str) -> float | None:
+        return await self._read(lambda conn: threads_tx.token_expires_in(conn, token_hash))
+
+    async def db_time(self) -> float:
+        return await self._read(lambda conn: conn.now())
+
+
+__all__ = ["SqlStore"]

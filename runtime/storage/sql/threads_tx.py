@@ -1,0 +1,433 @@
+"""Transaction functions for threads: creation, the reads that project committed state, tokens."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.domain import (
+    Message,
+    MessageView,
+    Principal,
+    QueuedItem,
+    QueuedItemView,
+    Role,
+    Run,
+    RunView,
+    Snapshot,
+    Thread,
+    ThreadView,
+    Visibility,
+    pending_actions_of,
+)
+from runtime.errors import Conflict, NotFound
+from runtime.storage.sql.core import Conn, placeholders, scope_clause, thread_row
+from runtime.storage.sql.rows import (
+    Row,
+    item_from_row,
+    loads,
+    message_from_row,
+    run_from_row,
+    thread_from_row,
+)
+
+ACTIVE_STATUSES = "('queued', 'running', 'waiting')"
+RUN_SELECT = "SELECT r.*, t.scope FROM runs r JOIN threads t ON t.id = r.thread_id"
+# Chunked so a long watch list never exceeds a backend's parameter limit.
+_VERSIONS_CHUNK = 500
+
+
+async def create_thread(
+    conn: Conn, thread_id: str, scope: str, title: str, public_json: str, private_json: str
+) -> Thread:
+    row = await conn.fetchrow(
+        "INSERT INTO threads (id, scope, title, version, metadata, private_metadata,"
+        " created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $6)"
+        " ON CONFLICT (id) DO NOTHING RETURNING *",
+        thread_id,
+        scope,
+        title,
+        public_json,
+        private_json,
+        await conn.now(),
+    )
+    if row is None:
+        raise Conflict(f"thread {thread_id} exists already")
+    return thread_from_row(row)
+
+
+async def get_thread(conn: Conn, thread_id: str, scopes: Collection[str]) -> Thread:
+    return thread_from_row(await thread_row(conn, thread_id, scopes))
+
+
+async def list_threads(conn: Conn, scopes: Collection[str], limit: int) -> list[Thread]:
+    clause, values = scope_clause("scope", scopes, 1)
+    rows = await conn.fetch(
+        f"SELECT * FROM threads WHERE {clause} ORDER BY updated_at DESC, id"
+        f" LIMIT ${len(values) + 1}",
+        *values,
+        int(limit),
+    )
+    return [thread_from_row(row) for row in rows]
+
+
+async def thread_versions(conn: Conn, ids: Sequence[str]) -> dict[str, int]:
+    versions: dict[str, int] = {}
+    for start in range(0, len(ids), _VERSIONS_CHUNK):
+        chunk = ids[start : start + _VERSIONS_CHUNK]
+        rows = await conn.fetch(
+            f"SELECT id, version FROM threads WHERE id IN ({placeholders(1, len(chunk))})",
+            *chunk,
+        )
+        versions.update({row["id"]: int(row["version"]) for row in rows})
+    return versions
+
+
+async def snapshot(
+    conn: Conn,
+    thread_id: str,
+    scopes: Collection[str],
+    include_hidden: bool,
+    message_limit: int | None = None,
+    before: int | None = None,
+) -> Snapshot:
+    # Called in one read transaction: every part of the snapshot is at the same version.
+    thread = thread_from_row(await thread_row(conn, thread_id, scopes))
+    if message_limit is not None:
+        return await _bounded_snapshot(conn, thread, include_hidden, message_limit, before)
+    return build_snapshot(
+        thread,
+        await messages(conn, thread_id),
+        await latest_run(conn, thread_id),
+        await queued_items(conn, thread_id),
+        include_hidden=include_hidden,
+    )
+
+
+async def _bounded_snapshot(
+    conn: Conn, thread: Thread, include_hidden: bool, limit: int, before: int | None
+) -> Snapshot:
+    """The last `limit` messages (before position `before`), read by index: cost does not
+    grow with the thread's length. Pending actions still come from the real tail."""
+    visible = "" if include_hidden else " AND visibility = 'visible'"
+    older = "" if before is None else " AND position < $3"
+    args: list[Any] = [thread.id, limit + 1] + ([] if before is None else [before])
+    rows = await conn.fetch(
+        f"SELECT * FROM messages WHERE thread_id = $1{visible}{older}"
+        " ORDER BY position DESC LIMIT $2",
+        *args,
+    )
+    page = [message_from_row(row) for row in reversed(rows[:limit])]
+    tail = await tail_row(conn, thread.id)
+    built = build_snapshot(
+        thread,
+        page,
+        await latest_run(conn, thread.id),
+        await queued_items(conn, thread.id),
+        include_hidden=True,  # filtered by the query already
+    )
+    cursor = page[0].position if len(rows) > limit and page else None
+    tail_message = message_from_row(tail) if tail is not None else None
+    actions = tuple(pending_actions_of(tail_message)) if tail_message is not None else ()
+    return built.model_copy(
+        update={"pending_actions": actions, "page": {"limit": limit, "before": cursor}}
+    )
+
+
+async def list_messages(conn: Conn, thread_id: str, up_to_position: int | None) -> list[Message]:
+    await thread_row(conn, thread_id)
+    return await messages(conn, thread_id, up_to_position)
+
+
+async def list_queue(conn: Conn, thread_id: str) -> list[QueuedItem]:
+    await thread_row(conn, thread_id)
+    return await queued_items(conn, thread_id)
+
+
+# --- reads shared by the other concerns ---------------------------------------------------
+
+
+async def messages(conn: Conn, thread_id: str, up_to_position: int | None = None) -> list[Message]:
+    if up_to_position is None:
+        rows = await conn.fetch(
+            "SELECT * FROM messages WHERE thread_id = $1 ORDER BY position", thread_id
+        )
+    else:
+        rows = await conn.fetch(
+            "SELECT * FROM messages WHERE thread_id = $1 AND position <= $2 ORDER BY position",
+            thread_id,
+            int(up_to_position),
+        )
+    return [message_from_row(row) for row in rows]
+
+
+async def read_history(conn: Conn, thread_id: str, from_position: int) -> tuple[int, list[Message]]:
+    """(history epoch, messages from `from_position` on), in one statement: one snapshot, so
+    it needs no transaction (the thread row comes even when no message is at the position)."""
+    rows = await conn.fetch(
+        "SELECT t.history_epoch AS history_epoch_, m.* FROM threads t"
+        " LEFT JOIN messages m ON m.thread_id = t.id AND m.position >= $2"
+        " WHERE t.id = $1 ORDER BY m.position",
+        thread_id,
+        int(from_position),
+    )
+    if not rows:
+        raise NotFound(f"thread {thread_id} not found")
+    messages = [message_from_row(row) for row in rows if row["id"] is not None]
+    return int(rows[0]["history_epoch_"]), messages
+
+
+@dataclass(frozen=True)
+class Prefixed:
+    """A table's row read beside other rows in one SELECT: its columns, as `alias.c AS
+    prefix + c`, and the row taken back out of the result."""
+
+    alias: str
+    prefix: str
+    columns: tuple[str, ...]
+
+    @functools.cached_property
+    def _names(self) -> tuple[tuple[str, str], ...]:
+        """(column, its name in the SELECT) pairs, built once (rows are read per commit)."""
+        return tuple((c, f"{self.prefix}{c}") for c in self.columns)
+
+    def select(self) -> str:
+        """`, a.id AS p_id, …` for a SELECT list (with its leading comma)."""
+        return "".join(f", {self.alias}.{c} AS {name}" for c, name in self._names)
+
+    def row(self, row: Row) -> Row:
+        return {c: row[name] for c, name in self._names}
+
+    def joined(self, row: Row) -> Row | None:
+        """The row an outer join found, or None where it found none (its id is NULL)."""
+        return None if row[f"{self.prefix}id"] is None else self.row(row)
+
+
+# The thread (alias `t`), its tail message (`m`, `tail_join`) and its first queued item (`q`,
+# `first_queued_join`, as `admit_next` reads it), for statements that read them together.
+THREAD = Prefixed(
+    "t",
+    "thread__",
+    (
+        "id",
+        "scope",
+        "title",
+        "version",
+        "metadata",
+        "private_metadata",
+        "created_at",
+        "updated_at",
+        "history_epoch",
+    ),
+)
+TAIL = Prefixed(
+    "m",
+    "tail_",
+    (
+        "id",
+        "thread_id",
+        "position",
+        "role",
+        "parts",
+        "visibility",
+        "run_id",
+        "client_request_id",
+        "created_at",
+        "updated_at",
+    ),
+)
+FIRST_QUEUED = Prefixed(
+    "q",
+    "queued_",
+    (
+        "id",
+        "thread_id",
+        "text",
+        "submitted_by",
+        "client_request_id",
+        "status",
+        "interrupt",
+        "client_tools",
+        "position",
+        "created_at",
+    ),
+)
+
+
+def tail_join(thread: str) -> str:
+    """A LEFT JOIN of the tail message (alias `m`) of the thread whose id is `thread` (SQL),
+    so one statement reads what `tail_row` would beside other rows."""
+    return (
+        f" LEFT JOIN messages m ON m.thread_id = {thread} AND m.position ="
+        f" (SELECT MAX(position) FROM messages WHERE thread_id = {thread})"
+    )
+
+
+def first_queued_join(thread: str) -> str:
+    """A LEFT JOIN of the thread's first queued item, as `admit_next` reads it."""
+    return (
+        " LEFT JOIN queued_items q ON q.id = (SELECT id FROM queued_items"
+        f" WHERE thread_id = {thread} AND status = 'queued' ORDER BY position LIMIT 1)"
+    )
+
+
+async def tail_row(conn: Conn, thread_id: str) -> Row | None:
+    return await conn.fetchrow(
+        "SELECT * FROM messages WHERE thread_id = $1 ORDER BY position DESC LIMIT 1",
+        thread_id,
+    )
+
+
+async def run_row(conn: Conn, run_id: str, thread_id: str | None = None) -> Row | None:
+    """A runs row joined with its thread's scope (what `run_from_row` reads)."""
+    if thread_id is None:
+        return await conn.fetchrow(f"{RUN_SELECT} WHERE r.id = $1", run_id)
+    return await conn.fetchrow(
+        f"{RUN_SELECT} WHERE r.id = $1 AND r.thread_id = $2", run_id, thread_id
+    )
+
+
+async def active_run_row(conn: Conn, thread_id: str) -> Row | None:
+    return await conn.fetchrow(
+        f"{RUN_SELECT} WHERE r.thread_id = $1 AND r.status IN {ACTIVE_STATUSES}", thread_id
+    )
+
+
+async def latest_run(conn: Conn, thread_id: str) -> Run | None:
+    row = await conn.fetchrow(
+        f"{RUN_SELECT} WHERE r.thread_id = $1 ORDER BY r.created_version DESC LIMIT 1",
+        thread_id,
+    )
+    return None if row is None else run_from_row(row)
+
+
+async def queued_items(conn: Conn, thread_id: str) -> list[QueuedItem]:
+    rows = await conn.fetch(
+        "SELECT * FROM queued_items WHERE thread_id = $1 AND status = 'queued' ORDER BY position",
+        thread_id,
+    )
+    return [item_from_row(row) for row in rows]
+
+
+# --- principals -----------------------------------------------------------------------------
+
+
+async def create_token(
+    conn: Conn,
+    token_hash: str,
+    subject: str,
+    role: Role,
+    scopes_json: str,
+    expires_in: float | None = None,
+    display_name: str | None = None,
+) -> None:
+    now = await conn.now()
+    inserted = await conn.fetchval(
+        "INSERT INTO api_tokens"
+        " (token_hash, subject, role, scopes, created_at, expires_at, display_name)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (token_hash) DO NOTHING"
+        " RETURNING token_hash",
+        token_hash,
+        subject,
+        role.value,
+        scopes_json,
+        now,
+        None if expires_in is None else now + expires_in,
+        display_name,
+    )
+    if inserted is None:
+        raise Conflict("a token with this hash already exists")
+
+
+async def principal_for_token(conn: Conn, token_hash: str) -> Principal | None:
+    # Expiry on the database clock, like leases: every gateway agrees on when a token ends.
+    row = await conn.fetchrow(
+        "SELECT subject, role, scopes, display_name FROM api_tokens WHERE token_hash = $1"
+        " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $2)",
+        token_hash,
+        await conn.now(),
+    )
+    if row is None:
+        return None
+    return Principal(
+        subject=row["subject"],
+        role=Role(row["role"]),
+        scopes=frozenset(loads(row["scopes"])),
+        display_name=row["display_name"],
+    )
+
+
+async def token_expires_in(conn: Conn, token_hash: str) -> float | None:
+    """Seconds until the token expires on the database clock (0 once it has); None when it
+    never expires or does not exist."""
+    expires_at = await conn.fetchval(
+        "SELECT expires_at FROM api_tokens WHERE token_hash = $1", token_hash
+    )
+    if expires_at is None:
+        return None
+    return max(0.0, float(expires_at) - await conn.now())
+
+
+async def revoke_token(conn: Conn, token_hash: str) -> bool:
+    """Mark the token revoked; False when no such (unrevoked) token exists."""
+    revoked = await conn.fetchval(
+        "UPDATE api_tokens SET revoked_at = $2 WHERE token_hash = $1 AND revoked_at IS NULL"
+        " RETURNING token_hash",
+        token_hash,
+        await conn.now(),
+    )
+    return revoked is not None
+
+
+def build_snapshot(
+    thread: Thread,
+    messages: list[Message],
+    run: Run | None,
+    queue: list[QueuedItem],
+    *,
+    include_hidden: bool = False,
+) -> Snapshot:
+    """Project committed rows: public metadata only, visible messages (hidden ones too when
+    asked, marked by their visibility), tail pending actions."""
+    tail = messages[-1] if messages else None
+    return Snapshot(
+        thread=ThreadView(
+            id=thread.id,
+            scope=thread.scope,
+            title=thread.title,
+            version=thread.version,
+            metadata=thread.metadata,
+        ),
+        messages=tuple(
+            MessageView(
+                id=message.id,
+                role=message.role,
+                visibility=message.visibility,
+                parts=message.parts,
+                run_id=message.run_id,
+            )
+            for message in messages
+            if include_hidden or message.visibility is Visibility.VISIBLE
+        ),
+        pending_actions=tuple(pending_actions_of(tail)) if tail is not None else (),
+        run=None
+        if run is None
+        else RunView(
+            id=run.id,
+            status=run.status,
+            error=run.error,
+            started_by=run.started_by,
+            next_seq=run.next_seq,
+        ),
+        queue=tuple(
+            QueuedItemView(
+                id=item.id, text=item.text, submitted_by=item.submitted_by, interrupt=item.interrupt
+            )
+            for item in queue
+        ),
+    )
+
+
+__all__ = ["ACTIVE_STATUSES", "build_snapshot"]

@@ -1,0 +1,1 @@
+"""Per-gateway live services: the action inbox, presence, token revocation and quotas."""

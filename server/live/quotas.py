@@ -1,0 +1,114 @@
+"""The deployment's quotas: command rate limits and websocket connection caps, one limiter."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from realtime.channels import hash_tag
+from realtime.counters import Counters
+from runtime.domain import Principal
+from runtime.errors import QuotaExceeded, ScopeRateLimited, TokenRateLimited, TooManyConnections
+from runtime.storage.store import AdmissionLimits
+from server.settings import Settings
+
+# Connection set members expire unless refreshed: a gateway that dies frees its slots after
+# this long, without anyone having to clean up after it.
+CONNECTION_TTL = 60.0
+REFRESH_INTERVAL = CONNECTION_TTL / 3
+# Seconds a client should wait after `queue_full` or `scope_runs_exceeded`: a run's length is
+# unknown, this is a polite hint, not a promise.
+ADMISSION_RETRY_AFTER = 5.0
+
+
+def admission_limits(settings: Settings) -> AdmissionLimits:
+    """The bounds the store checks inside the admission transaction."""
+    return AdmissionLimits(
+        queue_max_items=settings.queue_max_items,
+        queue_max_bytes=settings.queue_max_bytes,
+        scope_max_active_runs=settings.scope_max_active_runs,
+        retry_after=ADMISSION_RETRY_AFTER,
+    )
+
+
+@dataclass(frozen=True)
+class ConnectionSlot:
+    """One websocket's place in its token's and subject's connection sets."""
+
+    keys: tuple[str, ...]
+    member: str
+
+
+class Limiter:
+    """Decides whether a command or a connection is within the deployment's quotas.
+
+    Commands draw from two token buckets, the token's and each of its scopes'; a refusal
+    names the bucket that was empty (`token_rate_limited`, `scope_rate_limited`) and how long
+    to wait. Buckets and connection sets are `Counters`: shared through Redis when configured.
+    """
+
+    def __init__(self, settings: Settings, counters: Counters) -> None:
+        self.settings = settings
+        self.counters = counters
+
+    async def command(self, principal: Principal, token_id: str) -> None:
+        """Charge one command to the caller's token and scopes; TooManyConnections when over."""
+        s = self.settings
+        await self._take(
+            f"rate:token:{token_id}",
+            s.token_rate,
+            s.token_burst,
+            TokenRateLimited,
+            "too many commands with this token",
+        )
+        for scope in sorted(principal.scopes):
+            await self._take(
+                f"rate:scope:{scope}",
+                s.scope_rate,
+                s.scope_burst,
+                ScopeRateLimited,
+                f"too many commands in scope {scope!r}",
+            )
+
+    async def _take(
+        self, key: str, rate: float, burst: int, refusal: type[QuotaExceeded], what: str
+    ) -> None:
+        """Take one from the bucket at `key`; `refusal` with the wait when it is empty."""
+        wait = await self.counters.take(key, rate, burst)
+        if wait > 0:
+            raise refusal(f"{what} (at most {rate:g}/s, bursts of {burst})", retry_after=wait)
+
+    async def connect(self, principal: Principal, token_id: str) -> ConnectionSlot:
+        """Take a connection slot for the token and the subject; TooManyConnections when either is
+        full (the gateway closes the websocket with 4429)."""
+        s = self.settings
+        # One hash tag for both sets: the join checks and adds to them in one script, which a
+        # Redis Cluster only runs on keys of one slot. A token has one subject, so its set is
+        # still one key.
+        tag = hash_tag(principal.subject)
+        keys = (f"ws:token:{tag}:{token_id}", f"ws:subject:{tag}")
+        caps = (s.ws_max_connections_per_token, s.ws_max_connections_per_subject)
+        slot = ConnectionSlot(keys, uuid.uuid4().hex)
+        full = await self.counters.join(keys, caps, slot.member, CONNECTION_TTL)
+        if full >= 0:
+            what = ("token", "subject")[full]
+            raise TooManyConnections(
+                f"this {what} already has {caps[full]} open websockets",
+                retry_after=REFRESH_INTERVAL,
+                limit=caps[full],
+            )
+        return slot
+
+    async def keep(self, slot: ConnectionSlot) -> None:
+        await self.counters.refresh(slot.keys, slot.member, CONNECTION_TTL)
+
+    async def disconnect(self, slot: ConnectionSlot) -> None:
+        await self.counters.leave(slot.keys, slot.member)
+
+
+__all__ = [
+    "CONNECTION_TTL",
+    "ConnectionSlot",
+    "Limiter",
+    "admission_limits",
+]

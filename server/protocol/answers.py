@@ -1,0 +1,72 @@
+"""Answer bodies of commands, shared by the HTTP routes and websocket acks so both say the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.domain import Admission, InboxEntry, Principal, Thread
+from runtime.storage.store import ResolveResult, RewriteResult, StopResult
+
+
+def admission_answer(admission: Admission) -> dict[str, Any]:
+    answer: dict[str, Any] = {"thread_id": admission.thread_id, "version": admission.version}
+    for key in ("run_id", "message_id", "queued_item_id"):
+        value = getattr(admission, key)
+        if value:
+            answer[key] = value
+    if admission.duplicate:
+        answer["duplicate"] = True
+    return answer
+
+
+def version_answer(result: ResolveResult | RewriteResult) -> dict[str, Any]:
+    return {"thread_id": result.thread_id, "version": result.version}
+
+
+def stop_answer(result: StopResult) -> dict[str, Any]:
+    return {
+        "thread_id": result.thread_id,
+        "version": result.version,
+        "run_id": result.run_id,
+        "status": result.status.value,
+    }
+
+
+def regenerate_answer(result: RewriteResult) -> dict[str, Any]:
+    return {"thread_id": result.thread_id, "version": result.version, "run_id": result.run_id}
+
+
+def threads_answer(threads: list[Thread]) -> dict[str, Any]:
+    # Private metadata never leaves the server.
+    return {
+        "threads": [
+            {
+                "id": thread.id,
+                "scope": thread.scope,
+                "title": thread.title,
+                "version": thread.version,
+                "metadata": thread.metadata,
+                "created_at": thread.created_at,
+                "updated_at": thread.updated_at,
+            }
+            for thread in threads
+        ]
+    }
+
+
+def principal_answer(principal: Principal) -> dict[str, Any]:
+    return {
+        "subject": principal.subject,
+        "role": principal.role,
+        "scopes": sorted(principal.scopes),
+        "name": principal.name,
+    }
+
+
+def actions_answer(entries: list[InboxEntry], limit: int) -> dict[str, Any]:
+    # A full page may have more behind it; the cursor is the last thread read (opaque to clients).
+    cursor = entries[-1].thread_id if len(entries) >= limit and entries else None
+    return {
+        "actions": [item for entry in entries for item in entry.to_wire()],
+        "next_cursor": cursor,
+    }

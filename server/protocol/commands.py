@@ -1,0 +1,468 @@
+"""The command table: each command declared once; HTTP routes, frames and docs derive from it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from runtime.domain import Principal, Role, WaitKind
+from runtime.errors import Forbidden, InvalidInput
+from runtime.service.thread_service import ThreadService, require_trusted
+from server.live.quotas import Limiter
+from server.live.revocation import TokenRevoker
+from server.protocol.answers import (
+    actions_answer,
+    admission_answer,
+    principal_answer,
+    regenerate_answer,
+    stop_answer,
+    threads_answer,
+    version_answer,
+)
+from server.protocol.inputs import (
+    CancelQueued,
+    CreateThread,
+    GetQueued,
+    GetSnapshot,
+    Input,
+    ListActions,
+    ListThreads,
+    NoInput,
+    PresenceUpdate,
+    Regenerate,
+    ResumeAction,
+    RetryRun,
+    RevokeToken,
+    ScopeRef,
+    SendMessage,
+    SetVisibility,
+    StopRun,
+    ThreadRef,
+    ToolResult,
+)
+from server.protocol.replies import (
+    Ack,
+    ActionsSubscribed,
+    ActionsUnsubscribed,
+    Pong,
+    ServerFrame,
+    Subscribed,
+    Unsubscribed,
+)
+
+I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
+R = TypeVar("R")
+PATH_PARAM = re.compile(r"{(\w+)}")
+T = "/v1/threads/{thread_id}"
+
+
+class Connection(Protocol):
+    """The websocket session, for the commands that act on the connection itself."""
+
+    async def subscribe(self, thread_id: str, frame_id: Any) -> None: ...
+    async def unsubscribe(self, thread_id: str) -> None: ...
+    async def subscribe_actions(self, scope: str | None) -> list[str]: ...
+    async def unsubscribe_actions(self, scope: str | None) -> list[str]: ...
+    async def update_presence(self, thread_id: str, changes: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who runs a command, and through what: the service, and over a websocket its session."""
+
+    principal: Principal
+    service: ThreadService
+    connection: Connection | None = None
+    frame_id: Any = None
+    # Quotas of the deployment (None: unlimited, as in unit tests) and the caller's token key.
+    limiter: Limiter | None = None
+    token_id: str = ""
+    revoker: TokenRevoker | None = None
+
+    def tokens(self) -> TokenRevoker:
+        if self.revoker is None:
+            raise RuntimeError("token administration is not configured")
+        return self.revoker
+
+    def session(self) -> Connection:
+        if self.connection is None:
+            raise RuntimeError("a connection command ran outside a websocket")
+        return self.connection
+
+
+@dataclass(frozen=True)
+class Http:
+    """How a command is offered over HTTP. Path parameters name fields of the input model."""
+
+    method: str
+    path: str
+    route: str  # the route's name: stable, tests address routes by it
+    status: int = 200
+    body: bool = True  # False: the route does not read its body at all
+    query: Callable[[Mapping[str, str]], dict[str, Any]] | None = None
+
+    @property
+    def path_fields(self) -> tuple[str, ...]:
+        return tuple(PATH_PARAM.findall(self.path))
+
+
+@dataclass(frozen=True)
+class Command(Generic[I, R]):
+    """One command: its name, input, service call, answer and transports.
+
+    `name` is the websocket frame type (a dotted name for HTTP-only commands too). `reply` is
+    the server frame answering it over the websocket (None: not offered there), `http` its
+    route (None: not offered there); `note` says why a transport is missing. `authorize` is a
+    role rule of the service, asked before the input is read so a refusal never depends on it.
+    `limited` commands draw from the caller's rate limits; reads, keepalives and subscriptions
+    (bounded per connection) do not, so refetching snapshots never eats a client's budget.
+    """
+
+    name: str
+    input: type[I]
+    call: Callable[[Caller, I], Awaitable[R]]
+    answer: Callable[[I, R], dict[str, Any] | None]
+    answer_doc: str
+    reply: type[ServerFrame] | None = Ack
+    http: Http | None = None
+    authorize: Callable[[Principal], None] | None = None
+    note: str = ""
+    limited: bool = True
+
+    async def run(self, caller: Caller, data: I) -> dict[str, Any] | None:
+        """Check limits, call the service, shape the answer (None: the call answered itself)."""
+        data.check()  # size limits first: cheap, and a refused input costs no rate budget
+        if self.limited and caller.limiter is not None:
+            await caller.limiter.command(caller.principal, caller.token_id)
+        return self.answer(data, await self.call(caller, data))
+
+
+def require_admin(principal: Principal) -> None:
+    if principal.role is not Role.ADMIN:
+        raise Forbidden(f"role {principal.role} may not do this; admin required")
+
+
+def _limit(query: Mapping[str, str]) -> dict[str, Any]:
+    raw = query.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= 500:
+        raise InvalidInput("query parameter 'limit' must be an integer from 1 to 500")
+    return {"limit": int(raw)}
+
+
+def _actions_query(query: Mapping[str, str]) -> dict[str, Any]:
+    status = query.get("status", "pending")
+    if status != "pending":
+        raise InvalidInput("query parameter 'status' must be 'pending'")
+    fields: dict[str, Any] = {"status": status, **_limit(query)}
+    if query.get("cursor"):
+        fields["cursor"] = query["cursor"]
+    return fields
+
+
+def _include_hidden(query: Mapping[str, str]) -> dict[str, Any]:
+    value = query.get("include_hidden", "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise InvalidInput("query parameter 'include_hidden' must be true or false")
+    return {"include_hidden": value in ("true", "1")}
+
+
+def _snapshot_query(query: Mapping[str, str]) -> dict[str, Any]:
+    fields = _include_hidden(query)
+    for name, low, high in (("before", 0, 2**62), ("limit", 1, 500)):
+        raw = query.get(name)
+        if raw is None:
+            continue
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise InvalidInput(f"query parameter {name!r} must be an integer from {low} to {high}")
+        fields[name] = int(raw)
+    return fields
+
+
+def _queued_answer(item: Any) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "text": item.text,
+        "submitted_by": item.submitted_by,
+        "interrupt": item.interrupt,
+    }
+
+
+async def _nothing(caller: Caller, data: Input) -> None:
+    return None
+
+
+async def _principal(caller: Caller, data: Input) -> Principal:
+    return caller.principal
+
+
+def _tool_result(kind: WaitKind) -> Callable[[Caller, ToolResult], Awaitable[Any]]:
+    def call(c: Caller, i: ToolResult) -> Awaitable[Any]:
+        return c.service.resume_action(
+            c.principal,
+            i.thread_id,
+            i.action_id,
+            i.payload(),
+            expected_version=i.expected_version,
+            kind=kind,
+        )
+
+    return call
+
+
+SNAPSHOT = "snapshot"
+THREAD_VERSION = '`{"thread_id", "version"}`'
+WS_ONLY = "acts on the websocket connection itself"
+# Reads stay on HTTP: live frames only say *when* to refetch; the snapshot is the truth.
+READ = "a read: clients fetch state over HTTP, the websocket tells them when to refetch"
+
+COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="thread.create",
+        input=CreateThread,
+        call=lambda c, i: c.service.create_thread(
+            c.principal, title=i.title, metadata=i.metadata, scope=i.scope
+        ),
+        answer=lambda i, snapshot: snapshot.to_wire(),
+        answer_doc=SNAPSHOT,
+        reply=None,
+        http=Http("POST", "/v1/threads", "create_thread", status=201),
+        note="answers a snapshot, which only HTTP serves; a websocket watches existing threads",
+    ),
+    Command(
+        name="thread.list",
+        input=ListThreads,
+        call=lambda c, i: c.service.list_threads(c.principal, i.limit),
+        answer=lambda i, threads: threads_answer(threads),
+        answer_doc='`{"threads": [{"id", "scope", "title", "version", "metadata", '
+        '"created_at", "updated_at"}]}`',
+        reply=None,
+        http=Http("GET", "/v1/threads", "list_threads", body=False, query=_limit),
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="thread.snapshot",
+        input=GetSnapshot,
+        call=lambda c, i: c.service.snapshot(
+            c.principal,
+            i.thread_id,
+            include_hidden=i.include_hidden,
+            before=i.before,
+            limit=i.limit,
+        ),
+        answer=lambda i, snapshot: snapshot.to_wire(),
+        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones",
+        reply=None,
+        http=Http("GET", T, "snapshot", body=False, query=_snapshot_query),
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="subscribe",
+        input=ThreadRef,
+        call=lambda c, i: c.session().subscribe(i.thread_id, c.frame_id),
+        answer=lambda i, r: None,  # `subscribed` goes out before the replay, from the session
+        answer_doc='`{"type": "subscribed", "thread_id", "version"}`, then the replay of the '
+        "in-flight step's chunks, then live frames",
+        reply=Subscribed,
+        note=WS_ONLY,
+        limited=False,
+    ),
+    Command(
+        name="unsubscribe",
+        input=ThreadRef,
+        call=lambda c, i: c.session().unsubscribe(i.thread_id),
+        answer=lambda i, r: {"thread_id": i.thread_id},
+        answer_doc='`{"type": "unsubscribed", "thread_id"}`',
+        reply=Unsubscribed,
+        note=WS_ONLY,
+        limited=False,
+    ),
+    Command(
+        name="message.send",
+        input=SendMessage,
+        call=lambda c, i: c.service.send_message(
+            c.principal,
+            i.thread_id,
+            i.text,
+            client_request_id=i.client_request_id,
+            policy=i.policy,
+            client_tools=[tool.model_dump() for tool in i.client_tools],
+        ),
+        answer=lambda i, admission: admission_answer(admission),
+        answer_doc='`{"thread_id", "version", "run_id"?, "message_id"?, "queued_item_id"?, '
+        '"duplicate"?}`',
+        http=Http("POST", f"{T}/messages", "send_message", status=202),
+    ),
+    Command(
+        name="queue.cancel",
+        input=CancelQueued,
+        call=lambda c, i: c.service.cancel_queued(c.principal, i.thread_id, i.item_id),
+        answer=lambda i, version: {"thread_id": i.thread_id, "version": version},
+        answer_doc=THREAD_VERSION,
+        http=Http("DELETE", f"{T}/queue/{{item_id}}", "cancel_queued", body=False),
+    ),
+    Command(
+        name="queue.item",
+        input=GetQueued,
+        call=lambda c, i: c.service.queued_item(c.principal, i.thread_id, i.item_id),
+        answer=lambda i, item: _queued_answer(item),
+        answer_doc='`{"id", "text", "submitted_by", "interrupt"}`: the full text of a queued item',
+        reply=None,
+        http=Http("GET", f"{T}/queue/{{item_id}}", "queued_item", body=False),
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="action.resume",
+        input=ResumeAction,
+        call=lambda c, i: c.service.resume_action(
+            c.principal, i.thread_id, i.action_id, i.payload, expected_version=i.expected_version
+        ),
+        answer=lambda i, result: version_answer(result),
+        answer_doc=f"{THREAD_VERSION}; errors `conflict` (409), `invalid_payload` (422)",
+        http=Http("POST", f"{T}/actions/{{action_id}}/resume", "resume"),
+    ),
+    Command(
+        name="action.client_result",
+        input=ToolResult,
+        call=_tool_result(WaitKind.CLIENT_TOOL),
+        answer=lambda i, result: version_answer(result),
+        answer_doc=f"{THREAD_VERSION} (actions of kind `client-tool`)",
+        http=Http("POST", f"{T}/actions/{{action_id}}/client-result", "client_result"),
+    ),
+    Command(
+        name="action.manual_result",
+        input=ToolResult,
+        call=_tool_result(WaitKind.MANUAL_RESULT),
+        answer=lambda i, result: version_answer(result),
+        answer_doc=f"{THREAD_VERSION} (kind `manual-result`; role `backend` or `admin`)",
+        http=Http("POST", f"{T}/actions/{{action_id}}/manual-result", "manual_result"),
+        authorize=require_trusted,
+    ),
+    Command(
+        name="run.stop",
+        input=StopRun,
+        call=lambda c, i: c.service.stop_run(c.principal, i.thread_id, i.run_id),
+        answer=lambda i, result: stop_answer(result),
+        answer_doc='`{"thread_id", "version", "run_id", "status"}`',
+        http=Http("POST", f"{T}/runs/{{run_id}}/stop", "stop_run", status=202),
+    ),
+    Command(
+        name="regenerate",
+        input=Regenerate,
+        call=lambda c, i: c.service.regenerate(
+            c.principal, i.thread_id, i.message_id, expected_version=i.expected_version
+        ),
+        answer=lambda i, result: regenerate_answer(result),
+        answer_doc='`{"thread_id", "version", "run_id"}`; error `conflict` (409) when '
+        "`expected_version` is stale",
+        http=Http("POST", f"{T}/regenerate", "regenerate", status=202),
+    ),
+    Command(
+        name="run.retry",
+        input=RetryRun,
+        call=lambda c, i: c.service.retry(
+            c.principal, i.thread_id, i.run_id, expected_version=i.expected_version
+        ),
+        answer=lambda i, result: regenerate_answer(result),
+        answer_doc='`{"thread_id", "version", "run_id"}` (the new run); error `conflict` (409) '
+        "unless the run is the thread's latest and failed or cancelled",
+        http=Http("POST", f"{T}/runs/{{run_id}}/retry", "retry_run", status=202),
+    ),
+    Command(
+        name="message.visibility",
+        input=SetVisibility,
+        call=lambda c, i: c.service.set_visibility(
+            c.principal,
+            i.thread_id,
+            i.message_id,
+            i.visibility,
+            expected_version=i.expected_version,
+        ),
+        answer=lambda i, result: version_answer(result),
+        answer_doc=THREAD_VERSION,
+        http=Http("POST", f"{T}/messages/{{message_id}}/visibility", "set_visibility"),
+    ),
+    Command(
+        name="token.revoke",
+        input=RevokeToken,
+        call=lambda c, i: c.tokens().revoke(c.principal, i.token),
+        answer=lambda i, result: result,
+        answer_doc='`{"revoked": true, "subject", "published"}`; its websockets close with 4403',
+        reply=None,
+        http=Http("POST", "/v1/tokens/revoke", "revoke_token"),
+        authorize=require_admin,
+        note="administration over HTTP only (also `threadline token revoke`)",
+    ),
+    Command(
+        name="ping",
+        input=NoInput,
+        call=_nothing,
+        answer=lambda i, r: {},
+        answer_doc='`{"type": "pong"}`',
+        reply=Pong,
+        note="keepalive for clients that cannot see protocol pings; HTTP needs none",
+        limited=False,
+    ),
+    Command(
+        name="me",
+        input=NoInput,
+        call=_principal,
+        answer=lambda i, principal: principal_answer(principal),
+        answer_doc='`{"subject", "role", "scopes", "name"}` (name: display name or subject)',
+        reply=None,
+        http=Http("GET", "/v1/me", "me", body=False),
+        note="a read of the token itself, which the websocket checked when it opened",
+        limited=False,
+    ),
+)
+# The scope-wide action inbox (docs/protocol.md, "Action inbox"): a read over HTTP, live
+# announcements over the websocket. Added as their own tuple so the table above stays as is.
+INBOX_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="actions.list",
+        input=ListActions,
+        call=lambda c, i: c.service.pending_actions(c.principal, i.limit, i.cursor),
+        answer=lambda i, entries: actions_answer(entries, i.limit),
+        answer_doc='`{"actions": [{"id", "kind", "thread_id", "scope", "thread_version", '
+        '"tool_name", "input", "schema", "allowed_roles", "created_at", ...}], "next_cursor"}`',
+        reply=None,
+        http=Http("GET", "/v1/actions", "list_actions", body=False, query=_actions_query),
+        note=READ,
+    ),
+    Command(
+        name="actions.subscribe",
+        input=ScopeRef,
+        call=lambda c, i: c.session().subscribe_actions(i.scope),
+        answer=lambda i, scopes: {"scopes": scopes},
+        answer_doc='`{"type": "actions.subscribed", "scopes"}`, then `action.pending`, '
+        "`action.resolved` and `actions.resync` frames",
+        reply=ActionsSubscribed,
+        note=WS_ONLY,
+    ),
+    Command(
+        name="actions.unsubscribe",
+        input=ScopeRef,
+        call=lambda c, i: c.session().unsubscribe_actions(i.scope),
+        answer=lambda i, scopes: {"scopes": scopes},
+        answer_doc='`{"type": "actions.unsubscribed", "scopes"}`',
+        reply=ActionsUnsubscribed,
+        note=WS_ONLY,
+    ),
+)
+# Presence (docs/protocol.md, "Presence"): live state of a connection, never stored.
+PRESENCE_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="presence.update",
+        input=PresenceUpdate,
+        call=lambda c, i: c.session().update_presence(i.thread_id, i.changes()),
+        answer=lambda i, r: {"thread_id": i.thread_id},
+        answer_doc='`ack` `{"thread_id"}`; the thread\'s subscribers then get `presence.update`',
+        note="presence belongs to a websocket connection subscribed to the thread",
+    ),
+)
+COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS
+BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

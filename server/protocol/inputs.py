@@ -1,0 +1,220 @@
+"""Input models of the commands: one per command, shared by its HTTP route and websocket frame."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from runtime.domain import (
+    MAX_METADATA_BYTES,
+    MAX_TEXT_CHARS,
+    MAX_TITLE_CHARS,
+    InputPolicy,
+    Visibility,
+)
+from runtime.errors import InvalidInput, TooLarge
+
+ID_MAX = 200
+ThreadId = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
+ItemId = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
+
+
+class Input(BaseModel):
+    """A command's whole input: the ids it addresses and its arguments.
+
+    Over HTTP the ids come from the path and the rest from the body (or the query); over the
+    websocket everything is in the frame, next to the envelope fields `type` and `id`.
+    Unknown fields are refused so that typos surface instead of being ignored.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        """Every field of every command, on both transports: what storage and the encoder
+        accept, refused here as `invalid_input` naming the field, before anything changes."""
+        problem = unstorable(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    def check(self) -> None:
+        """Limits beyond what the field types say, raised as domain errors (none by default)."""
+
+
+# JSON nested deeper than this is refused: the encoder stops at 255 levels, and no real
+# payload, result or metadata needs more than a few dozen.
+MAX_JSON_DEPTH = 64
+
+
+def unstorable(value: Any, path: str = "", depth: int = 0) -> str | None:
+    """Why `value` cannot be stored, or None: a NUL character in a string (Postgres TEXT cannot
+    hold one) or nesting deeper than MAX_JSON_DEPTH. `path` locates it inside the field."""
+    where = f" at {path}" if path else ""
+    if isinstance(value, str):
+        return f"contains a NUL character{where}" if "\x00" in value else None
+    if isinstance(value, dict | list | tuple):
+        if depth >= MAX_JSON_DEPTH:
+            return f"nested deeper than {MAX_JSON_DEPTH} levels{where}"
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(key, str) and "\x00" in key:
+                return f"contains a NUL character in a key{where}"
+            problem = unstorable(item, f"{path}.{key}" if path else str(key), depth + 1)
+            if problem is not None:
+                return problem
+    elif isinstance(value, BaseModel):
+        return unstorable(value.model_dump(), path, depth)
+    return None
+
+
+class ClientToolInput(BaseModel):
+    """A tool the browser executes; the model may call it, the client posts its result."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=ID_MAX)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class NoInput(Input):
+    pass
+
+
+class ThreadRef(Input):
+    thread_id: ThreadId
+
+
+class CreateThread(Input):
+    title: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    # Required only for tokens with several scopes.
+    scope: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+
+    def check(self) -> None:
+        if len(self.title) > MAX_TITLE_CHARS:
+            raise TooLarge(f"title is longer than {MAX_TITLE_CHARS} characters")
+        try:
+            size = len(orjson.dumps(self.metadata))
+        except TypeError as exc:  # nested deeper than orjson's limit (254)
+            raise InvalidInput(f"metadata is not JSON-serialisable: {exc}") from exc
+        if size > MAX_METADATA_BYTES:
+            raise TooLarge(f"metadata is larger than {MAX_METADATA_BYTES} bytes")
+
+
+class ListThreads(Input):
+    limit: int = Field(default=100, ge=1, le=500)
+
+
+class GetSnapshot(Input):
+    thread_id: ThreadId
+    include_hidden: bool = False
+    # Older messages: the snapshot's `page.before` cursor (a message position).
+    before: int | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=500)
+
+
+class SendMessage(Input):
+    thread_id: ThreadId
+    text: str = Field(min_length=1)
+    client_request_id: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+    policy: InputPolicy = InputPolicy.ENQUEUE
+    client_tools: list[ClientToolInput] = Field(default_factory=list, max_length=64)
+
+    def check(self) -> None:
+        # The same error storage raises, so both transports answer alike before any lookup.
+        if len(self.text) > MAX_TEXT_CHARS:
+            raise TooLarge(f"text is longer than {MAX_TEXT_CHARS} characters", limit=MAX_TEXT_CHARS)
+
+
+class CancelQueued(Input):
+    thread_id: ThreadId
+    item_id: ItemId
+
+
+class RevokeToken(Input):
+    token: str = Field(min_length=1, max_length=256)
+
+
+class GetQueued(Input):
+    thread_id: ThreadId
+    item_id: ItemId
+
+
+class ResumeAction(Input):
+    thread_id: ThreadId
+    action_id: ItemId
+    payload: dict[str, Any]
+    expected_version: int | None = Field(default=None, ge=0)
+
+
+class ToolResult(Input):
+    """Result of a client-tool or manual-result action: the tool's output, or an error."""
+
+    thread_id: ThreadId
+    action_id: ItemId
+    output: Any = None
+    error: str | None = None
+    expected_version: int | None = Field(default=None, ge=0)
+
+    def payload(self) -> dict[str, Any]:
+        return {"output": self.output, "error": self.error}
+
+
+class StopRun(Input):
+    thread_id: ThreadId
+    run_id: ItemId
+
+
+class Regenerate(Input):
+    thread_id: ThreadId
+    message_id: ItemId | None = None
+    expected_version: int | None = Field(default=None, ge=0)
+
+
+class RetryRun(Input):
+    thread_id: ThreadId
+    run_id: ItemId
+    expected_version: int | None = Field(default=None, ge=0)
+
+
+class SetVisibility(Input):
+    thread_id: ThreadId
+    message_id: ItemId
+    visibility: Visibility
+    expected_version: int | None = Field(default=None, ge=0)
+
+
+class ListActions(Input):
+    """`GET /v1/actions`: a page of the scope-wide inbox; `cursor` is the previous page's
+    `next_cursor` (opaque)."""
+
+    status: Literal["pending"] = "pending"
+    limit: int = Field(default=100, ge=1, le=500)
+    cursor: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+
+
+class ScopeRef(Input):
+    """A scope of the token's (none: all of them)."""
+
+    scope: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+
+
+class PresenceUpdate(Input):
+    """What this connection is doing in a subscribed thread; a field left out stays as it was
+    (`"reviewing": null` clears it)."""
+
+    thread_id: ThreadId
+    typing: bool | None = None
+    reviewing: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+
+    def changes(self) -> dict[str, Any]:
+        return {
+            name: getattr(self, name)
+            for name in ("typing", "reviewing")
+            if name in self.model_fields_set
+        }

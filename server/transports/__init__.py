@@ -1,0 +1,1 @@
+"""Transports: HTTP, the websocket and SSE streams (AG-UI, AI SDK), over the command table."""

@@ -1,0 +1,162 @@
+"""HTTP routes: a generic endpoint per command of the table, health, and the browser client."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, create_model
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from runtime.errors import InvalidInput, TooLarge
+from runtime.service.thread_service import ThreadService
+from server.auth import authenticate, bearer_token, token_key
+from server.protocol.commands import COMMANDS, Caller, Command
+from server.protocol.inputs import Input
+from server.protocol.responses import JSONResponse
+from server.protocol.wire_errors import InvalidJSON, wire_error
+
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+B = TypeVar("B", bound=BaseModel)
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def service_of(request: Request) -> ThreadService:
+    service: ThreadService = request.app.state.service
+    return service
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused with `too_large` beyond the configured limit."""
+    limit: int = request.app.state.settings.http_max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the request body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse_body(request: Request, model: type[B]) -> B:
+    raw = await read_body(request)
+    data: Any = {}
+    if raw.strip():
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidJSON(f"the request body is not valid JSON: {exc.msg}") from exc
+    try:
+        return model.model_validate(data)
+    except RecursionError as exc:
+        # orjson parses up to 1024 levels; validating that deep exhausts Python's stack.
+        raise InvalidInput("the request body is nested too deeply") from exc
+
+
+def body_model(command: Command[Any, Any]) -> type[BaseModel] | None:
+    """The command's input model without the fields its path (or query) provides."""
+    http = command.http
+    if http is None or not http.body:
+        return None
+    fields: dict[str, Any] = {
+        name: (info.annotation, info)
+        for name, info in command.input.model_fields.items()
+        if name not in http.path_fields
+    }
+    # Based on Input, so the checks every command field gets (no NUL, bounded nesting) hold
+    # for HTTP bodies as for websocket frames.
+    model: type[BaseModel] = create_model(
+        f"{command.input.__name__}Body",
+        __base__=Input,
+        __module__=__name__,
+        **fields,
+    )
+    return model
+
+
+def command_endpoint(command: Command[Any, Any]) -> Endpoint:
+    """Authenticate, authorize, read path, query and body into the input, run, answer in JSON.
+
+    Each step may refuse, in this order; every failure becomes a JSON error response.
+    """
+    http = command.http
+    assert http is not None
+    body = body_model(command)
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            token = bearer_token(request.headers)
+            principal = await authenticate(request.app.state.store, token)
+            if command.authorize is not None:
+                command.authorize(principal)
+            fields: dict[str, Any] = dict(request.path_params)
+            if http.query is not None:
+                fields.update(http.query(request.query_params))
+            if body is not None:
+                parsed = await parse_body(request, body)
+                fields.update((name, getattr(parsed, name)) for name in type(parsed).model_fields)
+            # Everything is validated already (path parameters are routed strings).
+            data = command.input.model_construct(**fields)
+            caller = Caller(
+                principal,
+                service_of(request),
+                limiter=getattr(request.app.state, "limiter", None),
+                token_id=token_key(token or ""),
+                revoker=getattr(request.app.state, "revoker", None),
+            )
+            answer = await command.run(caller, data)
+            return JSONResponse(answer, status_code=http.status)
+        except HTTPException:
+            raise  # Starlette's own HTTP errors: rendered as JSON by the app's handler
+        except Exception as exc:
+            return wire_error(exc).response()
+
+    endpoint.__name__ = http.route
+    # Read by the protocol tests: what this route really runs and validates.
+    endpoint.command = command  # type: ignore[attr-defined]
+    endpoint.body_model = body  # type: ignore[attr-defined]
+    return endpoint
+
+
+async def healthz(request: Request) -> Response:
+    settings = request.app.state.settings
+    bus = getattr(request.app.state, "bus", None)
+    healthy = bool(getattr(bus, "healthy", True)) if bus is not None else None
+    return JSONResponse({"status": "ok", "role": settings.role, "bus_healthy": healthy})
+
+
+async def index(request: Request) -> Response:
+    page = STATIC_DIR / "index.html"
+    if not page.is_file():
+        raise HTTPException(404)
+    return FileResponse(page, media_type="text/html")
+
+
+def api_routes() -> list[BaseRoute]:
+    """A route per HTTP command; each one under /v1/threads/{thread_id} is scope-checked."""
+    return [
+        Route(c.http.path, command_endpoint(c), methods=[c.http.method], name=c.http.route)
+        for c in COMMANDS
+        if c.http is not None
+    ]
+
+
+def health_routes() -> list[BaseRoute]:
+    return [Route("/healthz", healthz, methods=["GET"], name="healthz")]
+
+
+def static_routes() -> list[BaseRoute]:
+    return [
+        Route("/", index, methods=["GET"], name="index"),
+        Mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
+    ]

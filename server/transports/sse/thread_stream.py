@@ -1,0 +1,308 @@
+"""One thread as an event source for HTTP streams: snapshot, then the replay, then live chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from realtime.envelopes import MessageKind
+from runtime.domain import Principal, RunStatus, Snapshot
+from runtime.errors import Conflict, InvalidInput, NotFound
+from runtime.service.thread_service import ThreadService
+from server.auth import authenticate, bearer_token
+from server.transports.http_routes import service_of
+
+log = logging.getLogger(__name__)
+
+# Bounded: a stream that cannot keep up resynchronises from the snapshot instead of growing.
+MAX_QUEUED = 4096
+# Without any traffic, re-read the snapshot this often: a lost invalidation never hangs a stream.
+IDLE_POLL_SECONDS = 2.0
+TAKEOVER = "run-takeover"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+THREAD_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+class Listening(Protocol):
+    """The hub (realtime.hub.Hub) as a stream uses it: the same calls a websocket session makes."""
+
+    async def add(self, thread_id: str, listener: Any) -> None: ...
+    async def remove(self, thread_id: str, listener: Any) -> None: ...
+    async def replay(self, thread_id: str) -> list[bytes]: ...
+
+
+@dataclass(frozen=True)
+class Committed:
+    """Committed state. `reset`: chunks restart at the run's `next_seq` (what streamed is void)."""
+
+    snapshot: Snapshot
+    reset: bool
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A canonical chunk (already redacted by the run's transform) of `run_id`, in seq order."""
+
+    run_id: str
+    seq: int
+    chunk: dict[str, Any]
+
+
+Event = Committed | Chunk
+
+
+def is_settled(snapshot: Snapshot, run_id: str) -> bool:
+    """`run_id` needs nothing more from a stream: ended, waiting, or already followed by another."""
+    run = snapshot.run
+    if run is None or run.id != run_id:
+        return True
+    return run.status is RunStatus.WAITING or run.status.is_terminal
+
+
+async def ensure_thread(service: ThreadService, principal: Principal, thread_id: str) -> Snapshot:
+    """The thread `thread_id`, created in the caller's default scope on first use.
+
+    A client-chosen id that names a thread of another scope is `not_found`, like every foreign
+    thread; ids are opaque strings of letters, digits, `_` and `-`.
+    """
+    if not thread_id or len(thread_id) > 100 or not set(thread_id) <= THREAD_ID_CHARS:
+        raise InvalidInput("the thread id must be 1-100 letters, digits, '_' or '-'")
+    try:
+        return await service.snapshot(principal, thread_id)
+    except NotFound:
+        pass
+    if len(principal.scopes) != 1:
+        raise InvalidInput(
+            "this token has several scopes: create the thread with POST /v1/threads and 'scope'"
+        )
+    scope = next(iter(principal.scopes))
+    try:
+        created = await service.store.create_thread(scope, thread_id=thread_id)
+    except Conflict:
+        # Another request created it meanwhile (or it belongs to another scope: not_found).
+        return await service.snapshot(principal, thread_id)
+    await service.publisher.invalidate(thread_id, created.version)
+    return await service.snapshot(principal, thread_id)
+
+
+@dataclass(eq=False)
+class ThreadFeed:
+    """Listens to one thread through the hub and yields its events, fenced by (run, seq).
+
+    Open it (`async with`) before acting on the thread, so nothing the action causes can be
+    missed; `events()` then yields the committed snapshot, the in-flight step's chunks from the
+    replay buffer, and live chunks, each chunk once and in order. A gap, a hub resync or an
+    overflow re-reads the snapshot and the replay (`Committed(reset=True)`).
+    """
+
+    service: ThreadService
+    hub: Listening
+    principal: Principal
+    thread_id: str
+    _queue: asyncio.Queue[tuple[bytes, MessageKind]] = field(default_factory=asyncio.Queue)
+    _overflow: bool = False
+    _listening: bool = False
+
+    def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
+        if self._queue.qsize() >= MAX_QUEUED:
+            self._overflow = True
+            return
+        self._queue.put_nowait((data, kind))
+
+    async def __aenter__(self) -> ThreadFeed:
+        if self._listening:
+            return self  # entered before the response started; the stream's `with` is a no-op
+        await self.hub.add(self.thread_id, self)
+        self._listening = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._listening:
+            self._listening = False
+            await self.hub.remove(self.thread_id, self)
+
+    async def snapshot(self) -> Snapshot:
+        return await self.service.snapshot(self.principal, self.thread_id)
+
+    async def events(self) -> AsyncIterator[Event]:
+        expected: dict[str, int] = {}
+        version = -1
+        reset = False
+        retried = False
+        while True:
+            # (Re)synchronise: committed state first, then the in-flight step it does not hold.
+            snapshot = await self.snapshot()
+            version = snapshot.thread.version
+            expected.clear()
+            if snapshot.run is not None:
+                expected[snapshot.run.id] = snapshot.run.next_seq
+            yield Committed(snapshot, reset)
+            reset = True
+            gap = False
+            for chunk in after_takeover(
+                [_chunk(data) for data in await self.hub.replay(self.thread_id)]
+            ):
+                verdict = _admit(expected, chunk)
+                if verdict == "gap" and not retried:
+                    # Most likely a commit between the two reads: read both again, once. A
+                    # replay buffer trimmed to its limit keeps its gap: streaming goes on, and
+                    # the run's closing snapshot holds what was skipped.
+                    gap = True
+                    break
+                if verdict != "old":
+                    expected[chunk.run_id] = chunk.seq + 1
+                    yield chunk
+            retried = gap
+            if gap:
+                continue
+            async for event in self._live(expected, version):
+                if event is None:
+                    break  # resynchronise
+                if isinstance(event, Committed):
+                    version = event.snapshot.thread.version
+                yield event
+
+    async def _live(self, expected: dict[str, int], version: int) -> AsyncIterator[Event | None]:
+        while True:
+            if self._overflow:
+                self._overflow = False
+                self._drain()
+                yield None
+                return
+            try:
+                async with asyncio.timeout(IDLE_POLL_SECONDS):
+                    data, kind = await self._queue.get()
+            except TimeoutError:
+                data, kind = b"", "invalidate"
+            if kind == "resync":
+                self._drain()
+                yield None
+                return
+            if kind == "invalidate":
+                snapshot = await self.snapshot()
+                if snapshot.thread.version != version:
+                    version = snapshot.thread.version
+                    run = snapshot.run
+                    if run is not None:
+                        # Chunks before next_seq are committed now: never stream them again.
+                        expected[run.id] = max(expected.get(run.id, 0), run.next_seq)
+                    yield Committed(snapshot, False)
+                continue
+            chunk = _chunk(data)
+            if chunk is None:
+                continue
+            if chunk.chunk.get("type") == TAKEOVER:
+                # Another worker redoes the step from its committed start: seqs repeat.
+                yield None
+                return
+            verdict = _admit(expected, chunk)
+            if verdict == "gap":
+                yield None
+                return
+            if verdict == "new":
+                expected[chunk.run_id] = chunk.seq + 1
+                yield chunk
+
+    def _drain(self) -> None:
+        with contextlib.suppress(asyncio.QueueEmpty):
+            while True:
+                self._queue.get_nowait()
+
+
+def after_takeover(chunks: list[Chunk | None]) -> list[Chunk]:
+    """The replay from its last takeover on: what a taken-over worker streamed is void."""
+    start = 0
+    for index, chunk in enumerate(chunks):
+        if chunk is not None and chunk.chunk.get("type") == TAKEOVER:
+            start = index
+    return [chunk for chunk in chunks[start:] if chunk is not None]
+
+
+def _admit(expected: dict[str, int], chunk: Chunk) -> str:
+    """`new` (the next one), `old` (already streamed or committed) or `gap` (some were lost)."""
+    want = expected.get(chunk.run_id)
+    if want is None:
+        # A run that started after the snapshot: its chunks are all live, from its first.
+        return "new" if chunk.seq == 0 else "gap"
+    if chunk.seq < want:
+        return "old"
+    return "new" if chunk.seq == want else "gap"
+
+
+def _chunk(data: bytes) -> Chunk | None:
+    try:
+        frame = orjson.loads(data)
+        return Chunk(str(frame["run_id"]), int(frame["seq"]), dict(frame["chunk"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        log.warning("stream: dropping an unreadable chunk frame: %.80r", data)
+        return None
+
+
+# --- HTTP: the set-up every event-stream endpoint shares (AG-UI, AI SDK) -------------------
+
+
+async def caller_of(request: Request) -> tuple[ThreadService, Principal]:
+    """The service and the authenticated principal of a request (raises `Unauthorized`)."""
+    principal = await authenticate(request.app.state.store, bearer_token(request.headers))
+    return service_of(request), principal
+
+
+async def open_feed(
+    request: Request,
+    service: ThreadService,
+    principal: Principal,
+    thread_id: str,
+    *,
+    create: bool = False,
+) -> ThreadFeed:
+    """A feed of `thread_id` already listening (created on first use when `create`): open it
+    before applying the request, so nothing the request causes is missed. Hand it to
+    `sse_response`, which closes it; close it yourself if you answer otherwise."""
+    if create:
+        await ensure_thread(service, principal, thread_id)
+    feed = ThreadFeed(service, request.app.state.hub, principal, thread_id)
+    await feed.__aenter__()
+    return feed
+
+
+def sse_response(
+    feed: ThreadFeed,
+    frames: AsyncIterator[str | bytes],
+    *,
+    on_error: Callable[[Exception], str | bytes],
+    media_type: str = "text/event-stream",
+    headers: dict[str, str] | None = None,
+    trailer: bytes = b"",
+) -> StreamingResponse:
+    """Stream `frames` (encoded events); a failure mid-stream becomes `on_error(exc)`'s frame.
+
+    The feed closes when the body ends, and after the response in case the body never started
+    (a client gone before the first byte; closing twice is a no-op).
+    """
+
+    async def body() -> AsyncIterator[str | bytes]:
+        async with feed:
+            try:
+                async for frame in frames:
+                    yield frame
+            except Exception as exc:
+                log.exception("event stream of thread %s failed", feed.thread_id)
+                yield on_error(exc)
+        if trailer:
+            yield trailer
+
+    return StreamingResponse(
+        body(),
+        media_type=media_type,
+        headers={**SSE_HEADERS, **(headers or {})},
+        background=BackgroundTask(feed.__aexit__, None, None, None),
+    )

@@ -1,0 +1,1 @@
+"""The websocket transport: accept, authenticate, then frames between socket and session."""

@@ -1,0 +1,314 @@
+"""Sans-I/O websocket session: feed it decoded client frames, it queues answers in an outbox."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from realtime.envelopes import MessageKind, chunk_position
+from realtime.outbox import Outbox
+from runtime.domain import Principal, Thread
+from runtime.errors import InvalidInput, NotFound
+from runtime.service.thread_service import ThreadService
+from server.live.inbox import ActionInbox
+from server.live.presence import Member, PresenceHub
+from server.live.quotas import Limiter
+from server.protocol.client_frames import Frame, FrameError, decode_frame
+from server.protocol.commands import BY_NAME, Caller
+from server.protocol.replies import Subscribed
+from server.protocol.wire_errors import WireError, wire_error
+
+log = logging.getLogger(__name__)
+
+MAX_SUBSCRIPTIONS = 256
+# Outbox kind of direct answers: not coalesced, sent in order with the chunks around them.
+ANSWER = "answer"
+
+
+class ThreadReader(Protocol):
+    """The two store reads a session needs (scope check and current version)."""
+
+    async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread: ...
+    async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]: ...
+
+
+class Listening(Protocol):
+    """The process's fan-out hub (realtime.hub.Hub) as the session uses it."""
+
+    async def add(self, thread_id: str, listener: Any) -> None: ...
+    async def remove(self, thread_id: str, listener: Any) -> None: ...
+    async def replay(self, thread_id: str) -> list[bytes]: ...
+
+
+class SessionState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class SessionClosedError(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class ThreadListener:
+    """Hub listener of one subscribed thread: holds live frames back until `subscribed` is out.
+
+    The hub delivers from the moment the listener is added, but the client must see
+    `subscribed` and the replay of the in-flight step first; frames arriving meanwhile wait
+    here. A chunk is published and appended to the replay buffer concurrently, so one the replay
+    already had can arrive live before or after `open`: per run, live chunks at or before the
+    replay's last (episode, seq) are dropped until the first newer one passes.
+    """
+
+    thread_id: str
+    outbox: Outbox
+    floor: int | None = None
+    held: list[tuple[bytes, MessageKind, int | None]] | None = field(default_factory=list)
+    replayed: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
+        if self.held is not None:
+            self.held.append((data, kind, version))
+            return
+        self._put(data, kind, version)
+
+    def _put(self, data: bytes, kind: MessageKind, version: int | None) -> None:
+        # The client got `floor` in `subscribed`; it needs only newer versions.
+        stale = version is not None and self.floor is not None and version <= self.floor
+        if kind == "invalidate" and stale:
+            return
+        if kind == "chunk" and self.replayed and self._replayed_already(data):
+            return
+        self.outbox.put(data, kind, self.thread_id, version)
+
+    def _replayed_already(self, data: bytes) -> bool:
+        position = chunk_position(data)
+        if position is None or position.run_id not in self.replayed:
+            return False
+        if position.order <= self.replayed[position.run_id]:
+            return True
+        del self.replayed[position.run_id]  # live has moved past the replay: stop parsing
+        return False
+
+    def open(self, version: int, replay: list[bytes]) -> None:
+        """Send the replay, then what was held, without the chunks the replay already had."""
+        self.floor = version
+        for data in replay:
+            position = chunk_position(data)
+            if position is not None:
+                last = self.replayed.get(position.run_id)
+                self.replayed[position.run_id] = max(last or position.order, position.order)
+            self.outbox.put(data, "chunk", self.thread_id)
+        held, self.held = self.held or [], None
+        for data, kind, item_version in held:
+            self._put(data, kind, item_version)
+
+
+class Session:
+    """One websocket connection's protocol state, with no socket in it.
+
+    `feed()` takes a client frame (text or bytes), runs it, and queues the answer (and any
+    subscription traffic) in `outbox`; the gateway writes the outbox to the socket. Every
+    failure of a frame becomes an error frame: the connection itself never fails because of
+    one frame.
+    """
+
+    def __init__(
+        self,
+        principal: Principal,
+        service: ThreadService,
+        hub: Listening,
+        outbox: Outbox,
+        *,
+        max_subscriptions: int = MAX_SUBSCRIPTIONS,
+        inbox: ActionInbox | None = None,
+        presence: PresenceHub | None = None,
+        limiter: Limiter | None = None,
+        token_id: str = "",
+    ) -> None:
+        self.principal = principal
+        self.service = service
+        self.hub = hub
+        self.outbox = outbox
+        self.max_subscriptions = max_subscriptions
+        self.limiter = limiter
+        self.token_id = token_id
+        self.state = SessionState.OPEN
+        self._listeners: dict[str, ThreadListener] = {}
+        self.inbox = inbox
+        self.presence = presence
+        self._members: dict[str, Member] = {}
+        self._inbox_listeners: dict[str, Callable[[bytes], None]] = {}
+
+    @property
+    def subscriptions(self) -> list[str]:
+        return list(self._listeners)
+
+    @property
+    def store(self) -> ThreadReader:
+        reader: ThreadReader = self.service.store
+        return reader
+
+    # --- input --------------------------------------------------------------------------
+
+    async def feed(self, raw: str | bytes) -> None:
+        """Handle one client frame; its answer (or error frame) is queued in the outbox."""
+        if self.state is not SessionState.OPEN:
+            raise SessionClosedError("the session is closed")
+        try:
+            frame = decode_frame(raw)
+        except FrameError as exc:
+            self._answer(wire_error(exc).frame(exc.frame_id))
+            return
+        try:
+            await self.handle(frame)
+        except Exception as exc:
+            self._answer(wire_error(exc, invalid="invalid input").frame(frame.id))
+
+    async def handle(self, frame: Frame) -> None:
+        """Run one validated frame: the table's command, the same one HTTP runs."""
+        command = BY_NAME[frame.type]
+        if command.authorize is not None:
+            command.authorize(self.principal)
+        caller = Caller(self.principal, self.service, self, frame.id, self.limiter, self.token_id)
+        fields = await command.run(caller, frame)
+        if fields is not None and command.reply is not None:
+            self._answer(command.reply(id=frame.id, **fields).to_bytes())
+
+    # --- subscriptions ------------------------------------------------------------------
+
+    async def subscribe(self, thread_id: str, frame_id: Any) -> None:
+        """Listen to a thread: `subscribed`, then the in-flight step's replay, then live frames."""
+        if thread_id in self._listeners:
+            versions = await self.store.thread_versions([thread_id])
+            version = versions.get(thread_id, 0)
+            self._answer(Subscribed(thread_id=thread_id, version=version, id=frame_id).to_bytes())
+            return
+        if len(self._listeners) >= self.max_subscriptions:
+            self._answer(
+                WireError(
+                    "too_many_subscriptions",
+                    f"at most {self.max_subscriptions} threads per connection",
+                ).frame(frame_id)
+            )
+            return
+        # Scope check first (NotFound for a foreign thread): never listen to foreign channels.
+        await self.store.get_thread(thread_id, self.principal.scopes)
+        listener = ThreadListener(thread_id, self.outbox)
+        self._listeners[thread_id] = listener
+        try:
+            await self.hub.add(thread_id, listener)
+            # Read after listening, so no commit between the two can go unnoticed.
+            versions = await self.store.thread_versions([thread_id])
+            replay = await self.hub.replay(thread_id)
+        except BaseException:
+            await self.unsubscribe(thread_id)
+            raise
+        if self.state is SessionState.CLOSED or self._listeners.get(thread_id) is not listener:
+            # Closed meanwhile: close() may have run before the hub registration completed.
+            await self.hub.remove(thread_id, listener)
+            return
+        version = versions.get(thread_id, 0)
+        self._answer(Subscribed(thread_id=thread_id, version=version, id=frame_id).to_bytes())
+        listener.open(version, replay)
+        await self._join(thread_id)
+
+    async def _join(self, thread_id: str) -> None:
+        """Be present in the thread (the `presence` frame follows `subscribed` and the replay)."""
+        if self.presence is None:
+            return
+
+        def deliver(data: bytes) -> None:
+            self.outbox.put(data, "presence", thread_id)
+
+        try:
+            member = await self.presence.join(thread_id, self.principal, deliver)
+        except Exception as exc:  # presence is a nicety: the subscription stands without it
+            log.warning("presence join of %s failed: %s", thread_id, exc)
+            return
+        if self.state is SessionState.CLOSED or thread_id not in self._listeners:
+            await self.presence.leave(member)
+            return
+        self._members[thread_id] = member
+
+    async def update_presence(self, thread_id: str, changes: dict[str, Any]) -> None:
+        """A `presence.update` of a subscribed thread (coalesced and rate-bounded)."""
+        member = self._members.get(thread_id)
+        if member is None or self.presence is None:
+            # As for a foreign thread: a connection is present only where it subscribed.
+            raise NotFound(f"thread {thread_id} not found among this connection's subscriptions")
+        self.presence.update(member, changes)
+
+    async def unsubscribe(self, thread_id: str) -> None:
+        """Stop listening to a thread (nothing happens for one not listened to)."""
+        listener = self._listeners.pop(thread_id, None)
+        if listener is None:
+            return
+        self.outbox.discard_thread(thread_id)
+        member = self._members.pop(thread_id, None)
+        if member is not None and self.presence is not None:
+            await self.presence.leave(member)
+        try:
+            await self.hub.remove(thread_id, listener)
+        except Exception:
+            log.exception("hub.remove(%s) failed", thread_id)
+
+    async def close(self) -> None:
+        """Stop listening to every thread. Runs are unaffected: closing a tab stops nothing."""
+        if self.state is SessionState.CLOSED:
+            return
+        self.state = SessionState.CLOSED
+        for thread_id in list(self._listeners):
+            await self.unsubscribe(thread_id)
+        await self.unsubscribe_actions(None)
+
+    # --- the scope-wide action inbox ----------------------------------------------------
+
+    def _inbox_scopes(self, scope: str | None) -> list[str]:
+        if scope is None:
+            return sorted(self.principal.scopes)
+        if scope not in self.principal.scopes:
+            raise NotFound(f"scope {scope} not found")  # as for threads: never confirm it
+        return [scope]
+
+    async def subscribe_actions(self, scope: str | None) -> list[str]:
+        """Listen to the pending actions of one scope of the token's (None: all of them)."""
+        if self.inbox is None:
+            raise InvalidInput("this server has no action inbox")
+        scopes = self._inbox_scopes(scope)
+        for name in scopes:
+            if name in self._inbox_listeners:
+                continue
+            key = f"actions:{name}"
+
+            def deliver(data: bytes, key: str = key) -> None:
+                self.outbox.put(data, "action", key)
+
+            self._inbox_listeners[name] = deliver
+            try:
+                await self.inbox.add(name, deliver)
+            except BaseException:
+                await self.unsubscribe_actions(name)
+                raise
+        if self.state is SessionState.CLOSED:
+            await self.unsubscribe_actions(None)
+        return scopes
+
+    async def unsubscribe_actions(self, scope: str | None) -> list[str]:
+        scopes = sorted(self._inbox_listeners) if scope is None else self._inbox_scopes(scope)
+        for name in scopes:
+            deliver = self._inbox_listeners.pop(name, None)
+            if deliver is not None and self.inbox is not None:
+                try:
+                    await self.inbox.remove(name, deliver)
+                except Exception:
+                    log.exception("inbox.remove(%s) failed", name)
+        return scopes
+
+    # --- output -------------------------------------------------------------------------
+
+    def _answer(self, data: bytes) -> None:
+        self.outbox.put(data, ANSWER, "")

@@ -1,0 +1,223 @@
+"""uvicorn's websocket protocol, driven by callbacks once the gateway has accepted it.
+
+Through ASGI, every frame a gateway sends costs a writer-task wake-up and a chain of `send`
+coroutines (Starlette, uvicorn) that end in a `transport.write`, and every open connection keeps
+a task parked in `receive()`. This protocol adds one ASGI scope extension, `WIRE`: the protocol
+itself, as a `server.transports.ws.wire.Wire`. After `attach()` it hands receive events to the
+gateway's callback as they are parsed (no task waits for them), `send_now()` frames a text
+message and writes it to the transport at once or returns False when it cannot (handshake not done,
+closing, or the transport paused because the peer reads slowly), and `resume_writing` calls the
+gateway back to drain what it queued meanwhile, so order and backpressure stay as they were.
+`hand_over()` lets the ASGI call return while the websocket stays open (`run_asgi` then leaves
+the transport open and drops the scope), and `close()` ends it later. Everything else
+(handshake, pings, the accept and close sends) is uvicorn's.
+
+Without permessage-deflate the frame is built once per message and the same bytes are written
+to every connection (a one-entry cache: the hub hands every listener the very same object).
+
+Idle memory: uvicorn's receive queue (an asyncio.Queue: four deques) and its `writable` Event (a
+deque) become the small equivalents below, and the handshake's request and response are
+released once the connection is accepted; together a few KiB per open connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
+
+# The scope extension's key; its value is the protocol (a `server.transports.ws.wire.Wire`).
+WIRE = "threadline.wire"
+
+_last: tuple[bytes, bytes] = (b"", b"\x81\x00")
+
+
+def text_frame(data: bytes) -> bytes:
+    """An unmasked, unfragmented server text frame carrying `data` (UTF-8)."""
+    global _last
+    if _last[0] is data:
+        return _last[1]
+    size = len(data)
+    if size < 126:
+        head = bytes((0x81, size))
+    elif size < 1 << 16:
+        head = struct.pack("!BBH", 0x81, 126, size)
+    else:
+        head = struct.pack("!BBQ", 0x81, 127, size)
+    frame = head + data
+    _last = (data, frame)
+    return frame
+
+
+T = TypeVar("T")
+
+
+class Signal:
+    """What uvicorn uses of an asyncio.Event (set, clear, is_set, wait), one future at most."""
+
+    __slots__ = ("_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> bool:
+        while not self._set:
+            if self._waiter is None or self._waiter.done():
+                self._waiter = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._waiter)
+        return True
+
+
+class Inbox(Generic[T]):
+    """What uvicorn uses of an unbounded asyncio.Queue (put_nowait, get, empty), one getter;
+    or, once `forward_to` was called, a pipe that hands every item to a callback instead."""
+
+    __slots__ = ("_forward", "_items", "_ready")
+
+    def __init__(self) -> None:
+        self._items: list[T] = []
+        self._ready = Signal()
+        self._forward: Callable[[T], None] | None = None
+
+    def put_nowait(self, item: T) -> None:
+        if self._forward is not None:
+            self._forward(item)
+            return
+        self._items.append(item)
+        self._ready.set()
+
+    def forward_to(self, forward: Callable[[T], None] | None) -> None:
+        """Hand items to `forward` from now on, starting with those already queued; None
+        queues them again."""
+        self._forward = forward
+        while forward is not None and self._items and self._forward is forward:
+            forward(self._items.pop(0))
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def get(self) -> T:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.pop(0)
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O websockets protocol plus the `WIRE` scope extension."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue: Inbox[Any] = Inbox()  # type: ignore[assignment]
+        self.writable = Signal()  # type: ignore[assignment]
+        self.writable.set()
+        self._on_writable: Callable[[], None] | None = None
+        self._handed_over = False
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][WIRE] = self
+
+    # -- server.transports.ws.wire.Wire ---------------------------------------------------------
+
+    def attach(
+        self, on_message: Callable[[Mapping[str, Any]], None], on_writable: Callable[[], None]
+    ) -> None:
+        self._on_writable = on_writable
+        self.queue.forward_to(on_message)
+
+    def detach(self) -> None:
+        self._on_writable = None
+        self.queue.forward_to(None)
+
+    def hand_over(self) -> bool:
+        self._handed_over = True
+        return True
+
+    async def close(self, code: int | None, reason: str) -> None:
+        if code is not None and not self.close_sent and not self.disconnected:
+            await self.send({"type": "websocket.close", "code": code, "reason": reason})
+        if self._handed_over and self.close_timer is None:
+            self.transport.close()  # what uvicorn does when the ASGI call returns
+
+    async def run_asgi(self) -> None:
+        """uvicorn's, except that the websocket stays open when the app returns after
+        `hand_over()`: the gateway closes it (`close`) when the connection ends."""
+        try:
+            result = await self.app(self.scope, self.receive, self.send)
+        except ClientDisconnected:
+            pass
+        except BaseException:
+            self._handed_over = False
+            self.logger.exception("Exception in ASGI application\n")
+            self.send_500_response()
+        else:
+            if not self.handshake_complete:
+                self.logger.error("ASGI callable returned without completing handshake.")
+                self.send_500_response()
+            elif result is not None:
+                self.logger.error("ASGI callable should return None, but returned '%s'.", result)
+        if self._handed_over:
+            # Only the handshake and the ASGI call read the scope (its headers, the app
+            # state's copy): an open connection need not keep it.
+            self.scope = None  # type: ignore[assignment]
+        elif self.close_timer is None:
+            self.transport.close()
+
+    def resume_reading(self) -> None:
+        if self.read_paused and not self.disconnected:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._on_writable is not None:
+            self._on_writable()
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.accept" and self.handshake_complete:
+            # Only the handshake reads them; an open connection need not keep the headers.
+            # (The request stays referenced by the websockets parser's generator frame for
+            # the connection's life, so its headers are emptied, not just let go of.)
+            self.request.headers.clear()
+            self.response.headers.clear()
+            self.request = self.response = None  # type: ignore[assignment]
+
+    def send_now(self, data: bytes) -> bool:
+        """Write `data` as one text frame now; False if it must wait (or cannot be sent)."""
+        if (
+            not self.handshake_complete
+            or self.close_sent
+            or self.disconnected
+            or not self.writable.is_set()
+            or self.transport.is_closing()
+            or self.conn.state is not State.OPEN
+        ):
+            return False
+        if self.conn.extensions:  # permessage-deflate: one compression context each
+            self.conn.send_text(data)
+            self.transport.write(b"".join(self.conn.data_to_send()))
+        else:
+            self.transport.write(text_frame(data))
+        return True
