@@ -240,7 +240,8 @@ def test_examples_import_only_the_public_api(path: Path) -> None:
     deep = [
         f"{path.name}:{line}: {name}"
         for line, name in imported_modules(path.read_text(), module, is_package)
-        if name.split(".")[0] in PACKAGES and name not in ("runtime", "realtime", "threadline_client")
+        if name.split(".")[0] in PACKAGES
+        and name not in ("runtime", "realtime", "threadline_client")
     ]
     assert deep == []
 
