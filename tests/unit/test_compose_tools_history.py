@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
