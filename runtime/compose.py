@@ -218,6 +218,10 @@ class _ComposedLifecycle(AgentLifecycle):
             if decision is None or isinstance(decision, Continue):
                 continue
             if isinstance(decision, Skip | Reject):
+                # The short-circuit rule: the terminal decision with what earlier hooks
+                # contributed (a redacted input must not be lost by a later rejection).
+                if replaced and decision.input is None:
+                    decision = dataclasses.replace(decision, input=call.input)
                 return decision
             if not isinstance(decision, ReplaceInput):
                 raise _wrong_decision("before_tool_call", decision)

@@ -89,6 +89,9 @@ class ToolCallContext:
     # True when before_tool_call runs again after a pending action was resolved.
     resumed: bool = False
     resolution: Resolution | None = None
+    # True when before_tool_call runs again because a takeover is about to re-execute an
+    # idempotent tool that a dead episode committed as started (`@tool(idempotent=True)`).
+    takeover: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,14 +185,20 @@ class ReplaceInput:
 
 @dataclass(frozen=True)
 class Skip:
-    """Do not execute or route the call; `output` becomes its (validated) skipped output."""
+    """Do not execute or route the call; `output` becomes its (validated) skipped output.
+    `input`, when set, is the input the call is stored (and shown to later steps) with."""
 
     output: Any = None
+    input: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Reject:
+    """Do not execute or route the call; it ends `rejected` with `reason`. `input`, when set,
+    is the input the call is stored (and shown to later steps) with."""
+
     reason: str
+    input: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -313,12 +322,16 @@ class AgentLifecycle:
         Spec: model input tool input only; persisted transcript through the tool part; tools
         no. Return Continue (or None), ReplaceInput, Skip (its output is validated and becomes
         the result) or Reject. Within one step it runs for every call before any ready tool
-        starts, and again on backend resume (`ctx.resumed`). Not the suspend mechanism: a tool
-        that needs a person declares a SuspendStep.
+        starts, again on backend resume (`ctx.resumed`), and again before a takeover re-executes
+        an idempotent tool an earlier episode started (`ctx.takeover`; a Skip or Reject then
+        ends the call as interrupted, since the tool may have had its effect). Not the suspend
+        mechanism: a tool that needs a person declares a SuspendStep.
 
         Composed: a, b, c; ReplaceInput hands later hooks a ToolCall with the patched input;
-        Skip/Reject short-circuits: later hooks do not run, and it is returned. Otherwise
-        ReplaceInput(final input) if any hook replaced the input, else Continue().
+        Skip/Reject short-circuits: later hooks do not run, and it is returned with the input
+        patched so far as its `input` (unless the hook set one itself), so a redaction by an
+        earlier hook is what the rejected call is stored with. Otherwise ReplaceInput(final
+        input) if any hook replaced the input, else Continue().
         """
         return None
 

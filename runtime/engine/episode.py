@@ -34,6 +34,7 @@ from runtime.engine.phases import (
     runtime_context,
 )
 from runtime.engine.publisher import Publisher
+from runtime.engine.shielding import runtime_cancelled, stray
 from runtime.engine.streaming import ChunkSink
 from runtime.errors import LeaseLost, Unavailable
 from runtime.lifecycle import AgentLifecycle, StepContext
@@ -228,6 +229,8 @@ class Episode:
             log.exception("run %s: could not record failure", self.run_id)
             return
         self._released_unstarted = commit_released(version)
+        # Not through `commits.commit` (no episode state yet), which counts every other end.
+        instruments.safe_add(instruments.RUNS, 1, {"event": RunStatus.FAILED.value})
         await self.deps.publisher.invalidate(self.thread_id, version)
 
     async def _guarded(self, work: Coroutine[Any, Any, None], state: EpisodeState) -> None:
@@ -244,6 +247,13 @@ class Episode:
         except Exception as exc:  # a thrown hook/model error fails the run, never hangs it
             log.exception("run %s failed", self.run_id)
             await self._finish_failed(state, exc)
+        except asyncio.CancelledError as exc:
+            if runtime_cancelled():
+                raise  # a stop, a shutdown or a lost lease: handled by `_run`
+            # Raised by a hook (or what it awaited), not by the runtime: were it let through,
+            # the lease would be released and a takeover would redo the step, forever.
+            log.exception("run %s failed", self.run_id)
+            await self._finish_failed(state, stray(exc))
 
     async def _body(self, state: EpisodeState, started: EpisodeStart) -> None:
         """The run-level phases (runtime_context, prepare_run), then a resume or the steps."""

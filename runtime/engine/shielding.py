@@ -35,3 +35,23 @@ async def uncancellable(work: Coroutine[Any, Any, T]) -> T:
         if current is not None:
             current.uncancel()
     return task.result()
+
+
+class StrayCancellation(RuntimeError):
+    """A CancelledError that no cancellation of the episode's task caused: code of the run (a
+    hook, a model stream, something they awaited) raised it. The spec's "thrown errors fail the
+    run" applies to it like to any exception; only the runtime's own cancellations (stop,
+    shutdown, lease loss, a sibling tool's failure) stop work without failing the run."""
+
+
+def runtime_cancelled() -> bool:
+    """Whether the current task is being cancelled (`Task.cancel`): every cancellation the
+    runtime makes goes through it, so a CancelledError raised while this is False was raised
+    (or re-raised from an awaited future) by the code the episode ran."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def stray(exc: asyncio.CancelledError) -> StrayCancellation:
+    detail = f": {exc}" if str(exc) else ""
+    return StrayCancellation(f"CancelledError raised inside the run, not by a stop{detail}")

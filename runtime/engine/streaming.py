@@ -207,7 +207,9 @@ async def run_stream(
     recorded; nothing else is. Text past `MAX_STEP_TEXT_CHARS` is not: the step's text is cut
     at the bound, the truncation marker is published and recorded, and the stream is closed."""
     limit = MAX_STEP_TEXT_CHARS - len(TRUNCATION_MARKER)
-    stream = lifecycle.transform_step_stream(ctx, raw)
+    # The model's tool calls as they enter the transform: the only ones it may yield.
+    made: dict[str, str] = {}
+    stream = lifecycle.transform_step_stream(ctx, _calls_seen(raw, made))
     try:
         async for chunk in stream:
             if isinstance(chunk, TextDeltaChunk) and len(output.text) + len(chunk.delta) > limit:
@@ -221,6 +223,7 @@ async def run_stream(
             if isinstance(chunk, TextDeltaChunk):
                 output.text += chunk.delta
             elif isinstance(chunk, ToolCallChunk):
+                _check_call(chunk, made, output)
                 output.tool_calls.append(chunk)
             # `output` first: the emit queues the chunk before its first await, so once a stop
             # cancels the step, every emitted chunk (published by the stop's commit at the
@@ -230,6 +233,41 @@ async def run_stream(
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+class ForgedToolCall(RuntimeError):
+    """transform_step_stream yielded a tool call the model did not make (the phase table:
+    this phase cannot call tools). It fails the run, like any error the hook raises."""
+
+
+async def _calls_seen(
+    raw: AsyncIterator[StreamChunk], made: dict[str, str]
+) -> AsyncIterator[StreamChunk]:
+    """`raw`, recording each tool call's id and name in `made` as it passes into the transform."""
+    try:
+        async for chunk in raw:
+            if isinstance(chunk, ToolCallChunk):
+                made[chunk.tool_call_id] = chunk.name
+            yield chunk
+    finally:
+        # Closing the transform's input closes the model stream at once, as before.
+        aclose = getattr(raw, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _check_call(chunk: ToolCallChunk, made: dict[str, str], output: StepOutput) -> None:
+    """A tool-call chunk the transform yields must be one of the model's calls of this step,
+    with its id and name, once. Its input may differ: the transform is canonical, so a secret
+    it redacts from the arguments is redacted in the stored call too (before_tool_call then
+    sees that input, and the tool runs with it)."""
+    if made.get(chunk.tool_call_id) != chunk.name:
+        raise ForgedToolCall(
+            f"transform_step_stream yielded a tool call the model did not make: "
+            f"{chunk.name!r} ({chunk.tool_call_id})"
+        )
+    if any(call.tool_call_id == chunk.tool_call_id for call in output.tool_calls):
+        raise ForgedToolCall(f"transform_step_stream yielded tool call {chunk.tool_call_id} twice")
 
 
 def model_call(model: Model) -> Any:

@@ -16,6 +16,7 @@ from runtime import instruments
 from runtime.agent import Agent
 from runtime.chunks import ToolCallChunk, ToolStateChunk
 from runtime.domain import ToolCallPart, ToolState, Waiting, WaitKind
+from runtime.engine.shielding import runtime_cancelled, stray
 from runtime.engine.streaming import ChunkSink
 from runtime.lifecycle import (
     AgentLifecycle,
@@ -78,13 +79,10 @@ class ToolPhase:
             decision = await self.lifecycle.before_tool_call(
                 self._ctx(part), ToolCall(part.tool_call_id, part.name, part.input)
             )
-            if isinstance(decision, ReplaceInput):
-                part = part.model_copy(update={"input": dict(decision.input)})
-                self.parts[index] = part
-            if isinstance(decision, Skip):
-                finals.append((index, ToolResult(ToolState.SKIPPED, output=decision.output)))
-            elif isinstance(decision, Reject):
-                finals.append((index, ToolResult(ToolState.REJECTED, error=decision.reason)))
+            part, refused = _decided(part, decision)
+            self.parts[index] = part
+            if refused is not None:
+                finals.append((index, refused))
             else:
                 outcome = self._route(index, part)
                 if isinstance(outcome, ToolResult):
@@ -146,6 +144,19 @@ class ToolPhase:
                 interrupted = self._interrupted(part)
                 if isinstance(interrupted, ToolResult):
                     finals.append((index, interrupted))
+                    continue
+                # A re-execution is execution continuing: before_tool_call runs first, as on a
+                # resume (docs/architecture.md, "Tools and side effects").
+                ctx = self._ctx(part, resumed=part.waiting is not None, takeover=True)
+                decision = await self.lifecycle.before_tool_call(
+                    ctx, ToolCall(part.tool_call_id, part.name, part.input)
+                )
+                self.parts[index], refused = _decided(part, decision)
+                if refused is not None:
+                    # Started by the dead episode, so it may have had its effect: not "skipped".
+                    why = refused.error if refused.state is ToolState.REJECTED else "skipped"
+                    error = f"{INTERRUPTED} (not run again: {why})"
+                    finals.append((index, ToolResult(ToolState.OUTPUT_ERROR, error=error)))
                 else:
                     ready.append((index, *interrupted))
                 continue
@@ -166,14 +177,9 @@ class ToolPhase:
             decision = await self.lifecycle.before_tool_call(
                 ctx, ToolCall(part.tool_call_id, part.name, part.input)
             )
-            if isinstance(decision, ReplaceInput):
-                part = part.model_copy(update={"input": dict(decision.input)})
-                self.parts[index] = part
-            if isinstance(decision, Skip):
-                finals.append((index, ToolResult(ToolState.SKIPPED, output=decision.output)))
-                continue
-            if isinstance(decision, Reject):
-                finals.append((index, ToolResult(ToolState.REJECTED, error=decision.reason)))
+            self.parts[index], refused = _decided(part, decision)
+            if refused is not None:
+                finals.append((index, refused))
                 continue
             try:
                 typed = tool_.suspend.payload.model_validate(payload)
@@ -254,8 +260,13 @@ class ToolPhase:
             if isinstance(output, BaseModel):
                 output = output.model_dump(mode="json")
             result = ToolResult(ToolState.OUTPUT_AVAILABLE, output=output)
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            if runtime_cancelled():
+                raise
+            # The tool itself raised it (or an awaited future of its own was cancelled): a
+            # failing tool, not a stop. Let through, the task group would drop it silently.
+            instruments.safe_add(instruments.TOOL_ERRORS, 1, {"tool": tool_.name})
+            result = ToolResult(ToolState.OUTPUT_ERROR, error=f"CancelledError: {exc}")
         except Exception as exc:  # a failing tool is a model-visible result, not a crash
             instruments.safe_add(instruments.TOOL_ERRORS, 1, {"tool": tool_.name})
             result = ToolResult(ToolState.OUTPUT_ERROR, error=f"{type(exc).__name__}: {exc}")
@@ -288,14 +299,32 @@ class ToolPhase:
             )
         )
 
-    def _ctx(self, part: ToolCallPart, *, resumed: bool = False) -> ToolCallContext:
+    def _ctx(
+        self, part: ToolCallPart, *, resumed: bool = False, takeover: bool = False
+    ) -> ToolCallContext:
         return ToolCallContext(
             step=self.step,
             tool_call_id=part.tool_call_id,
             tool_name=part.name,
             resumed=resumed,
             resolution=part.waiting.resolution if part.waiting else None,
+            takeover=takeover,
         )
+
+
+def _decided(part: ToolCallPart, decision: object) -> tuple[ToolCallPart, ToolResult | None]:
+    """A before_tool_call decision applied to `part`: the part with the input the decision
+    leaves it with (a Skip or Reject carries the input earlier hooks patched, so a redaction
+    is stored even when a later hook refuses the call), and the final result of a refusal
+    (None: the call goes on)."""
+    patched = decision.input if isinstance(decision, ReplaceInput | Skip | Reject) else None
+    if patched is not None:
+        part = part.model_copy(update={"input": dict(patched)})
+    if isinstance(decision, Skip):
+        return part, ToolResult(ToolState.SKIPPED, output=decision.output)
+    if isinstance(decision, Reject):
+        return part, ToolResult(ToolState.REJECTED, error=decision.reason)
+    return part, None
 
 
 def overlay_parts(parts: Sequence[Any], updated: Sequence[ToolCallPart]) -> list[Any]:
@@ -342,10 +371,21 @@ async def _all(*work: Coroutine[Any, Any, None]) -> None:
     try:
         async with asyncio.TaskGroup() as group:
             for item in work:
-                group.create_task(item)
+                group.create_task(_failing_if_stray(item))
     except BaseExceptionGroup as failures:
         # The run fails with the first real failure, not with the group's summary.
         raise _first(failures) from None
+
+
+async def _failing_if_stray(work: Coroutine[Any, Any, None]) -> None:
+    """A task group takes a child's CancelledError for a cancellation and ignores it; one that
+    a hook raised itself is a failure of the run (the spec's "thrown errors fail the run")."""
+    try:
+        await work
+    except asyncio.CancelledError as exc:
+        if runtime_cancelled():
+            raise
+        raise stray(exc) from None
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -114,8 +115,16 @@ async def test_before_tool_call_skip_or_reject_short_circuits(stop: Skip | Rejec
     composed = compose_lifecycle(
         ToolGate("a", log, "tag"), ToolGate("b", log, stop), ToolGate("c", log, "tag")
     )
-    assert await composed.before_tool_call(tool_ctx(), tool_call(q="x")) is stop
+    decision = await composed.before_tool_call(tool_ctx(), tool_call(q="x"))
+    # The short-circuit rule: the terminal decision with what earlier hooks contributed.
+    assert decision == dataclasses.replace(stop, input={"q": "x", "a": True})
     assert [name for name, _ in log] == ["a", "b"]
+    # Nobody patched: returned as is; a hook that sets the input itself keeps it.
+    alone = compose_lifecycle(ToolGate("b", log, stop), ToolGate("c", log, "tag"))
+    assert await alone.before_tool_call(tool_ctx(), tool_call(q="x")) is stop
+    own = dataclasses.replace(stop, input={"q": "own"})
+    chosen = compose_lifecycle(ToolGate("a", log, "tag"), ToolGate("b", log, own))
+    assert await chosen.before_tool_call(tool_ctx(), tool_call(q="x")) is own
 
 
 # --- afterToolResult passes the patched result on -------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from runtime import instruments
 from runtime.domain import (
     Lease,
     LeaseKind,
@@ -105,6 +106,10 @@ async def find_runnable_runs(conn: Conn, limit: int) -> list[Run]:
     return [run_from_row(row) for row in rows]
 
 
+def _cancelled_event() -> None:
+    instruments.safe_add(instruments.RUNS, 1, {"event": RunStatus.CANCELLED.value})
+
+
 async def request_stop(
     conn: Conn, thread_id: str, scopes: Collection[str], run_id: str
 ) -> StopResult:
@@ -126,6 +131,8 @@ async def request_stop(
         await admit_next(conn, thread_id)
         version = await bump(conn, thread_id)
         status = RunStatus.CANCELLED
+        # No episode ever ends this run, so its run event is counted here, once committed.
+        conn.on_commit(_cancelled_event)
     elif outcome is StopOutcome.FLAG:
         # Not part of a snapshot: the worker finalises and commits the visible change.
         await conn.execute(
