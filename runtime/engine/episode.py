@@ -38,12 +38,11 @@ from runtime.engine.streaming import ChunkSink
 from runtime.errors import LeaseLost, Unavailable
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.storage.store import (
+    EngineStore,
     EpisodeStart,
     RunChange,
     RunStart,
     StepCommit,
-    Store,
-    commit_released,
 )
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ class Episode:
 
     def __init__(
         self,
-        store: Store,
+        store: EngineStore,
         publisher: Publisher,
         agent: Agent,
         lifecycle: AgentLifecycle,
@@ -223,12 +222,12 @@ class Episode:
     async def _fail_unstarted(self, exc: Exception) -> None:
         failed = RunChange(status=RunStatus.FAILED, error=str(exc) or type(exc).__name__)
         try:
-            version = await self.deps.store.commit(self.deps.lease, StepCommit(run=failed))
+            committed = await self.deps.store.commit(self.deps.lease, StepCommit(run=failed))
         except Exception:
             log.exception("run %s: could not record failure", self.run_id)
             return
-        self._released_unstarted = commit_released(version)
-        await self.deps.publisher.invalidate(self.thread_id, version)
+        self._released_unstarted = committed.released
+        await self.deps.publisher.invalidate(self.thread_id, committed.version)
 
     async def _guarded(self, work: Coroutine[Any, Any, None], state: EpisodeState) -> None:
         try:

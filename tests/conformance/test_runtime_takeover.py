@@ -19,6 +19,7 @@ from runtime.providers.scripted import (
 )
 from runtime.storage.store import StepCommit
 from runtime.tools import SuspendStep, ToolContext, tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
 
 
@@ -35,7 +36,9 @@ class FrozenHeartbeat:
         return lease
 
 
-async def test_stalled_worker_is_taken_over_without_loss_or_duplicates(runtime_for) -> None:
+async def test_stalled_worker_is_taken_over_without_loss_or_duplicates(
+    runtime_for: RuntimeFactory,
+) -> None:
     stale_may_finish = asyncio.Event()
     calls: list[int] = []
     stale_started = asyncio.Event()
@@ -127,7 +130,7 @@ class Transfer(BaseModel):
     amount: int
 
 
-async def test_takeover_of_a_resuming_run_is_announced(runtime_for) -> None:
+async def test_takeover_of_a_resuming_run_is_announced(runtime_for: RuntimeFactory) -> None:
     """A run resumed from an approval whose worker streamed the tool's `running` state and then
     stalled before committing it: the next episode is a takeover and says so (`run-takeover`,
     reusing the dead episode's seq, so clients drop its chunks); the tool runs once; the stale
