@@ -23,7 +23,7 @@ from runtime.providers.scripted import (
     tool_call_response,
 )
 from runtime.storage import SqliteStore, SqlStore
-from runtime.storage.store import StepCommit
+from runtime.storage.store import CommitResult, StepCommit
 from runtime.tools import tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Recorder, Runtime, settled
@@ -45,18 +45,18 @@ class GatedCommits:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def commit(self, lease: Lease, commit: StepCommit) -> int:
+    async def commit(self, lease: Lease, commit: StepCommit) -> CommitResult:
         if self._gated or not self._match(commit):
-            return int(await self._store.commit(lease, commit))
+            return await self._store.commit(lease, commit)
         self._gated = True
         if self._where == "before":
             self.entered.set()
             await self.release.wait()
-            return int(await self._store.commit(lease, commit))
-        version = int(await self._store.commit(lease, commit))
+            return await self._store.commit(lease, commit)
+        result = await self._store.commit(lease, commit)
         self.entered.set()
         await self.release.wait()
-        return version
+        return result
 
 
 def _appends_answer(commit: StepCommit) -> bool:

@@ -17,7 +17,7 @@ from runtime.providers.scripted import (
     text_response,
     tool_call_response,
 )
-from runtime.storage.store import StepCommit
+from runtime.storage.store import CommitResult, StepCommit
 from runtime.tools import SuspendStep, ToolContext, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
@@ -101,7 +101,7 @@ class StallsBeforeToolsStart:
         result: Lease = await self._store.renew_lease(lease, ttl)
         return result
 
-    async def commit(self, lease: Lease, change: StepCommit) -> int:
+    async def commit(self, lease: Lease, change: StepCommit) -> CommitResult:
         update = change.update_tail
         if (
             self.armed
@@ -114,12 +114,12 @@ class StallsBeforeToolsStart:
             self.stalled.set()
             await self.release.wait()
             try:
-                return int(await self._store.commit(lease, change))
+                return await self._store.commit(lease, change)
             except BaseException as exc:
                 self.failures.append(exc)
                 self.failed.set()
                 raise
-        return int(await self._store.commit(lease, change))
+        return await self._store.commit(lease, change)
 
 
 class Approval(BaseModel):
