@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping
 
 from runtime.domain import Principal, Role
 from runtime.errors import ThreadlineError
-from runtime.storage.store import Store
+from runtime.storage.store import TokenStore
 
 
 class Unauthorized(ThreadlineError):
@@ -31,7 +31,7 @@ def hash_token(token: str) -> str:
 
 
 async def create_token(
-    store: Store,
+    store: TokenStore,
     *,
     subject: str,
     role: Role,
@@ -70,7 +70,7 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
     return token.strip() or None
 
 
-async def authenticate(store: Store, token: str | None) -> Principal:
+async def authenticate(store: TokenStore, token: str | None) -> Principal:
     """The principal of `token`; `Unauthorized` for a missing, malformed or unknown token."""
     if not token:
         raise Unauthorized("a bearer token is required")

@@ -39,12 +39,11 @@ from runtime.engine.streaming import ChunkSink
 from runtime.errors import LeaseLost, Unavailable
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.storage.store import (
+    EngineStore,
     EpisodeStart,
     RunChange,
     RunStart,
     StepCommit,
-    Store,
-    commit_released,
 )
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ class Episode:
 
     def __init__(
         self,
-        store: Store,
+        store: EngineStore,
         publisher: Publisher,
         agent: Agent,
         lifecycle: AgentLifecycle,
@@ -224,14 +223,14 @@ class Episode:
     async def _fail_unstarted(self, exc: Exception) -> None:
         failed = RunChange(status=RunStatus.FAILED, error=str(exc) or type(exc).__name__)
         try:
-            version = await self.deps.store.commit(self.deps.lease, StepCommit(run=failed))
+            committed = await self.deps.store.commit(self.deps.lease, StepCommit(run=failed))
         except Exception:
             log.exception("run %s: could not record failure", self.run_id)
             return
-        self._released_unstarted = commit_released(version)
+        self._released_unstarted = committed.released
         # Not through `commits.commit` (no episode state yet), which counts every other end.
         instruments.safe_add(instruments.RUNS, 1, {"event": RunStatus.FAILED.value})
-        await self.deps.publisher.invalidate(self.thread_id, version)
+        await self.deps.publisher.invalidate(self.thread_id, committed.version)
 
     async def _guarded(self, work: Coroutine[Any, Any, None], state: EpisodeState) -> None:
         try:

@@ -16,7 +16,7 @@ from runtime.engine.publisher import Publisher
 from runtime.engine.streaming import ChunkSink, StepOutput
 from runtime.engine.toolcalls import ToolPhase
 from runtime.lifecycle import AgentLifecycle, StepContext
-from runtime.storage.store import Store
+from runtime.storage.store import EngineStore
 
 
 class Phase(enum.Enum):
@@ -101,7 +101,7 @@ class EpisodeDeps:
     """What an episode works with; none of it changes while it runs, except the lease's expiry,
     which the worker's heartbeat renews (same owner and fencing token)."""
 
-    store: Store
+    store: EngineStore
     publisher: Publisher
     agent: Agent
     lifecycle: AgentLifecycle
@@ -189,8 +189,8 @@ class EpisodeState:
     # The run status this episode committed last (waiting or terminal); None while the run is
     # still this episode's to finish.
     outcome: RunStatus | None = None
-    # Whether the commit that ended the run admitted queued input as a new run (True when the
-    # store cannot tell): the worker then wakes workers to run it.
+    # Whether the commit that ended the run admitted queued input as a new run: the worker
+    # then wakes workers to run it.
     admitted: bool = False
     # Whether that commit released the run lease too (a terminal one does): the worker then
     # has none left to release.

@@ -18,7 +18,7 @@ from runtime.engine.message_cache import HistoryCache
 from runtime.engine.publisher import DEFAULT_REPLAY_MAX_BYTES, Publisher
 from runtime.errors import LeaseLost, NotFound
 from runtime.storage.scope_cache import ScopeCache
-from runtime.storage.store import Store
+from runtime.storage.store import EngineStore
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class Worker:
 
     def __init__(
         self,
-        store: Store,
+        store: EngineStore,
         bus: Bus,
         agent: Agent,
         *,
@@ -41,8 +41,8 @@ class Worker:
     ) -> None:
         self.store = store
         self.bus = bus
-        # Announce commits per scope too (the action inbox), when the store can say the scope.
-        scope_of = ScopeCache(store).scope_of if hasattr(store, "thread_scopes") else None
+        # Announce commits per scope too (the action inbox).
+        scope_of = ScopeCache(store).scope_of
         self.publisher = Publisher(bus, replay_max_bytes=replay_max_bytes, scope_of=scope_of)
         self.agent = agent
         self.lifecycle = compose_lifecycle(agent.lifecycle)

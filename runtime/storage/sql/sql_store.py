@@ -60,7 +60,7 @@ from runtime.storage.sql.rows import (
 from runtime.storage.sql.transactions import SqlTransactions
 from runtime.storage.store import (
     AdmissionLimits,
-    CommitVersion,
+    CommitResult,
     EpisodeStart,
     HistoryRead,
     ResolveResult,
@@ -245,7 +245,7 @@ class SqlStore(SqlTransactions):
             lock=ThreadLock(lease.thread_id),
         )
 
-    async def commit(self, lease: Lease, commit: StepCommit) -> CommitVersion:
+    async def commit(self, lease: Lease, commit: StepCommit) -> CommitResult:
         # Validate (and serialise) everything before taking any lock.
         tail = commit.update_tail
         tail_parts = validate_parts(tail.parts) if tail is not None else None
