@@ -160,6 +160,9 @@ class MCPConnection:
 
     def _mark_broken(self, session: ClientSession) -> None:
         if self._session is session:
+            # At once, not when the runner wakes: the next call must wait for the new session.
+            self._ready.clear()
+            self._session = None
             self._broken.set()
 
     async def _connected(self) -> ClientSession:
