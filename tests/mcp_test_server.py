@@ -34,7 +34,7 @@ async def delete_record(record_id: str) -> str:
     hold = os.environ.get("MCP_TEST_HOLD")
     if hold:
         for _ in range(600):
-            if not Path(hold).exists():
+            if not await asyncio.to_thread(os.path.exists, hold):
                 break
             await asyncio.sleep(0.05)
     return f"deleted {record_id}"
