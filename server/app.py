@@ -120,6 +120,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                 poll_interval=settings.poll_interval,
                 max_concurrent_runs=settings.max_concurrent_runs,
                 replay_max_bytes=settings.replay_max_bytes,
+                mcp_servers=settings.mcp_servers,
             )
             await stack.enter_async_context(worker)
             state.worker = worker

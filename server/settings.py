@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.mcp.config import MCPServer
 from runtime.service.permissions import PermissionPolicy, Who
 
 ServerRole = Literal["all", "gateway", "worker"]
@@ -83,6 +84,12 @@ class Settings(BaseSettings):
     permission_visibility: Who = Who.SCOPE
     permission_stop: Who = Who.SCOPE
     permission_cancel_queued: Who = Who.SCOPE
+
+    # MCP servers whose tools every run of this deployment's agent gets, besides the agent's
+    # own `mcp_servers`: a JSON list of {"type": "stdio", "name", "command", "args"} and
+    # {"type": "http", "name", "url", "secret_headers"} objects (docs/operations.md, "MCP
+    # servers"). Secrets are references (env:NAME, file:/path), never values.
+    mcp_servers: list[MCPServer] = Field(default_factory=list)
 
     dev_scope: str = "demo"
     # `threadline serve` mints a development token and prints a browser URL carrying it.

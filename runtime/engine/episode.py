@@ -45,6 +45,7 @@ from runtime.storage.store import (
     RunStart,
     StepCommit,
 )
+from runtime.tools import ToolSource
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,10 @@ class Episode:
         *,
         start: RunStart | None = None,
         history_from: int | None = None,
+        tool_source: ToolSource | None = None,
     ) -> None:
         self.deps = EpisodeDeps(
-            store, publisher, agent, lifecycle, lease, history or HistoryCache()
+            store, publisher, agent, lifecycle, lease, history or HistoryCache(), tool_source
         )
         # What `Store.start_run` did with the lease (None, or `started` None: `_begin` makes the
         # start), and where its read of the thread's messages started (`HistoryCache.read_from`

@@ -17,6 +17,7 @@ from runtime.engine.streaming import ChunkSink, StepOutput
 from runtime.engine.toolcalls import ToolPhase
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.storage.store import EngineStore
+from runtime.tools import Tool, ToolSource
 
 
 class Phase(enum.Enum):
@@ -108,6 +109,8 @@ class EpisodeDeps:
     lease: Lease
     # Parsed messages of the thread, shared by the worker's episodes: reads are tail reads.
     history: HistoryCache = field(default_factory=HistoryCache)
+    # Tools besides the agent's own (the worker's MCP servers), asked before each step.
+    tool_source: ToolSource | None = None
 
     @functools.cached_property
     def transition_with_step(self) -> bool:
@@ -184,6 +187,8 @@ class EpisodeState:
     # The tool phase of the open step, or of a resume: the latest state of each tool part, in
     # the model's order. None when no tool phase has started since the last commit.
     tools: ToolPhase | None = None
+    # The tool source's tools as of the latest step or resume (`phases.load_tools`).
+    source_tools: tuple[Tool, ...] = ()
     # The id of the open step's message once committed with its tools started (EXECUTING).
     started_message: str | None = None
     # The run status this episode committed last (waiting or terminal); None while the run is
