@@ -51,7 +51,7 @@ from runtime.domain import (
     ToolState,
     WaitKind,
 )
-from server.protocol.commands import BY_NAME, Caller, charge_together
+from server.protocol.commands import Caller, charge_together
 from server.protocol.wire_errors import wire_error
 from server.transports.http_routes import read_body, request_caller
 from server.transports.sse.agui_input import Plan, parse_input, plan, run_plan
@@ -59,6 +59,7 @@ from server.transports.sse.thread_stream import (
     Chunk,
     Committed,
     ThreadFeed,
+    create_step,
     is_settled,
     open_feed,
     open_thread,
@@ -329,11 +330,9 @@ async def agui_endpoint(request: Request) -> Response:
         data = parse_input(await read_body(request))
         thread = await open_thread(caller, data.thread_id, create=False)
         work = plan(caller, thread.thread_id, data, thread.snapshot)
-        if thread.snapshot is None:
-            create = BY_NAME["thread.open"]
-            work.steps.insert(0, (create, create.parse(caller, {"thread_id": data.thread_id})))
-        charged = await charge_together(caller, work.steps)
-        feed = await open_feed(request, caller, thread.thread_id)
+        create = create_step(caller, data.thread_id, thread.snapshot)
+        charged = await charge_together(caller, [*create, *work.steps])
+        feed = await open_feed(request, caller, thread.thread_id, create, charged)
     except Exception as exc:
         return wire_error(exc).response()
     encoder = EventEncoder(accept=request.headers.get("accept", ""))

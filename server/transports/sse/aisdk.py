@@ -30,6 +30,7 @@ from server.transports.http_routes import read_body, request_caller
 from server.transports.sse.thread_stream import (
     Committed,
     ThreadFeed,
+    create_step,
     is_settled,
     open_feed,
     open_thread,
@@ -321,11 +322,9 @@ async def chat_endpoint(request: Request) -> Response:
         chat = parse_chat(await read_body(request))
         thread = await open_thread(caller, chat.id, create=False)
         steps = plan(caller, thread.thread_id, chat, thread.snapshot)
-        if thread.snapshot is None:
-            create = BY_NAME["thread.open"]
-            steps.insert(0, (create, create.parse(caller, {"thread_id": chat.id})))
-        charged = await charge_together(caller, steps)
-        feed = await open_feed(request, caller, thread.thread_id)
+        create = create_step(caller, chat.id, thread.snapshot)
+        charged = await charge_together(caller, [*create, *steps])
+        feed = await open_feed(request, caller, thread.thread_id, create, charged)
     except Exception as exc:
         return wire_error(exc).response()
     try:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,7 +19,7 @@ from realtime.envelopes import MessageKind
 from runtime.domain import RunStatus, Snapshot
 from runtime.service.client_threads import ClientThread
 from server.live.quotas import REFRESH_INTERVAL, ConnectionSlot
-from server.protocol.commands import BY_NAME, Caller
+from server.protocol.commands import BY_NAME, Caller, Step
 from server.protocol.inputs import GetSnapshot
 
 log = logging.getLogger(__name__)
@@ -255,12 +255,33 @@ async def open_thread(caller: Caller, client_id: str, *, create: bool) -> Client
     return opened
 
 
-async def open_feed(request: Request, caller: Caller, thread_id: str) -> ThreadFeed:
-    """A feed of `thread_id` already listening (its connection slot taken): open it before
+def create_step(caller: Caller, client_id: str, snapshot: Snapshot | None) -> list[Step]:
+    """The step creating the client's thread when it does not exist yet (`snapshot` None)."""
+    if snapshot is not None:
+        return []
+    command = BY_NAME["thread.open"]
+    return [(command, command.parse(caller, {"thread_id": client_id, "create": True}))]
+
+
+async def open_feed(
+    request: Request,
+    caller: Caller,
+    thread_id: str,
+    create: Sequence[Step] = (),
+    charged: Caller | None = None,
+) -> ThreadFeed:
+    """A feed of `thread_id` already listening (its connection slot taken), then the thread
+    created by `create` (steps checked and charged already, run as `charged`): open it before
     applying the request, so nothing the request causes is missed. Hand it to `sse_response`,
     which closes it; close it yourself if you answer otherwise."""
     feed = ThreadFeed(caller, request.app.state.hub, thread_id)
     await feed.__aenter__()
+    try:
+        for command, data in create:
+            await command.result(charged or caller, data)
+    except BaseException:
+        await feed.__aexit__(None, None, None)
+        raise
     return feed
 
 
