@@ -401,6 +401,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer=lambda i, result: stop_answer(result),
         answer_doc='`{"thread_id", "version", "run_id", "status"}`',
         http=Http("POST", f"{T}/runs/{{run_id}}/stop", "stop_run", status=202),
+        precheck=lambda c, i: c.service.access.require_stop(c.principal, i.thread_id, i.run_id),
     ),
     Command(
         name="regenerate",

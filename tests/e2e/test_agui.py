@@ -36,6 +36,10 @@ class Agui:
             "url": self.server.url,
             "token": token or self.token,
             "threadId": self.thread_id,
+            # The Threadline id of the client's thread, for the HTTP stop route.
+            "threadlineId": jsclients.thread_id_of(
+                self.server.url, token or self.token, self.thread_id
+            ),
             **extra,
         }
 
