@@ -358,3 +358,27 @@ def test_a_transport_without_its_guards_fails_the_table(world: World) -> None:
     cells = {**DOORS["http"](world)}
     del cells["permission"]
     assert set(cells) != set(GUARDS)
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        # The message's policy is refused after the stop entry is read (it was committed first).
+        {"forwardedProps": {"policy": "bogus"}, "text": "and then this"},
+        # A second entry's payload fails the action's schema (its check runs before any commit).
+        {"resume": [{"interruptId": "", "status": "resolved", "payload": {"approved": "maybe"}}]},
+    ],
+    ids=["policy", "payload"],
+)
+def test_an_agui_act_is_all_or_nothing(world: World, refused: dict[str, Any]) -> None:
+    """A stop of the waiting run, then a refused part of the same input: nothing commits."""
+    action = pending(world)
+    resume = [{"interruptId": action, "status": "cancelled"}]
+    for entry in refused.get("resume", []):
+        resume.append({**entry, "interruptId": action})
+    extra = {k: v for k, v in refused.items() if k not in ("resume", "text")}
+    body = agui(world.waiting, refused.get("text"), resume=resume, **extra)
+    before = world.state()
+    seen = world.post("alice", "/v1/ag-ui", body)
+    assert seen.status in (400, 422), seen
+    assert world.state() == before
