@@ -231,17 +231,7 @@ class ThreadService:
         `kind` restricts which kind of action the route may resolve (client/manual results);
         manual results are for trusted roles only, refused before any lookup.
         """
-        if kind is WaitKind.MANUAL_RESULT:
-            require_trusted(principal)
-        part = await self._pending_part(principal, thread_id, action_id)
-        if part is not None and part.waiting is not None:
-            if kind is not None and part.waiting.kind is not kind:
-                raise InvalidInput(
-                    f"action {action_id} is a {part.waiting.kind} action, not {kind}"
-                )
-            if principal.role not in part.waiting.allowed_roles:
-                raise Forbidden(f"role {principal.role} may not resolve this action")
-            check_payload(self.agent, part, payload)
+        await self.check_resume(principal, thread_id, action_id, payload, kind=kind)
         resolution = Resolution(
             subject=principal.subject,
             role=principal.role,
@@ -258,6 +248,30 @@ class ThreadService:
             wakeup=result.run_id if result.run_resumed and result.run_id else None,
         )
         return result
+
+    async def check_resume(
+        self,
+        principal: Principal,
+        thread_id: str,
+        action_id: str,
+        payload: Mapping[str, Any],
+        *,
+        kind: WaitKind | None = None,
+    ) -> None:
+        """Everything `resume_action` checks before its compare-and-set, changing nothing: a
+        request of several commands checks each before the first commits. An action that is
+        not pending passes: its resolution is refused by the store (conflict, naming who won)."""
+        if kind is WaitKind.MANUAL_RESULT:
+            require_trusted(principal)
+        part = await self._pending_part(principal, thread_id, action_id)
+        if part is not None and part.waiting is not None:
+            if kind is not None and part.waiting.kind is not kind:
+                raise InvalidInput(
+                    f"action {action_id} is a {part.waiting.kind} action, not {kind}"
+                )
+            if principal.role not in part.waiting.allowed_roles:
+                raise Forbidden(f"role {principal.role} may not resolve this action")
+            check_payload(self.agent, part, payload)
 
     async def _pending_part(
         self, principal: Principal, thread_id: str, action_id: str

@@ -71,7 +71,7 @@ def test_an_undocumented_command_makes_the_doc_stale(monkeypatch: pytest.MonkeyP
 
 def test_every_command_is_offered_somewhere_and_says_why_not_everywhere() -> None:
     for command in COMMANDS:
-        assert command.http is not None or command.reply is not None, command.name
+        assert command.http is not None or command.reply is not None or command.sse, command.name
         if command.http is None or command.reply is None:
             assert command.note, f"{command.name}: say why it has one transport only"
     assert len(BY_NAME) == len(COMMANDS), "command names must be unique"
