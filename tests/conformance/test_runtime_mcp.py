@@ -42,7 +42,7 @@ def http_server(tmp_path: Path) -> Iterator[HttpTestServer]:
         yield server
 
 
-def tests_server(server: HttpTestServer, **options: Any) -> MCPHttp:
+def http_tools_of(server: HttpTestServer, **options: Any) -> MCPHttp:
     return MCPHttp(name="tests", url=server.url, connect_timeout=60, **options)
 
 
@@ -121,7 +121,7 @@ async def test_destructive_waits_for_approval_read_only_runs_at_once(
     )
     hooks = Hooks()
     rt = await runtime_for(
-        Agent(model=model, mcp_servers=[tests_server(http_server)], lifecycle=hooks)
+        Agent(model=model, mcp_servers=[http_tools_of(http_server)], lifecycle=hooks)
     )
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "delete r1")
@@ -157,7 +157,7 @@ async def test_a_refused_call_never_reaches_the_server(
             text_response("not deleted"),
         ]
     )
-    rt = await runtime_for(Agent(model=model, mcp_servers=[tests_server(http_server)]))
+    rt = await runtime_for(Agent(model=model, mcp_servers=[http_tools_of(http_server)]))
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "delete r2")
     waiting = await rt.wait_status(thread_id, RunStatus.WAITING, timeout=RUN_TIMEOUT)
@@ -180,7 +180,7 @@ async def test_progress_reaches_every_watcher_and_stop_cancels_the_call(
     runtime_for: Any, http_server: HttpTestServer
 ) -> None:
     model = ScriptedModel([tool_call_response("tests__slow_count", {"steps": 300}, id="c1")])
-    rt = await runtime_for(Agent(model=model, mcp_servers=[tests_server(http_server)]))
+    rt = await runtime_for(Agent(model=model, mcp_servers=[http_tools_of(http_server)]))
     thread_id = await rt.thread()
     async with rt.record(thread_id) as first, rt.record(thread_id) as second:
         admission = await rt.service.send_message(ALICE, thread_id, "count")
@@ -201,7 +201,7 @@ async def test_a_crashed_server_is_an_error_and_the_next_call_works(
     runtime_for: Any, http_server: HttpTestServer, tmp_path: Path, transport: str
 ) -> None:
     if transport == "http":
-        server: MCPHttp | MCPStdio = tests_server(http_server)
+        server: MCPHttp | MCPStdio = http_tools_of(http_server)
         events = http_server.events
     else:
         log = tmp_path / "stdio-events.log"
@@ -243,7 +243,7 @@ async def test_the_tool_list_is_refreshed_on_list_changed(
             text_response("echoed"),
         ]
     )
-    rt = await runtime_for(Agent(model=model, mcp_servers=[tests_server(http_server)]))
+    rt = await runtime_for(Agent(model=model, mcp_servers=[http_tools_of(http_server)]))
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "grow")
     final = await rt.wait_for(thread_id, settled, RUN_TIMEOUT)
