@@ -269,6 +269,11 @@ class Store(Protocol):
     async def list_messages(
         self, thread_id: str, up_to_position: int | None = None
     ) -> list[Message]: ...
+    async def message_authors(self, thread_id: str, message_ids: Sequence[str]) -> dict[str, str]:
+        """The author of each message of `message_ids` in the thread (the permission policy's
+        `author`): who started the run that wrote it, or submitted it (a user message)."""
+        ...
+
     async def read_history(self, thread_id: str, from_position: int = 0) -> HistoryRead:
         """Messages at `from_position` and after, and the history epoch (`HistoryRead`);
         `NotFound` for an unknown thread."""
