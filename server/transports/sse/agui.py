@@ -323,7 +323,11 @@ async def act(
             await service.stop_run(principal, thread_id, action.run_id)
             continue
         payload = entry.payload if isinstance(entry.payload, dict) else {}
-        result = await service.resume_action(principal, thread_id, entry.interrupt_id, payload)
+        # An interrupt is an approval or a manual result: each resolved under its kind's rule.
+        kind = action.kind if action is not None else None
+        result = await service.resume_action(
+            principal, thread_id, entry.interrupt_id, payload, kind=kind
+        )
         run_id = result.run_id or (action.run_id if action else None) or run_id
     by_call = {a.tool_call_id: a for a in pending.values() if a.kind is WaitKind.CLIENT_TOOL}
     for message in data.messages:
