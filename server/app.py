@@ -61,7 +61,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
         state.store = await open_storage(settings.database_url, stack)
 
-        bus = open_bus(settings.redis_url)
+        bus = open_bus(settings.redis_url, prefix=settings.redis_prefix)
         await connect_bus(bus, timeout=settings.bus_connect_timeout)
         stack.push_async_callback(bus.close)
         state.bus = bus
@@ -78,7 +78,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             snapshot_messages=settings.snapshot_messages,
             queue_preview_chars=settings.queue_preview_chars,
         )
-        counters = open_counters(settings.redis_url, settings.limits_prefix)
+        counters = open_counters(settings.redis_url, settings.counters_prefix)
         stack.push_async_callback(counters.close)
         state.limiter = Limiter(settings, counters)
         state.revoker = TokenRevoker(state.store, bus)
@@ -98,7 +98,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             presence = await stack.enter_async_context(
                 PresenceHub(
                     bus,
-                    open_presence(settings.redis_url),
+                    open_presence(settings.redis_url, prefix=settings.redis_prefix),
                     refresh_interval=settings.presence_refresh,
                 )
             )

@@ -59,7 +59,7 @@ async def _revoke_token(settings: Settings, token: str) -> tuple[bool, bool]:
             return False, False
     if not settings.redis_url:
         return True, False  # an embedded server's gateway notices on its periodic check
-    bus = open_bus(settings.redis_url)
+    bus = open_bus(settings.redis_url, prefix=settings.redis_prefix)
     try:
         await connect_bus(bus, timeout=min(settings.bus_connect_timeout, 5.0))
         return True, await publish_revoked(bus, token_key_of_hash(token_hash))

@@ -74,8 +74,13 @@ class Settings(BaseSettings):
     # Websocket upgrades whose Origin header is not in this list are refused (HTTP 403).
     # Empty (the default): no check. JSON list, e.g. '["https://chat.example.com"]'.
     ws_allowed_origins: list[str] = Field(default_factory=list)
-    # Namespace of the quota counters in Redis (several deployments may share one Redis).
-    limits_prefix: str = "threadline:limits:"
+    # Namespace of this deployment in Redis: every channel, presence hash, replay buffer and
+    # control message is named under it, so deployments sharing a Redis (or a Redis Cluster)
+    # never see each other's (docs/operations.md, "Several deployments on one Redis"). No
+    # braces: the `{thread}` hash tag after it is what a Redis Cluster shards by.
+    redis_prefix: str = Field(default="threadline:", min_length=1, pattern=r"^[^{}\s]+$")
+    # Namespace of the quota counters; unset, `<redis_prefix>limits:`.
+    limits_prefix: str | None = Field(default=None, min_length=1, pattern=r"^[^{}\s]+$")
 
     # --- who may take destructive actions (runtime.service.permissions.Who): scope, author,
     # trusted, admin. `scope` everywhere keeps the behaviour of earlier versions; see
@@ -104,6 +109,11 @@ class Settings(BaseSettings):
             stop=self.permission_stop,
             cancel_queued=self.permission_cancel_queued,
         )
+
+    @property
+    def counters_prefix(self) -> str:
+        """Where the quota counters live in Redis: their own prefix, else under the bus's."""
+        return self.limits_prefix or f"{self.redis_prefix}limits:"
 
     @property
     def runs_gateway(self) -> bool:

@@ -106,6 +106,11 @@ class ThreadStore(ThreadIndex, Protocol):
 class MessageStore(Protocol):
     """A thread's messages in position order (internal: no scope check)."""
 
+    async def message_authors(self, thread_id: str, message_ids: Sequence[str]) -> dict[str, str]:
+        """The author of each message of `message_ids` in the thread (the permission policy's
+        `author`): who started the run that wrote it, or submitted it (a user message)."""
+        ...
+
     async def list_messages(
         self, thread_id: str, up_to_position: int | None = None
     ) -> list[Message]: ...

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.chunks import TextDeltaChunk
-from runtime.domain import RunStatus, ToolCallPart, ToolState
+from runtime.domain import RunStatus, ToolCallPart, ToolState, WaitKind
 from runtime.errors import InvalidInput
 from runtime.lifecycle import (
     AfterStepDecision,
@@ -36,6 +36,8 @@ from runtime.providers.scripted import (
 from runtime.tools import SuspendStep, ToolContext, manual_tool, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, BACKEND, SCOPE, Runtime, settled
+
+MANUAL = WaitKind.MANUAL_RESULT
 
 
 class Args(BaseModel):
@@ -348,7 +350,7 @@ async def test_after_tool_result_normalises_failures_and_manual_results(
     thread_id = await start(rt)
     waiting = await rt.wait_status(thread_id, RunStatus.WAITING)
     action = waiting.pending_actions[0]
-    await rt.service.resume_action(BACKEND, thread_id, action.id, {"output": 42})
+    await rt.service.resume_action(BACKEND, thread_id, action.id, {"output": 42}, kind=MANUAL)
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     failed, manual = tool_parts(done, 1)
     assert (failed.state, failed.error) == (ToolState.OUTPUT_ERROR, "the tool is unavailable")
@@ -568,11 +570,15 @@ async def test_skipped_outputs_and_submitted_results_validate(runtime_for: Runti
     waiting = await rt.wait_status(thread_id, RunStatus.WAITING)
     action = waiting.pending_actions[0]
     with pytest.raises(InvalidPayload) as invalid:
-        await rt.service.resume_action(BACKEND, thread_id, action.id, {"output": {"x": 1}})
+        await rt.service.resume_action(
+            BACKEND, thread_id, action.id, {"output": {"x": 1}}, kind=MANUAL
+        )
     assert invalid.value.details["errors"][0]["loc"] == ["output", "balance"]
     unchanged = await rt.store.snapshot(thread_id, [SCOPE])
     assert unchanged.thread.version == waiting.thread.version
-    await rt.service.resume_action(BACKEND, thread_id, action.id, {"output": {"balance": 5}})
+    await rt.service.resume_action(
+        BACKEND, thread_id, action.id, {"output": {"balance": 5}}, kind=MANUAL
+    )
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     skipped, manual = tool_parts(done, 1)
     assert skipped.state is ToolState.OUTPUT_ERROR and "invalid tool output" in skipped.error

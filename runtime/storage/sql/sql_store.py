@@ -159,6 +159,12 @@ class SqlStore(SqlTransactions):
             return {}
         return await self._read(lambda conn: threads_tx.thread_versions(conn, ids))
 
+    async def message_authors(self, thread_id: str, message_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(message_ids))
+        if not ids:
+            return {}
+        return await self._read(lambda conn: threads_tx.message_authors(conn, thread_id, ids))
+
     async def list_messages(
         self, thread_id: str, up_to_position: int | None = None
     ) -> list[Message]:

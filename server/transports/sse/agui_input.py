@@ -70,6 +70,12 @@ def _policy(data: RunAgentInput, snapshot: Snapshot | None) -> InputPolicy:
         raise InvalidInput(f"unknown input policy {raw!r}") from exc
 
 
+_RESULT_COMMANDS = {
+    WaitKind.CLIENT_TOOL: "action.client_result",
+    WaitKind.MANUAL_RESULT: "action.manual_result",
+}
+
+
 def plan(caller: Caller, thread_id: str, data: RunAgentInput, snapshot: Snapshot | None) -> Plan:
     """The commands `data` asks for on the thread `thread_id` (`snapshot`: its committed state,
     None when it does not exist yet), each input validated; raises on the first refusal."""
@@ -86,13 +92,25 @@ def plan(caller: Caller, thread_id: str, data: RunAgentInput, snapshot: Snapshot
             )
             continue
         payload = entry.payload if isinstance(entry.payload, dict) else {}
-        step = _step(
-            caller,
-            "action.resume",
-            thread_id=thread_id,
-            action_id=entry.interrupt_id,
-            payload=payload,
-        )
+        result_command = _RESULT_COMMANDS.get(action.kind) if action is not None else None
+        if result_command is not None:
+            # An interrupt of a client or manual result: resolved by its own command and rule.
+            step = _step(
+                caller,
+                result_command,
+                thread_id=thread_id,
+                action_id=entry.interrupt_id,
+                output=payload.get("output"),
+                error=payload.get("error"),
+            )
+        else:
+            step = _step(
+                caller,
+                "action.resume",
+                thread_id=thread_id,
+                action_id=entry.interrupt_id,
+                payload=payload,
+            )
         if action is None:
             doomed.append(step)
             continue
