@@ -33,5 +33,5 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/python bench/runtime.py
+	$(VENV)/bin/python bench/runtime_bench.py
 	$(VENV)/bin/python bench/fanout.py
