@@ -31,12 +31,12 @@ import common  # bench/common.py, next to this script
 import runtime_bench as bench  # bench/runtime_bench.py, next to this script
 from redis.asyncio.connection import AbstractConnection
 
-from realtime import open_bus  # noqa: E402
-from runtime.demo import demo_agent  # noqa: E402
-from runtime.engine.publisher import Publisher  # noqa: E402
-from runtime.engine.worker import Worker  # noqa: E402
-from runtime.service.thread_service import ThreadService  # noqa: E402
-from runtime.storage import open_store  # noqa: E402
+from realtime import open_bus
+from runtime.demo import demo_agent
+from runtime.engine.publisher import Publisher
+from runtime.engine.worker import Worker
+from runtime.service.thread_service import ThreadService
+from runtime.storage import open_store
 
 
 class Counter:
