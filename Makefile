@@ -27,10 +27,12 @@ test: $(VENV)/.installed
 	bash scripts/ensure-services.sh
 	$(MAKE) tests/js/node_modules/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/runtime_bench.py
