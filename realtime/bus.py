@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from types import TracebackType
+from typing import Protocol, Self
 
 from realtime.bus_support import ReconnectListener
 from realtime.publish_options import PublishOptions
@@ -31,6 +32,15 @@ class Bus(Protocol):
 
     async def open(self) -> None: ...
     async def close(self) -> None: ...
+
+    # `async with open_bus(url) as bus` opens and closes it (every backend is an AsyncResource).
+    async def __aenter__(self) -> Self: ...
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
     async def publish(
         self, channel: str, data: bytes | Sequence[bytes], options: PublishOptions | None = None

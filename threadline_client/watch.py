@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from threadline_client.base import AsyncClosing
 from threadline_client.convergence import Refetch, ThreadState
 from threadline_client.exceptions import ThreadlineError, Unauthorized, error_from
-from threadline_client.models import PendingAction
+from threadline_client.models import PendingAction, Snapshot
 
 if TYPE_CHECKING:
     from threadline_client.client import ThreadlineClient
@@ -166,7 +166,10 @@ class _LiveView(AsyncClosing):
 
     async def _run(self) -> None:
         try:
-            while not self._closed:
+            # Started by `_enter`, so never closed before its first connection; `aclose` sets
+            # `_closed` and then cancels this task, so only the end of a connection can find it
+            # closed (the check that made it `while not self._closed` could never fail).
+            while True:
                 try:
                     await self._connection()
                 except (OSError, ConnectionClosed, TimeoutError, InvalidStatus) as exc:
@@ -259,7 +262,7 @@ class ThreadWatch(_LiveView):
         self._force = False
 
     @property
-    def snapshot(self) -> Any:
+    def snapshot(self) -> Snapshot | None:
         return self.state.snapshot
 
     @property

@@ -31,7 +31,9 @@ async def wait_snapshot(http: httpx.AsyncClient, thread_id: str, check: Any) -> 
 
 
 def tool_part(snapshot: dict[str, Any]) -> dict[str, Any]:
-    parts = [p for m in snapshot["messages"] for p in m["parts"] if p["type"] == "tool-call"]
+    parts: list[dict[str, Any]] = [
+        p for m in snapshot["messages"] for p in m["parts"] if p["type"] == "tool-call"
+    ]
     assert len(parts) == 1, parts
     return parts[0]
 

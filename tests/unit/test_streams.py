@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from ag_ui.core import Event
+from ag_ui.core import Event, StateSnapshotEvent
 from pydantic import TypeAdapter
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope, encode
@@ -153,7 +153,7 @@ async def test_invalidations_yield_committed_state_without_reset() -> None:
     assert events[1].snapshot.run is not None and events[1].snapshot.run.status == "completed"
 
 
-STEP = [
+STEP: list[dict[str, Any]] = [
     {"type": "step-start", "step": 0},
     {"type": "text-delta", "delta": "Hel"},
     {"type": "text-delta", "delta": "lo"},
@@ -288,7 +288,7 @@ def test_agui_shared_state_is_a_snapshot_then_deltas_of_what_changed() -> None:
         ],
     )
     [first] = stream.state_events(running)
-    assert first.type == "STATE_SNAPSHOT"
+    assert isinstance(first, StateSnapshotEvent)
     assert first.snapshot == {"run": {"id": RUN, "status": "running"}, "pendingActions": []}
     assert stream.state_events(snap(7, status="running")) == []  # nothing changed: no event
     [delta] = stream.state_events(waiting)
