@@ -39,8 +39,12 @@ class Settings(BaseSettings):
 
     # Larger websocket frames close the connection with 1009 (docs/protocol.md).
     ws_max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
-    # A connection whose unsent frames stay above this bound is closed as a slow consumer.
+    # A connection whose unsent frames stay above this bound for ws_slow_consumer_grace seconds
+    # (or exceed twice it at once) is closed as a slow consumer (4408); a socket still open
+    # ws_close_grace seconds after its close frame is aborted (docs/protocol.md, "Close codes").
     ws_outbox_max_bytes: int = Field(default=1024 * 1024, ge=4096)
+    ws_slow_consumer_grace: float = Field(default=5.0, gt=0)
+    ws_close_grace: float = Field(default=2.0, gt=0)
     # Protocol-level pings (uvicorn); a peer missing a pong for ws_ping_timeout is dropped.
     ws_ping_interval: float = Field(default=20.0, gt=0)
     ws_ping_timeout: float = Field(default=20.0, gt=0)
