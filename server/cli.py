@@ -100,6 +100,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
     import uvicorn
 
     from server.app import create_app
+    from server.transports.uvicorn_http import connection_limit, http_protocol
     from server.transports.ws.uvicorn_ws import WebSocketProtocol
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
@@ -130,6 +131,10 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         # uvicorn's sans-I/O websockets protocol plus a synchronous send
         # (server/transports/ws/uvicorn_ws.py).
         ws=WebSocketProtocol,
+        # Idle, slow and too many connections (server/transports/uvicorn_http.py).
+        http=http_protocol(settings.http_header_timeout),
+        timeout_keep_alive=settings.http_keep_alive_timeout,  # type: ignore[arg-type]
+        limit_concurrency=connection_limit(settings.max_connections),
         timeout_graceful_shutdown=10,
     )
 

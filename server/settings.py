@@ -54,6 +54,14 @@ class Settings(BaseSettings):
     # from the other gateways within twice this (docs/protocol.md, "Presence").
     presence_refresh: float = Field(default=5.0, ge=0.2)
     http_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # --- connections (docs/operations.md, "Connections and timeouts"): a request's line and
+    # headers must be complete this many seconds after the connection opened or the previous
+    # response ended; an idle keep-alive connection is closed after http_keep_alive_timeout;
+    # beyond max_connections open connections (HTTP and websockets) new requests and upgrades
+    # get 503 (lowered to what `ulimit -n` holds).
+    http_header_timeout: float = Field(default=10.0, gt=0)
+    http_keep_alive_timeout: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=10_000, ge=1)
 
     # --- quotas (docs/operations.md, "Limits"); every default is meant for a public deployment
     # Items waiting in one thread's queue, and the UTF-8 size of their texts together.
