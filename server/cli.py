@@ -113,7 +113,8 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         )
     if settings.dev_token and settings.runs_gateway:
         token = asyncio.run(_create_token(settings, "dev", Role.USER, [settings.dev_scope]))
-        url = f"http://{_browser_host(settings.host)}:{settings.port}/?token={token}"
+        # In the fragment, which browsers never send: the token is in no request line.
+        url = f"http://{_browser_host(settings.host)}:{settings.port}/#token={token}"
         click.echo(f"Threadline is starting. Open {url}")
     uvicorn.run(
         create_app(settings),
