@@ -60,6 +60,40 @@ def open_unread_websocket(
     return sock
 
 
+def close_code_in(data: bytes) -> int | None:
+    """The code of the close frame among the server frames `data` holds (None: none there)."""
+    at = 0
+    while at + 2 <= len(data):
+        opcode, size = data[at] & 0x0F, data[at + 1] & 0x7F
+        at += 2
+        if size == 126:
+            (size,) = struct.unpack("!H", data[at : at + 2])
+            at += 2
+        elif size == 127:
+            (size,) = struct.unpack("!Q", data[at : at + 8])
+            at += 8
+        if opcode == 0x8 and size >= 2 and at + 2 <= len(data):
+            return int(struct.unpack("!H", data[at : at + 2])[0])
+        at += size
+    return None
+
+
+def read_to_end(sock: socket.socket, timeout: float) -> bytes:
+    """Everything the peer sends until it closes (or `timeout` passes)."""
+    received = bytearray()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(1 << 16)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        received += chunk
+    return bytes(received)
+
+
 def server_holds(server_pid: int, server_port: int, client_port: int) -> bool:
     """Whether the server process still has a TCP socket to `client_port` (any state)."""
     with contextlib.suppress(psutil.Error):

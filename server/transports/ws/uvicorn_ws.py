@@ -181,7 +181,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
         self.resume_reading()  # the peer's closing frame completes the handshake
-        self.close_timer = self.loop.call_later(self.close_timeout, self.abort)
+        # uvicorn's own timer; what bounds a peer that never reads is `close`'s abort.
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)
 
     def abort(self) -> None:
         """Drop the connection now: a reset, buffered frames discarded."""
