@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
 from websockets.protocol import State
 
 # The scope extension's key; its value is the protocol (a `server.transports.ws.wire.Wire`).
@@ -176,8 +177,11 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         # transport, which never comes for a peer that stopped reading.
         if self.transport.is_closing():
             return
+        try:
+            self.conn.send_close(code, reason)
+        except InvalidState:  # the peer's close came first: uvicorn answers it
+            return
         self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
-        self.conn.send_close(code, reason)
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
         self.resume_reading()  # the peer's closing frame completes the handshake
