@@ -53,7 +53,7 @@ def connection_limit(wanted: int) -> int:
     return allowed
 
 
-def http_protocol(header_timeout: float) -> type[H11Protocol]:
+def http_protocol(header_timeout: float) -> type[BoundedH11Protocol]:
     """The protocol class for uvicorn's `http=` with this header-read deadline (seconds)."""
 
     class HttpProtocol(BoundedH11Protocol):
