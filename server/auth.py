@@ -60,6 +60,25 @@ def token_key_of_hash(token_hash: str) -> str:
     return token_hash[:24]
 
 
+# Websockets: the client offers `threadline.v1` and `bearer.<token>` as subprotocols and the
+# server answers `threadline.v1`, so the token is in neither the URL nor an echoed header
+# (docs/protocol.md, "Authentication"). Tokens are URL-safe, so always a valid subprotocol.
+SUBPROTOCOL = "threadline.v1"
+BEARER_SUBPROTOCOL = "bearer."
+
+
+def websocket_credentials(
+    subprotocols: Collection[str], headers: Mapping[str, str], query_token: str | None
+) -> tuple[str | None, str | None]:
+    """(token, subprotocol to answer) of a websocket upgrade: a `bearer.` subprotocol first,
+    then an `Authorization: Bearer` header, then `?token=` (older clients)."""
+    answer = SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
+    for offered in subprotocols:
+        if offered.startswith(BEARER_SUBPROTOCOL):
+            return offered[len(BEARER_SUBPROTOCOL) :] or None, answer
+    return bearer_token(headers) or query_token, answer
+
+
 def bearer_token(headers: Mapping[str, str]) -> str | None:
     value = headers.get("authorization")
     if not value:

@@ -40,8 +40,12 @@ class Settings(BaseSettings):
 
     # Larger websocket frames close the connection with 1009 (docs/protocol.md).
     ws_max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
-    # A connection whose unsent frames stay above this bound is closed as a slow consumer.
+    # A connection whose unsent frames stay above this bound for ws_slow_consumer_grace seconds
+    # (or exceed twice it at once) is closed as a slow consumer (4408); a socket still open
+    # ws_close_grace seconds after its close frame is aborted (docs/protocol.md, "Close codes").
     ws_outbox_max_bytes: int = Field(default=1024 * 1024, ge=4096)
+    ws_slow_consumer_grace: float = Field(default=5.0, gt=0)
+    ws_close_grace: float = Field(default=2.0, gt=0)
     # Protocol-level pings (uvicorn); a peer missing a pong for ws_ping_timeout is dropped.
     ws_ping_interval: float = Field(default=20.0, gt=0)
     ws_ping_timeout: float = Field(default=20.0, gt=0)
@@ -51,6 +55,14 @@ class Settings(BaseSettings):
     # from the other gateways within twice this (docs/protocol.md, "Presence").
     presence_refresh: float = Field(default=5.0, ge=0.2)
     http_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # --- connections (docs/operations.md, "Connections and timeouts"): a request's line and
+    # headers must be complete this many seconds after the connection opened or the previous
+    # response ended; an idle keep-alive connection is closed after http_keep_alive_timeout;
+    # beyond max_connections open connections (HTTP and websockets) new requests and upgrades
+    # get 503 (lowered to what `ulimit -n` holds).
+    http_header_timeout: float = Field(default=10.0, gt=0)
+    http_keep_alive_timeout: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=10_000, ge=1)
 
     # --- quotas (docs/operations.md, "Limits"); every default is meant for a public deployment
     # Items waiting in one thread's queue, and the UTF-8 size of their texts together.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.typing import Subprotocol
 
 from threadline_client.base import AsyncClosing
 from threadline_client.convergence import Refetch, ThreadState
@@ -189,8 +190,16 @@ class _LiveView(AsyncClosing):
             self._changed.set()
 
     async def _connection(self) -> None:
-        url = f"{self.client.ws_url}?token={self.client.token}"
-        async with connect(url, open_timeout=10, close_timeout=2, max_size=2**24) as ws:
+        # The token goes as a subprotocol, not in the URL (which proxies and logs keep); the
+        # server answers `threadline.v1` (docs/protocol.md, "Authentication").
+        subprotocols = [Subprotocol("threadline.v1"), Subprotocol(f"bearer.{self.client.token}")]
+        async with connect(
+            self.client.ws_url,
+            subprotocols=subprotocols,
+            open_timeout=10,
+            close_timeout=2,
+            max_size=2**24,
+        ) as ws:
             socket = _Socket(ws)
             self._socket = socket
             reader = asyncio.create_task(self._read(socket), name="threadline-ws-reader")

@@ -119,7 +119,7 @@ def test_readme_commands_on_a_fresh_machine(fresh_container: str) -> None:
         log = tail(run_in(name, "cat /tmp/run.log", 30))
         pytest.fail("make run never answered /healthz:\n" + log)
     log = run_in(name, "cat /tmp/run.log", 30).stdout
-    assert "http://127.0.0.1:8000/?token=" in log, log[-2000:]
+    assert "http://127.0.0.1:8000/#token=" in log, log[-2000:]
     ran = time.monotonic() - started
     run_in(name, "pkill -f 'threadline serve' || true", 30)
 

@@ -187,15 +187,39 @@ def test_many_replaced_invalidations_stay_small() -> None:
     assert drain(outbox) == [inv("t1", 20_000)]
 
 
-def test_discard_thread_drops_its_frames_but_keeps_its_version_floor() -> None:
+def test_discard_thread_drops_its_frames_and_its_version_floor() -> None:
     outbox = Outbox(max_bytes=10_000)
     outbox.put(b"t1-chunk", "chunk", "t1")
     outbox.put(b"t2-chunk", "chunk", "t2")
     outbox.put(inv("t1", 3), "invalidate", "t1", 3)
     outbox.discard_thread("t1")
     assert outbox.queued_bytes == len(b"t2-chunk")
+    assert outbox.floors == 0
+    # A resubscription starts from its `subscribed` version (the session's floor), not this one.
     outbox.put(inv("t1", 2), "invalidate", "t1", 2)
-    assert drain(outbox) == [b"t2-chunk"]
+    assert drain(outbox) == [b"t2-chunk", inv("t1", 2)]
+
+
+def test_version_floors_stay_bounded_under_subscribe_unsubscribe_churn() -> None:
+    outbox = Outbox(max_bytes=1 << 20, max_floors=8)
+    for n in range(10_000):
+        thread = f"t{n}"
+        outbox.put(inv(thread, 1), "invalidate", thread, 1)
+        if n % 2:
+            outbox.discard_thread(thread)  # unsubscribed
+        drain(outbox)
+    assert outbox.floors <= 8
+
+
+def test_version_floors_keep_the_most_recently_used_threads() -> None:
+    outbox = Outbox(max_bytes=1 << 20, max_floors=3)
+    outbox.put(inv("kept", 5), "invalidate", "kept", 5)
+    for n in range(100):  # never unsubscribed: only the bound forgets them
+        outbox.put(inv(f"t{n}", 1), "invalidate", f"t{n}", 1)
+        # A stale invalidation of `kept` is still dropped: using its floor keeps it.
+        assert outbox.put(inv("kept", 4), "invalidate", "kept", 4)
+    assert outbox.floors == 3
+    assert inv("kept", 4) not in drain(outbox)
 
 
 async def test_get_waits_for_a_frame() -> None:
