@@ -88,7 +88,8 @@ def fresh_container(docker_ready: None) -> object:
         )
         yield name
     finally:
-        docker("rm", "-f", name, check=False)
+        # Removing its writable layer (a venv, node_modules, apt installs) is slow on a busy disk.
+        docker("rm", "-f", name, check=False, timeout=600)
 
 
 def test_readme_commands_on_a_fresh_machine(fresh_container: str) -> None:
