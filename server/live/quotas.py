@@ -106,7 +106,8 @@ class Limiter:
         if full >= 0:
             what = ("token", "subject")[full]
             raise TooManyConnections(
-                f"this {what} already has {caps[full]} open connections (websockets and event streams)",
+                f"this {what} already has {caps[full]} open connections"
+                " (websockets and event streams together)",
                 retry_after=REFRESH_INTERVAL,
                 limit=caps[full],
             )
