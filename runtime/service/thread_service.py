@@ -185,12 +185,7 @@ class ThreadService:
         policy: InputPolicy = InputPolicy.ENQUEUE,
         client_tools: Sequence[Mapping[str, Any]] = (),
     ) -> Admission:
-        try:
-            tools = [t.model_dump() for t in client_tools_from(client_tools)]
-        except ValidationError as exc:
-            errors = validation_field_errors(exc)
-            raise InvalidInput("invalid client tool definition", errors=errors) from exc
-        _check_client_tool_names(self.agent, [t["name"] for t in tools])
+        tools = self.client_tools(client_tools)
         policy = await self.access.admit_policy(principal, thread_id, policy)
         admission = await self.store.submit_input(
             thread_id,
@@ -211,6 +206,16 @@ class ThreadService:
             wakeup=admission.run_id or None,
         )
         return admission
+
+    def client_tools(self, client_tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """A message's client tool definitions, validated, named apart from the agent's."""
+        try:
+            tools = [t.model_dump() for t in client_tools_from(client_tools)]
+        except ValidationError as exc:
+            errors = validation_field_errors(exc)
+            raise InvalidInput("invalid client tool definition", errors=errors) from exc
+        _check_client_tool_names(self.agent, [t["name"] for t in tools])
+        return tools
 
     async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int:
         await self.access.require_cancel_queued(principal, thread_id, item_id)

@@ -32,10 +32,14 @@ from runtime.domain import (
     Thread,
 )
 from runtime.storage.store_models import (
+    ActOp,
+    ActResult,
     AdmissionLimits,
     CommitResult,
     EpisodeStart,
     HistoryRead,
+    InputOp,
+    ResolveOp,
     ResolveResult,
     RetryRun,
     RewriteOp,
@@ -46,6 +50,7 @@ from runtime.storage.store_models import (
     SetVisibility,
     StartedRun,
     StepCommit,
+    StopOp,
     StopResult,
     TailUpdate,
     Truncate,
@@ -203,6 +208,19 @@ class ActionStore(Protocol):
         resolution: Resolution,
         expected_version: int | None = None,
     ) -> ResolveResult: ...
+    async def act(
+        self,
+        thread_id: str,
+        scopes: Scopes,
+        ops: Sequence[ActOp],
+        limits: AdmissionLimits | None = None,
+    ) -> ActResult:
+        """Resolutions, stops and a user message in one transaction, in the order given, each
+        as its own method would (`resolve_action`, `request_stop`, `submit_input` with `limits`):
+        a refusal of any (a resolution losing a race, a full queue) commits none of them. The
+        version bumps once."""
+        ...
+
     async def pending_actions(
         self,
         scopes: Scopes,
@@ -267,6 +285,8 @@ class Store(
 
 
 __all__ = [
+    "ActOp",
+    "ActResult",
     "ActionStore",
     "AdmissionLimits",
     "CommitResult",
@@ -274,9 +294,11 @@ __all__ = [
     "EpisodeStart",
     "EpisodeStore",
     "HistoryRead",
+    "InputOp",
     "LeaseStore",
     "MessageStore",
     "QueueStore",
+    "ResolveOp",
     "ResolveResult",
     "RetryRun",
     "RewriteOp",
@@ -289,6 +311,7 @@ __all__ = [
     "SetVisibility",
     "StartedRun",
     "StepCommit",
+    "StopOp",
     "StopResult",
     "Store",
     "StoreLifecycle",

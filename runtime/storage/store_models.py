@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from runtime.domain import Lease, Message, NewMessage, Part, Run, RunStatus, Thread, Visibility
+from runtime.domain import (
+    Admission,
+    InputPolicy,
+    Lease,
+    Message,
+    NewMessage,
+    Part,
+    Resolution,
+    Run,
+    RunStatus,
+    Thread,
+    Visibility,
+)
 
 Scopes = Collection[str]
 
@@ -164,3 +177,49 @@ class StopResult(BaseModel):
     version: int
     run_id: str
     status: RunStatus
+
+
+# --- one act of several commands (AG-UI's `RunAgentInput`), committed whole ---------------
+
+
+class ResolveOp(BaseModel):
+    """Resolve the pending action `action_id` (as `Store.resolve_action`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    action_id: str
+    resolution: Resolution
+    expected_version: int | None = None
+
+
+class StopOp(BaseModel):
+    """Stop the run `run_id` of the thread (as `Store.request_stop`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    run_id: str
+
+
+class InputOp(BaseModel):
+    """Submit a user message (as `Store.submit_input`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    text: str
+    submitted_by: str
+    client_request_id: str | None = None
+    policy: InputPolicy = InputPolicy.ENQUEUE
+    client_tools: tuple[dict[str, Any], ...] = ()
+
+
+ActOp = ResolveOp | StopOp | InputOp
+
+
+class ActResult(BaseModel):
+    """What `Store.act` committed: the thread's version after it, and each op's own result in
+    the order given (`resolved`, `stopped`, `admission`: None without an `InputOp`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    thread_id: str
+    version: int
+    changed: bool  # False: nothing committed (a duplicate input, a stop only flagged)
+    resolved: tuple[ResolveResult, ...] = ()
+    stopped: tuple[StopResult, ...] = ()
+    admission: Admission | None = None

@@ -1,4 +1,5 @@
-"""The deployment's quotas: command rate limits and websocket connection caps, one limiter."""
+"""The deployment's quotas: command rate limits and connection caps (websockets and event
+streams), one limiter."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def subject_key(principal: Principal) -> str:
 
 @dataclass(frozen=True)
 class ConnectionSlot:
-    """One websocket's place in its token's and subject's connection sets."""
+    """One connection's (a websocket's or an event stream's) place in its token's and subject's
+    connection sets."""
 
     keys: tuple[str, ...]
     member: str
@@ -91,7 +93,7 @@ class Limiter:
 
     async def connect(self, principal: Principal, token_id: str) -> ConnectionSlot:
         """Take a connection slot for the token and the subject; TooManyConnections when either is
-        full (the gateway closes the websocket with 4429)."""
+        full (a websocket is closed with 4429, an event stream answered 429)."""
         s = self.settings
         # One hash tag for both sets: the join checks and adds to them in one script, which a
         # Redis Cluster only runs on keys of one slot. A token has one subject and one set of
@@ -104,7 +106,8 @@ class Limiter:
         if full >= 0:
             what = ("token", "subject")[full]
             raise TooManyConnections(
-                f"this {what} already has {caps[full]} open websockets",
+                f"this {what} already has {caps[full]} open connections"
+                " (websockets and event streams together)",
                 retry_after=REFRESH_INTERVAL,
                 limit=caps[full],
             )

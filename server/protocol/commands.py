@@ -9,8 +9,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from runtime.domain import Principal, Role, WaitKind
 from runtime.errors import Forbidden, InvalidInput
+from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart, act
 from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import ThreadService, require_trusted
+from runtime.storage.store import ActResult
 from server.live.quotas import Limiter
 from server.live.revocation import TokenRevoker
 from server.protocol.answers import (
@@ -137,6 +139,8 @@ class Command(Generic[I, R]):
     # What `call` checks before its effect, with none: run first for every command of a
     # request made of several, so one refused command leaves all of them undone.
     precheck: Callable[[Caller, I], Awaitable[None]] | None = None
+    # The command as a part of an act (`run_together`): None for a command no act may hold.
+    part: Callable[[I], ActPart] | None = None
 
     def parse(self, caller: Caller, fields: Mapping[str, Any]) -> I:
         """Authorize the caller, then validate `fields` (path, query, body or frame, or what an
@@ -177,6 +181,18 @@ async def charge_together(caller: Caller, steps: Sequence[Step]) -> Caller:
             if command.limited:
                 await caller.limiter.command(caller.principal, caller.token_id)
     return replace(caller, limiter=None)
+
+
+async def run_together(charged: Caller, thread_id: str, steps: Sequence[Step]) -> ActResult:
+    """Run the steps `charge_together` checked and charged as one act on `thread_id`: one
+    store transaction, so a refusal only the store can make (a lost race, a full queue) leaves
+    every step undone, not only the ones after it."""
+    parts: list[ActPart] = []
+    for command, data in steps:
+        if command.part is None or getattr(data, "thread_id", None) != thread_id:
+            raise RuntimeError(f"{command.name} cannot be part of an act on {thread_id}")
+        parts.append(command.part(data))
+    return await act(charged.service, charged.principal, thread_id, parts)
 
 
 def require_admin(principal: Principal) -> None:
@@ -256,6 +272,13 @@ def _tool_result(kind: WaitKind) -> Callable[[Caller, ToolResult], Awaitable[Any
         )
 
     return call
+
+
+def _result_part(kind: WaitKind) -> Callable[[ToolResult], ActPart]:
+    def part(i: ToolResult) -> ActPart:
+        return ResolvePart(i.action_id, i.payload(), kind=kind, expected_version=i.expected_version)
+
+    return part
 
 
 SNAPSHOT = "snapshot"
@@ -342,6 +365,12 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc='`{"thread_id", "version", "run_id"?, "message_id"?, "queued_item_id"?, '
         '"duplicate"?}`',
         http=Http("POST", f"{T}/messages", "send_message", status=202),
+        part=lambda i: InputPart(
+            text=i.text,
+            client_request_id=i.client_request_id,
+            policy=i.policy,
+            client_tools=[tool.model_dump() for tool in i.client_tools],
+        ),
     ),
     Command(
         name="queue.cancel",
@@ -374,12 +403,14 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         precheck=lambda c, i: c.service.check_resume(
             c.principal, i.thread_id, i.action_id, i.payload
         ),
+        part=lambda i: ResolvePart(i.action_id, i.payload, expected_version=i.expected_version),
     ),
     Command(
         name="action.client_result",
         input=ToolResult,
         call=_tool_result(WaitKind.CLIENT_TOOL),
         precheck=_check_result(WaitKind.CLIENT_TOOL),
+        part=_result_part(WaitKind.CLIENT_TOOL),
         answer=lambda i, result: version_answer(result),
         answer_doc=f"{THREAD_VERSION} (actions of kind `client-tool`)",
         http=Http("POST", f"{T}/actions/{{action_id}}/client-result", "client_result"),
@@ -389,6 +420,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         input=ToolResult,
         call=_tool_result(WaitKind.MANUAL_RESULT),
         precheck=_check_result(WaitKind.MANUAL_RESULT),
+        part=_result_part(WaitKind.MANUAL_RESULT),
         answer=lambda i, result: version_answer(result),
         answer_doc=f"{THREAD_VERSION} (kind `manual-result`; role `backend` or `admin`)",
         http=Http("POST", f"{T}/actions/{{action_id}}/manual-result", "manual_result"),
@@ -402,6 +434,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer_doc='`{"thread_id", "version", "run_id", "status"}`',
         http=Http("POST", f"{T}/runs/{{run_id}}/stop", "stop_run", status=202),
         precheck=lambda c, i: c.service.access.require_stop(c.principal, i.thread_id, i.run_id),
+        part=lambda i: StopPart(i.run_id),
     ),
     Command(
         name="regenerate",

@@ -33,6 +33,7 @@ from runtime.storage.input_checks import (
     check_ttl,
 )
 from runtime.storage.sql import (
+    act_tx,
     actions_tx,
     inbox_tx,
     leases_tx,
@@ -59,10 +60,13 @@ from runtime.storage.sql.rows import (
 )
 from runtime.storage.sql.transactions import SqlTransactions
 from runtime.storage.store import (
+    ActOp,
+    ActResult,
     AdmissionLimits,
     CommitResult,
     EpisodeStart,
     HistoryRead,
+    InputOp,
     ResolveResult,
     RetryRun,
     RewriteOp,
@@ -346,6 +350,28 @@ class SqlStore(SqlTransactions):
             lambda conn: actions_tx.resolve(
                 conn, thread_id, scopes, action_id, resolution, expected_version
             )
+        )
+
+    async def act(
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        ops: Sequence[ActOp],
+        limits: AdmissionLimits | None = None,
+    ) -> ActResult:
+        # Every input checked (and its tools encoded) as `submit_input` does, before any lock.
+        prepared: list[tuple[ActOp, str]] = []
+        for op in ops:
+            if isinstance(op, InputOp):
+                check_text(op.text)
+                check_submit(op.submitted_by, op.client_request_id, op.policy)
+                prepared.append((op, encode_client_tools(op.client_tools)))
+            else:
+                prepared.append((op, ""))
+        return await self._run(
+            lambda conn: act_tx.act(conn, thread_id, scopes, prepared, limits),
+            write=True,
+            lock=ThreadLock(thread_id, normalize_scopes(scopes)),
         )
 
     async def pending_actions(

@@ -1,4 +1,4 @@
-"""AG-UI's `RunAgentInput` as the table's commands: planned and checked whole, then run."""
+"""AG-UI's `RunAgentInput` as the table's commands: planned and checked whole, then one act."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from runtime.domain import InputPolicy, Snapshot, WaitKind
 from runtime.errors import InvalidInput, NotFound
 from runtime.service.thread_service import validation_field_errors
-from server.protocol.commands import BY_NAME, Caller, Step
+from server.protocol.commands import BY_NAME, Caller, Step, run_together
 
 
 def parse_input(raw: bytes) -> RunAgentInput:
@@ -28,14 +28,15 @@ def parse_input(raw: bytes) -> RunAgentInput:
 
 @dataclass
 class Plan:
-    """What one request does: the commands in the order they run, and the run they lead to.
+    """What one request does: the commands in the order they run, as one act on `thread_id`
+    (`run_together`: all of them commit, or none), and the run they lead to.
 
     `follow` is the run a resume or client result continues (None: a new message's run, known
-    once it is admitted, or a join). `doomed` steps resolve actions that are not pending: the
-    store refuses them (conflict naming the winner, or not_found), so they run first and a
-    refusal leaves the rest undone.
+    once it is admitted, or a join). Steps that resolve actions which are not pending go first:
+    the store refuses them (conflict naming the winner, or not_found), and the act with them.
     """
 
+    thread_id: str
     steps: list[Step] = field(default_factory=list)
     follow: str | None = None
     sends: bool = False
@@ -80,7 +81,7 @@ def plan(caller: Caller, thread_id: str, data: RunAgentInput, snapshot: Snapshot
     """The commands `data` asks for on the thread `thread_id` (`snapshot`: its committed state,
     None when it does not exist yet), each input validated; raises on the first refusal."""
     pending = {a.id: a for a in snapshot.pending_actions} if snapshot is not None else {}
-    result = Plan()
+    result = Plan(thread_id)
     doomed: list[Step] = []
     for entry in data.resume or ():
         action = pending.get(entry.interrupt_id)
@@ -132,8 +133,9 @@ def plan(caller: Caller, thread_id: str, data: RunAgentInput, snapshot: Snapshot
             result.follow = action.run_id or result.follow
     last = data.messages[-1] if data.messages else None
     known = {m.id for m in snapshot.messages} if snapshot is not None else set()
-    resolving = result.follow is not None or doomed
-    if last is not None and last.role == "user" and last.id not in known and not resolving:
+    # A new message with resumes goes with them: queued behind the run they continue (or
+    # refused with them: a full queue leaves the actions pending).
+    if last is not None and last.role == "user" and last.id not in known:
         tools = [
             {
                 "name": t.name,
@@ -160,15 +162,16 @@ def plan(caller: Caller, thread_id: str, data: RunAgentInput, snapshot: Snapshot
 
 async def run_plan(charged: Caller, request: Plan) -> str | None:
     """Run a plan whose steps `charge_together` checked and charged (`charged` is the caller it
-    returned). Returns the run to follow ("queued": the new message waits in the queue; None:
-    nothing new to follow)."""
-    run_id = request.follow
-    for command, data in request.steps:
-        outcome = await command.result(charged, data)
-        if command.name in ("action.resume", "action.client_result"):
-            run_id = outcome.run_id or run_id
-        elif command.name == "message.send":
-            if outcome.run_id is None and outcome.queued_item_id is not None:
-                return "queued"
-            run_id = outcome.run_id or run_id
+    returned), as one act. Returns the run to follow ("queued": the new message waits in the
+    queue and no resumed run goes first; None: nothing new to follow)."""
+    if not request.steps:
+        return request.follow
+    outcome = await run_together(charged, request.thread_id, request.steps)
+    resumed = [r.run_id for r in outcome.resolved if r.run_id]
+    run_id = resumed[-1] if resumed else request.follow
+    admission = outcome.admission
+    if admission is not None and admission.run_id is None and admission.queued_item_id:
+        return run_id or "queued"
+    if admission is not None:
+        run_id = admission.run_id or run_id
     return run_id

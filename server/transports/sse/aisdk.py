@@ -24,7 +24,7 @@ from runtime.domain import (
 )
 from runtime.errors import InvalidInput, NotFound, RunActive
 from runtime.service.thread_service import validation_field_errors
-from server.protocol.commands import BY_NAME, Caller, Step, charge_together
+from server.protocol.commands import BY_NAME, Caller, Step, charge_together, run_together
 from server.protocol.wire_errors import wire_error
 from server.transports.http_routes import read_body, request_caller
 from server.transports.sse.thread_stream import (
@@ -244,9 +244,14 @@ def _step(caller: Caller, name: str, **fields: Any) -> Step:
     return command, command.parse(caller, fields)
 
 
-async def run_steps(charged: Caller, steps: list[Step]) -> str:
-    """Run checked and charged steps; the run they started or resumed."""
+async def run_steps(charged: Caller, thread_id: str, steps: list[Step]) -> str:
+    """Run checked and charged steps; the run they started or resumed. Several (an assistant
+    message answering several actions) are one act: all resolved, or none."""
     run_id: str | None = None
+    if len(steps) > 1:
+        outcome = await run_together(charged, thread_id, steps)
+        run_id = next((r.run_id for r in reversed(outcome.resolved) if r.run_id), None)
+        steps = []
     for command, data in steps:
         outcome = await command.result(charged, data)
         run_id = outcome.run_id or run_id
@@ -329,7 +334,7 @@ async def chat_endpoint(request: Request) -> Response:
         return wire_error(exc).response()
     try:
         before = await feed.snapshot()
-        run_id = await run_steps(charged, steps)
+        run_id = await run_steps(charged, thread.thread_id, steps)
     except Exception as exc:
         await feed.__aexit__(None, None, None)
         return wire_error(exc).response()

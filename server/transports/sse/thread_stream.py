@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import anyio
 import orjson
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -109,12 +110,15 @@ class ThreadFeed:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._listening:
-            self._listening = False
-            await self.hub.remove(self.thread_id, self)
-        slot, self._slot = self._slot, None
-        if slot is not None and self.caller.limiter is not None:
-            await self.caller.limiter.disconnect(slot)
+        # Shielded: a client that goes away cancels the response's task, and a release cut at
+        # its first await (a Redis round trip) would hold the slot until it expires.
+        with anyio.CancelScope(shield=True):
+            if self._listening:
+                self._listening = False
+                await self.hub.remove(self.thread_id, self)
+            slot, self._slot = self._slot, None
+            if slot is not None and self.caller.limiter is not None:
+                await self.caller.limiter.disconnect(slot)
 
     async def _keep_slot(self) -> None:
         if self._slot is None or self.caller.limiter is None:
