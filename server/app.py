@@ -24,10 +24,12 @@ from runtime.errors import ThreadlineError
 from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
 from runtime.storage.scope_cache import ScopeCache
+from server.auth import trust_issuers
 from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
 from server.live.revocation import TokenRevoker, listen_revocations
+from server.oidc import Issuers
 from server.protocol.wire_errors import handle_error
 from server.settings import Settings
 from server.tracing import RequestTelemetry, configure_telemetry
@@ -60,6 +62,17 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.telemetry = telemetry
 
         state.store = await open_storage(settings.database_url, stack)
+        if settings.oidc_issuers:
+            issuers = await stack.enter_async_context(
+                Issuers(
+                    settings.oidc_issuers,
+                    leeway=settings.oidc_leeway,
+                    max_age=settings.oidc_jwks_max_age,
+                    min_refresh=settings.oidc_jwks_min_refresh,
+                )
+            )
+            trust_issuers(state.store, issuers)
+            stack.callback(trust_issuers, state.store, None)
 
         bus = open_bus(settings.redis_url)
         await connect_bus(bus, timeout=settings.bus_connect_timeout)

@@ -1,21 +1,17 @@
-"""Bearer tokens: minting (only the sha256 hash is stored) and lookup; roles are the service's."""
+"""Bearer tokens: `tl_` tokens (minted here, stored as a sha256 hash) and issuers' JWTs."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import time
+import weakref
 from collections.abc import Collection, Mapping
 
 from runtime.domain import Principal, Role
-from runtime.errors import ThreadlineError
 from runtime.storage.store import TokenStore
-
-
-class Unauthorized(ThreadlineError):
-    """A missing, malformed or unknown bearer token."""
-
-    code = "unauthorized"
-
+from server.auth_errors import Unauthorized as Unauthorized
+from server.oidc import Issuers
 
 TOKEN_PREFIX = "tl_"
 # token_urlsafe(32) is 43 characters; anything much longer is not one of ours.
@@ -70,13 +66,50 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
     return token.strip() or None
 
 
+# The issuers a deployment trusts, by its token store: `authenticate(store, token)` stays the
+# one "token string -> Principal" function every door (HTTP, event streams, websocket) calls,
+# whichever kind of token it is given. Set by the app's lifespan (`trust_issuers`).
+_ISSUERS: weakref.WeakKeyDictionary[TokenStore, Issuers] = weakref.WeakKeyDictionary()
+
+
+def trust_issuers(store: TokenStore, issuers: Issuers | None) -> None:
+    """Accept JWTs of `issuers` wherever `store`'s tokens are accepted (None: `tl_` only)."""
+    if issuers is None:
+        _ISSUERS.pop(store, None)
+    else:
+        _ISSUERS[store] = issuers
+
+
+def is_stored_token(token: str) -> bool:
+    """A `tl_` token (in storage, revocable there); anything else is an issuer's JWT."""
+    return token.startswith(TOKEN_PREFIX)
+
+
 async def authenticate(store: TokenStore, token: str | None) -> Principal:
-    """The principal of `token`; `Unauthorized` for a missing, malformed or unknown token."""
+    """The principal of `token`; `Unauthorized` (or a subclass naming why) for a missing,
+    malformed, unknown, expired or foreign token."""
     if not token:
         raise Unauthorized("a bearer token is required")
-    if not token.startswith(TOKEN_PREFIX) or len(token) > _MAX_TOKEN_CHARS:
+    if not is_stored_token(token):
+        issuers = _ISSUERS.get(store)
+        if issuers is None or token.count(".") != 2:
+            raise Unauthorized("the token is invalid")
+        return (await issuers.verify(token)).principal
+    if len(token) > _MAX_TOKEN_CHARS:
         raise Unauthorized("the token is invalid")
     principal = await store.principal_for_token(hash_token(token))
     if principal is None:
         raise Unauthorized("the token is invalid")
     return principal
+
+
+async def token_expires_in(store: TokenStore, token: str) -> float | None:
+    """Seconds the (authenticated) token has left; None if it never expires. A stored token's
+    by the database clock, so gateways with skewed clocks agree; a JWT's by its `exp`."""
+    if is_stored_token(token):
+        return await store.token_expires_in(hash_token(token))
+    issuers = _ISSUERS.get(store)
+    if issuers is None:
+        return 0.0
+    verified = await issuers.verify(token)
+    return verified.expires_at + issuers.leeway - time.time()

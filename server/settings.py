@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.mcp.config import MCPServer
 from runtime.service.permissions import PermissionPolicy, Who
+from server.oidc import OIDCIssuer
 
 ServerRole = Literal["all", "gateway", "worker"]
 # uvicorn's loop setting: auto takes uvloop when it is installed (a dependency), else asyncio's.
@@ -90,6 +91,15 @@ class Settings(BaseSettings):
     # {"type": "http", "name", "url", "secret_headers"} objects (docs/operations.md, "MCP
     # servers"). Secrets are references (env:NAME, file:/path), never values.
     mcp_servers: list[MCPServer] = Field(default_factory=list)
+
+    # --- OIDC issuers whose JWTs are accepted beside `tl_` tokens (docs/operations.md, "OIDC"):
+    # a JSON list of {"issuer", "audience", "scopes_claim" | "scope", ...} objects.
+    oidc_issuers: list[OIDCIssuer] = Field(default_factory=list)
+    # Clock skew allowed on `exp`, `nbf` and `iat` (seconds).
+    oidc_leeway: float = Field(default=30.0, ge=0, le=300)
+    # Issuer keys are refetched after this long, and on an unknown `kid` at most this often.
+    oidc_jwks_max_age: float = Field(default=600.0, gt=0)
+    oidc_jwks_min_refresh: float = Field(default=30.0, ge=0)
 
     dev_scope: str = "demo"
     # `threadline serve` mints a development token and prints a browser URL carrying it.
