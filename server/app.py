@@ -12,6 +12,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, WebSocketRoute
 
 from realtime import connect_bus, open_bus
@@ -149,6 +150,28 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
+# What a cross-origin browser client sends: a bearer token, JSON, an event-stream Accept.
+CORS_HEADERS = ["Authorization", "Content-Type", "Accept", "Last-Event-ID", "X-Request-ID"]
+CORS_METHODS = ["GET", "POST", "DELETE"]
+
+
+def cors_middleware(settings: Settings) -> list[Middleware]:
+    """Starlette's CORS for the allowed origins (none: off). Bearer tokens, not cookies, so
+    no credentials mode; error bodies carry CORS headers too, so a browser app can read them."""
+    if not settings.cors_allowed_origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_allowed_origins,
+            allow_methods=CORS_METHODS,
+            allow_headers=CORS_HEADERS,
+            expose_headers=["Retry-After", "WWW-Authenticate", "X-Request-ID"],
+            max_age=600,
+        )
+    ]
+
+
 def create_app(settings: Settings | None = None) -> Starlette:
     """A plain ASGI app; every component is opened by its lifespan (run it under uvicorn)."""
     settings = settings or Settings()
@@ -169,6 +192,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         # Body size is enforced while reading (routes.read_body) to answer in JSON. The
         # websocket route (/v1/ws) is served by WebSocketDispatch, ahead of the router.
         middleware=[
+            *cors_middleware(settings),
             *([Middleware(WebSocketDispatch, route=websocket)] if settings.runs_gateway else []),
             Middleware(RequestTelemetry),
         ],

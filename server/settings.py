@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.mcp.config import MCPServer
@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     # Websocket upgrades whose Origin header is not in this list are refused (HTTP 403).
     # Empty (the default): no check. JSON list, e.g. '["https://chat.example.com"]'.
     ws_allowed_origins: list[str] = Field(default_factory=list)
+    # Browser origins allowed to call the HTTP and event-stream routes (CORS; preflight
+    # answered). Empty (the default): no CORS headers at all. An origin listed here is also
+    # allowed to open websockets when THREADLINE_WS_ALLOWED_ORIGINS checks origins.
+    cors_allowed_origins: list[str] = Field(default_factory=list)
     # Namespace of the quota counters in Redis (several deployments may share one Redis).
     limits_prefix: str = "threadline:limits:"
 
@@ -105,6 +109,15 @@ class Settings(BaseSettings):
     # `threadline serve` mints a development token and prints a browser URL carrying it.
     dev_token: bool = True
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _cors_origins_may_open_websockets(self) -> Settings:
+        # One browser app, one answer: an origin allowed over HTTP is never refused on the
+        # websocket. An empty websocket list checks nothing, and stays so.
+        if self.ws_allowed_origins:
+            extra = [o for o in self.cors_allowed_origins if o not in self.ws_allowed_origins]
+            self.ws_allowed_origins = [*self.ws_allowed_origins, *extra]
+        return self
 
     @property
     def permissions(self) -> PermissionPolicy:
