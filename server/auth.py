@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import time
 import weakref
@@ -10,8 +11,11 @@ from collections.abc import Collection, Mapping
 
 from runtime.domain import Principal, Role
 from runtime.storage.store import TokenStore
+from runtime.storage.token_admin import LAST_USED_RESOLUTION
 from server.auth_errors import Unauthorized as Unauthorized
 from server.oidc import Issuers
+
+log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "tl_"
 # token_urlsafe(32) is 43 characters; anything much longer is not one of ours.
@@ -97,10 +101,33 @@ async def authenticate(store: TokenStore, token: str | None) -> Principal:
         return (await issuers.verify(token)).principal
     if len(token) > _MAX_TOKEN_CHARS:
         raise Unauthorized("the token is invalid")
-    principal = await store.principal_for_token(hash_token(token))
+    token_hash = hash_token(token)
+    principal = await store.principal_for_token(token_hash)
     if principal is None:
         raise Unauthorized("the token is invalid")
+    await _mark_used(store, token_hash)
     return principal
+
+
+# When this process last recorded each token's use: the store is asked at most once per
+# LAST_USED_RESOLUTION per token and process, so a busy token costs no query per request.
+_MARKED: dict[str, float] = {}
+_MARKED_MAX = 10_000
+
+
+async def _mark_used(store: TokenStore, token_hash: str) -> None:
+    now = time.monotonic()
+    if now - _MARKED.get(token_hash, float("-inf")) < LAST_USED_RESOLUTION:
+        return
+    if len(_MARKED) >= _MARKED_MAX:
+        _MARKED.clear()  # forgetting costs one extra conditional update per token, no more
+    _MARKED[token_hash] = now
+    touch = getattr(store, "touch_token", None)
+    if touch is not None:
+        try:
+            await touch(token_hash)
+        except Exception as exc:  # a last-use mark never fails a request
+            log.warning("could not record a token's use: %s", exc)
 
 
 async def token_expires_in(store: TokenStore, token: str) -> float | None:
