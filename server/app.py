@@ -12,6 +12,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute, WebSocketRoute
 
 from realtime import connect_bus, open_bus
@@ -24,10 +25,12 @@ from runtime.errors import ThreadlineError
 from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
 from runtime.storage.scope_cache import ScopeCache
+from server.auth import trust_issuers
 from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
 from server.live.revocation import TokenRevoker, listen_revocations
+from server.oidc import Issuers
 from server.protocol.wire_errors import handle_error
 from server.settings import Settings
 from server.tracing import RequestTelemetry, configure_telemetry
@@ -60,6 +63,17 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.telemetry = telemetry
 
         state.store = await open_storage(settings.database_url, stack)
+        if settings.oidc_issuers:
+            issuers = await stack.enter_async_context(
+                Issuers(
+                    settings.oidc_issuers,
+                    leeway=settings.oidc_leeway,
+                    max_age=settings.oidc_jwks_max_age,
+                    min_refresh=settings.oidc_jwks_min_refresh,
+                )
+            )
+            trust_issuers(state.store, issuers)
+            stack.callback(trust_issuers, state.store, None)
 
         bus = open_bus(settings.redis_url, prefix=settings.redis_prefix)
         await connect_bus(bus, timeout=settings.bus_connect_timeout)
@@ -136,6 +150,28 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
+# What a cross-origin browser client sends: a bearer token, JSON, an event-stream Accept.
+CORS_HEADERS = ["Authorization", "Content-Type", "Accept", "Last-Event-ID", "X-Request-ID"]
+CORS_METHODS = ["GET", "POST", "DELETE"]
+
+
+def cors_middleware(settings: Settings) -> list[Middleware]:
+    """Starlette's CORS for the allowed origins (none: off). Bearer tokens, not cookies, so
+    no credentials mode; error bodies carry CORS headers too, so a browser app can read them."""
+    if not settings.cors_allowed_origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_allowed_origins,
+            allow_methods=CORS_METHODS,
+            allow_headers=CORS_HEADERS,
+            expose_headers=["Retry-After", "WWW-Authenticate", "X-Request-ID"],
+            max_age=600,
+        )
+    ]
+
+
 def create_app(settings: Settings | None = None) -> Starlette:
     """A plain ASGI app; every component is opened by its lifespan (run it under uvicorn)."""
     settings = settings or Settings()
@@ -156,6 +192,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         # Body size is enforced while reading (routes.read_body) to answer in JSON. The
         # websocket route (/v1/ws) is served by WebSocketDispatch, ahead of the router.
         middleware=[
+            *cors_middleware(settings),
             *([Middleware(WebSocketDispatch, route=websocket)] if settings.runs_gateway else []),
             Middleware(RequestTelemetry),
         ],

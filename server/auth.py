@@ -1,21 +1,21 @@
-"""Bearer tokens: minting (only the sha256 hash is stored) and lookup; roles are the service's."""
+"""Bearer tokens: `tl_` tokens (minted here, stored as a sha256 hash) and issuers' JWTs."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
+import time
+import weakref
 from collections.abc import Collection, Mapping
 
 from runtime.domain import Principal, Role
-from runtime.errors import ThreadlineError
 from runtime.storage.store import TokenStore
+from runtime.storage.token_admin import LAST_USED_RESOLUTION
+from server.auth_errors import Unauthorized as Unauthorized
+from server.oidc import Issuers
 
-
-class Unauthorized(ThreadlineError):
-    """A missing, malformed or unknown bearer token."""
-
-    code = "unauthorized"
-
+log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "tl_"
 # token_urlsafe(32) is 43 characters; anything much longer is not one of ours.
@@ -89,13 +89,73 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
     return token.strip() or None
 
 
+# The issuers a deployment trusts, by its token store: `authenticate(store, token)` stays the
+# one "token string -> Principal" function every door (HTTP, event streams, websocket) calls,
+# whichever kind of token it is given. Set by the app's lifespan (`trust_issuers`).
+_ISSUERS: weakref.WeakKeyDictionary[TokenStore, Issuers] = weakref.WeakKeyDictionary()
+
+
+def trust_issuers(store: TokenStore, issuers: Issuers | None) -> None:
+    """Accept JWTs of `issuers` wherever `store`'s tokens are accepted (None: `tl_` only)."""
+    if issuers is None:
+        _ISSUERS.pop(store, None)
+    else:
+        _ISSUERS[store] = issuers
+
+
+def is_stored_token(token: str) -> bool:
+    """A `tl_` token (in storage, revocable there); anything else is an issuer's JWT."""
+    return token.startswith(TOKEN_PREFIX)
+
+
 async def authenticate(store: TokenStore, token: str | None) -> Principal:
-    """The principal of `token`; `Unauthorized` for a missing, malformed or unknown token."""
+    """The principal of `token`; `Unauthorized` (or a subclass naming why) for a missing,
+    malformed, unknown, expired or foreign token."""
     if not token:
         raise Unauthorized("a bearer token is required")
-    if not token.startswith(TOKEN_PREFIX) or len(token) > _MAX_TOKEN_CHARS:
+    if not is_stored_token(token):
+        issuers = _ISSUERS.get(store)
+        if issuers is None or token.count(".") != 2:
+            raise Unauthorized("the token is invalid")
+        return (await issuers.verify(token)).principal
+    if len(token) > _MAX_TOKEN_CHARS:
         raise Unauthorized("the token is invalid")
-    principal = await store.principal_for_token(hash_token(token))
+    token_hash = hash_token(token)
+    principal = await store.principal_for_token(token_hash)
     if principal is None:
         raise Unauthorized("the token is invalid")
+    await _mark_used(store, token_hash)
     return principal
+
+
+# When this process last recorded each token's use: the store is asked at most once per
+# LAST_USED_RESOLUTION per token and process, so a busy token costs no query per request.
+_MARKED: dict[str, float] = {}
+_MARKED_MAX = 10_000
+
+
+async def _mark_used(store: TokenStore, token_hash: str) -> None:
+    now = time.monotonic()
+    if now - _MARKED.get(token_hash, float("-inf")) < LAST_USED_RESOLUTION:
+        return
+    if len(_MARKED) >= _MARKED_MAX:
+        _MARKED.clear()  # forgetting costs one extra conditional update per token, no more
+    _MARKED[token_hash] = now
+    touch = getattr(store, "touch_token", None)
+    if touch is not None:
+        try:
+            await touch(token_hash)
+        except Exception as exc:  # a last-use mark never fails a request
+            log.warning("could not record a token's use: %s", exc)
+
+
+async def token_expires_in(store: TokenStore, token: str) -> float | None:
+    """Seconds the (authenticated) token has left; None if it never expires. A stored token's
+    by the database clock, so gateways with skewed clocks agree; a JWT's by its `exp`."""
+    if is_stored_token(token):
+        return await store.token_expires_in(hash_token(token))
+    issuers = _ISSUERS.get(store)
+    if issuers is None:
+        return 0.0
+    verified = await issuers.verify(token)
+    return verified.expires_at + issuers.leeway - time.time()

@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, token create and revoke, migrate."""
+"""The `threadline` command: serve, token create, list and revoke, migrate."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -47,15 +48,18 @@ async def _create_token(
         )
 
 
-async def _revoke_token(settings: Settings, token: str) -> tuple[bool, bool]:
-    """(revoked, published): revoke in storage, then tell the gateways over the bus."""
+async def _revoke_token(
+    settings: Settings, token: str | None, token_id: str | None = None
+) -> tuple[bool, bool]:
+    """(revoked, published): revoke in storage (the token, or the one `token_id` names), then
+    tell the gateways over the bus."""
     from realtime import connect_bus, open_bus
     from server.auth import hash_token, token_key_of_hash
     from server.live.revocation import publish_revoked
 
     async with _migrated_store(settings) as store:
-        token_hash = hash_token(token)
-        if not await store.revoke_token(token_hash):
+        token_hash = hash_token(token) if token else await store.token_hash_of_id(token_id or "")
+        if token_hash is None or not await store.revoke_token(token_hash):
             return False, False
     if not settings.redis_url:
         return True, False  # an embedded server's gateway notices on its periodic check
@@ -186,13 +190,61 @@ def token_create(
     click.echo(value)
 
 
-@token.command("revoke")
-@click.argument("token_value", metavar="TOKEN")
-def token_revoke(token_value: str) -> None:
-    """Revoke TOKEN: refused from now on, its open websockets closed (4403) on every gateway."""
+async def _list_tokens(settings: Settings) -> list[Any]:
+    async with _migrated_store(settings) as store:
+        tokens: list[Any] = await store.list_tokens()
+        return tokens
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@token.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def token_list(as_json: bool) -> None:
+    """List active tokens: id, subject, role, scopes, name, created, expires, last used (never
+    the token itself: only its hash is stored, and the id is a prefix of that)."""
     settings = Settings()
     setup_logging("warning")
-    revoked, published = asyncio.run(_revoke_token(settings, token_value.strip()))
+    tokens = asyncio.run(_list_tokens(settings))
+    if as_json:
+        for info in tokens:
+            click.echo(info.model_dump_json())
+        return
+    rows = [("ID", "SUBJECT", "ROLE", "SCOPES", "NAME", "CREATED", "EXPIRES", "LAST USED")]
+    rows += [
+        (
+            info.id,
+            info.subject,
+            info.role.value,
+            ",".join(info.scopes),
+            info.name or "-",
+            _when(info.created_at),
+            _when(info.expires_at),
+            _when(info.last_used_at),
+        )
+        for info in tokens
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+@token.command("revoke")
+@click.argument("token_value", metavar="[TOKEN]", required=False)
+@click.option("--id", "token_id", default=None, help="The token's id (`token list`) instead.")
+def token_revoke(token_value: str | None, token_id: str | None) -> None:
+    """Revoke TOKEN (or the token --id names): refused from now on, its open websockets closed
+    (4403) on every gateway."""
+    if (token_value is None) == (token_id is None):
+        raise click.UsageError("give either TOKEN or --id, not both")
+    settings = Settings()
+    setup_logging("warning")
+    token = token_value.strip() if token_value else None
+    revoked, published = asyncio.run(_revoke_token(settings, token, token_id))
     if not revoked:
         raise click.ClickException("no such active token")
     how = "gateways told over Redis" if published else "gateways notice within 5 s"

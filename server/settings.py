@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.mcp.config import MCPServer
 from runtime.service.permissions import PermissionPolicy, Who
+from server.oidc import OIDCIssuer
 
 ServerRole = Literal["all", "gateway", "worker"]
 # uvicorn's loop setting: auto takes uvloop when it is installed (a dependency), else asyncio's.
@@ -93,6 +94,10 @@ class Settings(BaseSettings):
     redis_prefix: str = Field(default="threadline:", min_length=1, pattern=r"^[^{}\s]+$")
     # Namespace of the quota counters; unset, `<redis_prefix>limits:`.
     limits_prefix: str | None = Field(default=None, min_length=1, pattern=r"^[^{}\s]+$")
+    # Browser origins allowed to call the HTTP and event-stream routes (CORS; preflight
+    # answered). Empty (the default): no CORS headers at all. An origin listed here is also
+    # allowed to open websockets when THREADLINE_WS_ALLOWED_ORIGINS checks origins.
+    cors_allowed_origins: list[str] = Field(default_factory=list)
 
     # --- who may take destructive actions (runtime.service.permissions.Who): scope, author,
     # trusted, admin. `scope` everywhere keeps the behaviour of earlier versions; see
@@ -108,10 +113,28 @@ class Settings(BaseSettings):
     # servers"). Secrets are references (env:NAME, file:/path), never values.
     mcp_servers: list[MCPServer] = Field(default_factory=list)
 
+    # --- OIDC issuers whose JWTs are accepted beside `tl_` tokens (docs/operations.md, "OIDC"):
+    # a JSON list of {"issuer", "audience", "scopes_claim" | "scope", ...} objects.
+    oidc_issuers: list[OIDCIssuer] = Field(default_factory=list)
+    # Clock skew allowed on `exp`, `nbf` and `iat` (seconds).
+    oidc_leeway: float = Field(default=30.0, ge=0, le=300)
+    # Issuer keys are refetched after this long, and on an unknown `kid` at most this often.
+    oidc_jwks_max_age: float = Field(default=600.0, gt=0)
+    oidc_jwks_min_refresh: float = Field(default=30.0, ge=0)
+
     dev_scope: str = "demo"
     # `threadline serve` mints a development token and prints a browser URL carrying it.
     dev_token: bool = True
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _cors_origins_may_open_websockets(self) -> Settings:
+        # One browser app, one answer: an origin allowed over HTTP is never refused on the
+        # websocket. An empty websocket list checks nothing, and stays so.
+        if self.ws_allowed_origins:
+            extra = [o for o in self.cors_allowed_origins if o not in self.ws_allowed_origins]
+            self.ws_allowed_origins = [*self.ws_allowed_origins, *extra]
+        return self
 
     @property
     def permissions(self) -> PermissionPolicy:

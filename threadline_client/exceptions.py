@@ -114,8 +114,15 @@ def error_from(code: str, message: str, status: int, details: dict[str, Any]) ->
     if code == "conflict":
         kind: type[ThreadlineError] = ActionConflict if "resolved_by" in details else Conflict
     else:
+        # Every 401 is an Unauthorized, whatever its code says (a JWT's refusal names why).
         kind = _BY_CODE.get(code) or (
-            RateLimited if status == 429 else ServerError if status >= 500 else ThreadlineError
+            Unauthorized
+            if status == 401
+            else RateLimited
+            if status == 429
+            else ServerError
+            if status >= 500
+            else ThreadlineError
         )
     return kind(code, message, status, details)
 

@@ -12,7 +12,7 @@ import orjson
 from realtime.bus import Bus
 from runtime.domain import Principal, Role
 from runtime.errors import Forbidden, NotFound
-from runtime.storage.store import TokenStore
+from runtime.storage.token_admin import TokenAdminStore, TokenInfo
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,13 @@ async def publish_revoked(bus: Bus, token_key: str) -> bool:
 class TokenRevoker:
     """Revokes tokens in storage, then tells every gateway (the admin route and the CLI)."""
 
-    def __init__(self, store: TokenStore, bus: Bus | None) -> None:
+    def __init__(self, store: TokenAdminStore, bus: Bus | None) -> None:
         self.store = store
         self.bus = bus
 
     async def revoke(self, principal: Principal, token: str) -> dict[str, object]:
         """Revoke `token` as `principal` (an admin of every scope the token holds)."""
-        from server.auth import hash_token, token_key_of_hash  # auth imports the store layer
+        from server.auth import hash_token  # auth imports the store layer
 
         if principal.role is not Role.ADMIN:
             raise Forbidden(f"role {principal.role} may not revoke tokens; admin required")
@@ -53,10 +53,35 @@ class TokenRevoker:
         # A token outside the admin's scopes is as unknown as a missing one.
         if target is None or not target.scopes <= principal.scopes:
             raise NotFound("no such active token")
+        return await self._revoke(token_hash, target)
+
+    async def list(self, principal: Principal) -> list[TokenInfo]:
+        """The active tokens an admin may see: those whose scopes are all the admin's."""
+        _require_admin(principal)
+        tokens = await self.store.list_tokens()
+        return [token for token in tokens if set(token.scopes) <= principal.scopes]
+
+    async def revoke_id(self, principal: Principal, token_id: str) -> dict[str, object]:
+        """Revoke the token `token_id` names (an id of `list`), as `revoke` does."""
+        _require_admin(principal)
+        token_hash = await self.store.token_hash_of_id(token_id)
+        target = None if token_hash is None else await self.store.principal_for_token(token_hash)
+        if token_hash is None or target is None or not target.scopes <= principal.scopes:
+            raise NotFound("no such active token")
+        return await self._revoke(token_hash, target)
+
+    async def _revoke(self, token_hash: str, target: Principal) -> dict[str, object]:
+        from server.auth import token_key_of_hash
+
         await self.store.revoke_token(token_hash)
         key = token_key_of_hash(token_hash)
         published = self.bus is not None and await publish_revoked(self.bus, key)
         return {"revoked": True, "subject": target.subject, "published": published}
+
+
+def _require_admin(principal: Principal) -> None:
+    if principal.role is not Role.ADMIN:
+        raise Forbidden(f"role {principal.role} may not administer tokens; admin required")
 
 
 async def listen_revocations(bus: Bus, on_revoked: Callable[[str], Awaitable[object]]) -> None:

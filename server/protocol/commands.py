@@ -39,6 +39,7 @@ from server.protocol.inputs import (
     ResumeAction,
     RetryRun,
     RevokeToken,
+    RevokeTokenById,
     ScopeRef,
     SendMessage,
     SetVisibility,
@@ -564,5 +565,33 @@ SSE_COMMANDS: tuple[Command[Any, Any], ...] = (
         "opens one (and is charged for it)",
     ),
 )
-COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + SSE_COMMANDS
+# Token administration (docs/protocol.md, "Tokens"): admins of the tokens' scopes only.
+TOKEN_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="token.list",
+        input=NoInput,
+        call=lambda c, i: c.tokens().list(c.principal),
+        answer=lambda i, tokens: {"tokens": [token.model_dump(mode="json") for token in tokens]},
+        answer_doc='`{"tokens": [{"id", "subject", "role", "scopes", "name", "created_at", '
+        '"expires_at", "last_used_at"}]}`: active tokens within the admin\'s scopes, never secrets',
+        reply=None,
+        http=Http("GET", "/v1/tokens", "list_tokens", body=False),
+        authorize=require_admin,
+        note="administration over HTTP only (also `threadline token list`)",
+        limited=False,
+    ),
+    Command(
+        name="token.revoke_id",
+        input=RevokeTokenById,
+        call=lambda c, i: c.tokens().revoke_id(c.principal, i.token_id),
+        answer=lambda i, result: result,
+        answer_doc='`{"revoked": true, "subject", "published"}`: the token of that id (from '
+        "`GET /v1/tokens`); its websockets close with 4403",
+        reply=None,
+        http=Http("POST", "/v1/tokens/{token_id}/revoke", "revoke_token_id", body=False),
+        authorize=require_admin,
+        note="administration over HTTP only (also `threadline token revoke --id`)",
+    ),
+)
+COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + SSE_COMMANDS + TOKEN_COMMANDS
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

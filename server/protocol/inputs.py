@@ -153,6 +153,11 @@ class RevokeToken(Input):
     token: str = Field(min_length=1, max_length=256)
 
 
+class RevokeTokenById(Input):
+    # A token's public id (`threadline token list`): hex digits of its hash.
+    token_id: str = Field(pattern=r"^[0-9a-f]{24}$")
+
+
 class GetQueued(Input):
     thread_id: ThreadId
     item_id: ItemId

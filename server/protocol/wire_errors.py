@@ -16,6 +16,7 @@ from realtime.bus_errors import BusError
 from runtime.errors import QuotaExceeded, ThreadlineError
 from runtime.service.thread_service import validation_field_errors
 from server.auth import Unauthorized
+from server.auth_errors import CODES as AUTH_CODES
 from server.protocol.replies import ErrorFrame
 from server.protocol.responses import JSONResponse, error_body
 
@@ -54,6 +55,8 @@ STATUS: dict[str, int] = {
     "too_many_connections": 429,
     "internal_error": 500,
     "unavailable": 503,
+    # Why a token was refused (server.auth_errors): each its own code, all 401.
+    **dict.fromkeys(AUTH_CODES, 401),
 }
 
 # HTTP statuses Starlette raises itself (routing, body limit), as stable error codes.

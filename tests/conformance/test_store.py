@@ -44,6 +44,7 @@ MIGRATIONS = [
     "0007_token_display_name",
     "0008_acquire_run_lease",
     "0009_start_run",
+    "0010_token_last_used",
 ]
 
 

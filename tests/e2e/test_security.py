@@ -84,11 +84,14 @@ class Owned:
             "action_id": self.action_id,
             "run_id": self.run_id,
             "item_id": self.item_id,
+            "token_id": uuid.uuid4().hex[:24],  # the admin token routes' id
         }
 
 
 def missing_ids() -> dict[str, str]:
-    return {name: f"x-{uuid.uuid4().hex}" for name in ("thread_id", *SUB_IDS)}
+    # token_id: the admin token routes' id (a hash prefix), which names no thread at all.
+    ids = {name: f"x-{uuid.uuid4().hex}" for name in ("thread_id", *SUB_IDS)}
+    return {**ids, "token_id": uuid.uuid4().hex[:24]}
 
 
 def fill(path: str, ids: dict[str, str]) -> str:

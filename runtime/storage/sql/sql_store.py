@@ -41,6 +41,7 @@ from runtime.storage.sql import (
     rewrites_tx,
     runs_tx,
     threads_tx,
+    tokens_tx,
 )
 from runtime.storage.sql.core import (
     Conn,
@@ -77,6 +78,7 @@ from runtime.storage.store import (
     StopResult,
     Truncate,
 )
+from runtime.storage.token_admin import LAST_USED_RESOLUTION, TOKEN_ID_CHARS, TokenInfo
 
 
 class SqlStore(SqlTransactions):
@@ -443,6 +445,19 @@ class SqlStore(SqlTransactions):
 
     async def token_expires_in(self, token_hash: str) -> float | None:
         return await self._read(lambda conn: threads_tx.token_expires_in(conn, token_hash))
+
+    async def list_tokens(self) -> list[TokenInfo]:
+        return await self._read(tokens_tx.list_tokens)
+
+    async def token_hash_of_id(self, token_id: str) -> str | None:
+        if not (len(token_id) == TOKEN_ID_CHARS and all(c in "0123456789abcdef" for c in token_id)):
+            return None
+        return await self._read(lambda conn: tokens_tx.active_hash_of_id(conn, token_id))
+
+    async def touch_token(self, token_hash: str) -> None:
+        await self._write(
+            lambda conn: tokens_tx.touch_token(conn, token_hash, LAST_USED_RESOLUTION)
+        )
 
     async def db_time(self) -> float:
         return await self._read(lambda conn: conn.now())

@@ -55,6 +55,7 @@ class Connection:
         "max_frame_bytes",
         "outbox",
         "session",
+        "stored_token",
         "token_hash",
         "wire",
     )
@@ -70,6 +71,7 @@ class Connection:
         # Set by the gateway: which token this connection authenticated with, and when (event
         # loop time) that token expires, if it does.
         self.token_hash = ""
+        self.stored_token = True  # a `tl_` token, which storage can revoke
         self.expires_at: float | None = None
         self._expiry: asyncio.TimerHandle | None = None
         # Frames received and not yet fed; the task feeding them, while there are any.

@@ -21,6 +21,8 @@ from server.auth import (
     Unauthorized,
     authenticate,
     hash_token,
+    is_stored_token,
+    token_expires_in,
     token_key,
     token_key_of_hash,
     websocket_credentials,
@@ -105,7 +107,8 @@ class Gateway:
     async def _recheck_tokens(self) -> None:
         while self._connections:
             await asyncio.sleep(TOKEN_RECHECK_INTERVAL)
-            for token_hash in {c.token_hash for c in self._connections if c.token_hash}:
+            stored = {c.token_hash for c in self._connections if c.token_hash and c.stored_token}
+            for token_hash in stored:
                 try:
                     valid = await self.service.store.principal_for_token(token_hash)
                 except Exception:
@@ -145,7 +148,7 @@ class Gateway:
         token_hash = hash_token(token or "")
         principal = self._principals.setdefault(token_hash, principal)
         try:
-            expires_at = await self._expiry(token_hash)
+            expires_at = await self._expiry(token or "")
         except Exception:
             log.exception("token expiry lookup failed")
             await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
@@ -165,6 +168,8 @@ class Gateway:
         except BaseException:
             await self._release(slot)
             raise
+        # An issuer's JWT is not in storage: nothing there to recheck; it lives until `exp`.
+        connection.stored_token = is_stored_token(token or "")
         if wire.hand_over():
             # The ASGI call returns now and its coroutines with it; the connection lives on
             # in the wire's callbacks, and a task of its own ends it.
@@ -244,10 +249,9 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await self.limiter.disconnect(slot)
 
-    async def _expiry(self, token_hash: str) -> float | None:
-        """When (event loop time) the token expires: the database says how many seconds are
-        left on its clock, so gateways with skewed clocks still agree."""
-        remaining = await self.service.store.token_expires_in(token_hash)
+    async def _expiry(self, token: str) -> float | None:
+        """When (event loop time) the token expires (server.auth.token_expires_in)."""
+        remaining = await token_expires_in(self.service.store, token)
         if remaining is None:
             return None
         return asyncio.get_running_loop().time() + remaining

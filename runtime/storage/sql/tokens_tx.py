@@ -1,0 +1,58 @@
+"""API token administration: list tokens (never their hashes), revoke by id, mark last use."""
+
+from __future__ import annotations
+
+from runtime.domain import Role
+from runtime.storage.sql.core import Conn
+from runtime.storage.sql.rows import loads
+from runtime.storage.token_admin import TOKEN_ID_CHARS, TokenInfo
+
+_ACTIVE = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1)"
+
+
+async def list_tokens(conn: Conn) -> list[TokenInfo]:
+    """Every token neither revoked nor expired, oldest first."""
+    rows = await conn.fetch(
+        "SELECT token_hash, subject, role, scopes, display_name, created_at, expires_at,"
+        f" last_used_at FROM api_tokens WHERE {_ACTIVE} ORDER BY created_at, token_hash",
+        await conn.now(),
+    )
+    return [
+        TokenInfo(
+            id=row["token_hash"][:TOKEN_ID_CHARS],
+            subject=row["subject"],
+            role=Role(row["role"]),
+            scopes=sorted(loads(row["scopes"])),
+            name=row["display_name"],
+            created_at=row["created_at"],
+            expires_at=row["expires_at"],
+            last_used_at=row["last_used_at"],
+        )
+        for row in rows
+    ]
+
+
+async def active_hash_of_id(conn: Conn, token_id: str) -> str | None:
+    """The hash of the active token `token_id` names (a prefix of it), if exactly one."""
+    # A range on the primary key: hashes are lowercase hex, and 'g' sorts after every digit.
+    rows = await conn.fetch(
+        "SELECT token_hash FROM api_tokens WHERE token_hash >= $2 AND token_hash < $3"
+        f" AND {_ACTIVE} LIMIT 2",
+        await conn.now(),
+        token_id,
+        token_id + "g",
+    )
+    return str(rows[0]["token_hash"]) if len(rows) == 1 else None
+
+
+async def touch_token(conn: Conn, token_hash: str, resolution: float) -> None:
+    """Mark the token used now, unless it was marked within `resolution` seconds (then this
+    matches no row and writes nothing)."""
+    now = await conn.now()
+    await conn.execute(
+        "UPDATE api_tokens SET last_used_at = $2 WHERE token_hash = $1"
+        " AND (last_used_at IS NULL OR last_used_at < $3)",
+        token_hash,
+        now,
+        now - resolution,
+    )
