@@ -18,6 +18,7 @@ from runtime.errors import Conflict, InvalidInput, NotFound, TooLarge
 from runtime.storage import PostgresStore, SqliteStore, open_store
 from runtime.storage.store import SetVisibility, StepCommit, Store
 from tests.conformance.conftest import StoreFactory
+from tests.conformance.ill_typed import ill_typed
 from tests.conformance.store_helpers import (
     FOREIGN,
     SCOPE,
@@ -144,7 +145,7 @@ async def test_create_thread_validates_input(store: Store) -> None:
     with pytest.raises(InvalidInput):
         await store.create_thread(SCOPE, "t", {"bad": object()})
     with pytest.raises(InvalidInput):
-        await store.create_thread(SCOPE, "t", ["not", "a", "dict"])  # type: ignore[arg-type]
+        await store.create_thread(SCOPE, "t", ill_typed(["not", "a", "dict"]))
     with pytest.raises(InvalidInput):
         await store.create_thread("", "t")
     assert len(await store.list_threads(SCOPES)) == 1
@@ -293,4 +294,4 @@ async def test_tokens_store_only_the_hash(store: Store) -> None:
     with pytest.raises(Conflict):
         await store.create_token("sha256:abc", "someone-else", Role.ADMIN, ["a"])
     with pytest.raises(InvalidInput):
-        await store.create_token("sha256:x", "svc", "root", ["a"])  # type: ignore[arg-type]
+        await store.create_token("sha256:x", "svc", ill_typed("root"), ["a"])
