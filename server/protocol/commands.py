@@ -34,6 +34,7 @@ from server.protocol.inputs import (
     OpenThread,
     PresenceUpdate,
     Regenerate,
+    RenameThread,
     ResumeAction,
     RetryRun,
     RevokeToken,
@@ -305,6 +306,14 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         http=Http("GET", T, "snapshot", body=False, query=_snapshot_query),
         note=READ,
         limited=False,
+    ),
+    Command(
+        name="thread.rename",
+        input=RenameThread,
+        call=lambda c, i: c.service.rename_thread(c.principal, i.thread_id, i.title),
+        answer=lambda i, thread: {"thread_id": thread.id, "version": thread.version},
+        answer_doc=THREAD_VERSION,
+        http=Http("PATCH", T, "rename_thread"),
     ),
     Command(
         name="subscribe",

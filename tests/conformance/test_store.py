@@ -151,6 +151,31 @@ async def test_create_thread_validates_input(store: Store) -> None:
     assert len(await store.list_threads(SCOPES)) == 1
 
 
+async def test_rename_is_one_version_and_every_read_sees_it(store: Store) -> None:
+    thread = await new_thread(store, "before")
+    renamed = await store.rename_thread(thread.id, SCOPES, "after")
+    assert (renamed.title, renamed.version) == ("after", thread.version + 1)
+    assert renamed.updated_at >= thread.updated_at
+    # The thread returned is the one committed, as every read then sees it.
+    assert await store.get_thread(thread.id, SCOPES) == renamed
+    assert (await store.snapshot(thread.id, SCOPES)).thread.title == "after"
+    assert [t.title for t in await store.list_threads(SCOPES)] == ["after"]
+    assert await store.thread_versions([thread.id]) == {thread.id: renamed.version}
+    cleared = await store.rename_thread(thread.id, SCOPES, "")  # creation allows "" too
+    assert (cleared.title, cleared.version) == ("", renamed.version + 1)
+    refused = [
+        ("x" * (MAX_TITLE_CHARS + 1), TooLarge),
+        (ill_typed(None), InvalidInput),
+        (ill_typed(["a"]), InvalidInput),
+    ]
+    for title, error in refused:
+        with pytest.raises(error):
+            await store.rename_thread(thread.id, SCOPES, title)
+    with pytest.raises(NotFound):
+        await store.rename_thread("th_missing", SCOPES, "x")
+    assert await store.get_thread(thread.id, SCOPES) == cleared  # refusals changed nothing
+
+
 async def test_list_threads_filters_scopes_and_orders_by_update(store: Store) -> None:
     first = await new_thread(store, "first")
     second = await new_thread(store, "second")
@@ -176,6 +201,7 @@ async def test_scope_isolation_on_every_scoped_method(store: Store) -> None:
     calls = [
         store.get_thread(thread.id, FOREIGN),
         store.snapshot(thread.id, FOREIGN),
+        store.rename_thread(thread.id, FOREIGN, "hijacked"),
         store.submit_input(thread.id, FOREIGN, text="x", submitted_by="mallory"),
         store.cancel_queued_item(thread.id, FOREIGN, queued.queued_item_id or ""),
         store.request_stop(thread.id, FOREIGN, admission.run_id or ""),
