@@ -54,6 +54,7 @@ from server.protocol.replies import (
     Subscribed,
     Unsubscribed,
 )
+from threadline_wire import AdmissionAnswer, fields_doc
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")
@@ -348,8 +349,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
             client_tools=[tool.model_dump() for tool in i.client_tools],
         ),
         answer=lambda i, admission: admission_answer(admission),
-        answer_doc='`{"thread_id", "version", "run_id"?, "message_id"?, "queued_item_id"?, '
-        '"duplicate"?}`',
+        answer_doc=fields_doc(AdmissionAnswer),
         http=Http("POST", f"{T}/messages", "send_message", status=202),
     ),
     Command(
