@@ -21,6 +21,7 @@ COPY README.md ./
 COPY runtime ./runtime
 COPY realtime ./realtime
 COPY server ./server
+COPY threadline_wire ./threadline_wire
 RUN pip install --no-deps .
 
 # The browser client and the examples are read from /app: the server finds static/ next to

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from runtime.errors import IllegalTransition
+from threadline_wire import AdmissionAnswer
 
 # Documented limits (docs/architecture.md). Larger input is refused with `too_large`.
 MAX_TEXT_CHARS = 64 * 1024
@@ -284,15 +285,12 @@ class InputPolicy(StrEnum):
     INTERRUPT = "interrupt"
 
 
-class Admission(_Frozen):
-    """Outcome of queue admission for one input."""
+class Admission(AdmissionAnswer):
+    """Outcome of queue admission for one input: the wire answer of `message.send` (declared
+    in threadline_wire, which the client reads too) and what stays inside the server."""
 
-    thread_id: str
-    version: int
-    run_id: str | None = None
-    message_id: str | None = None
-    queued_item_id: str | None = None
-    duplicate: bool = False
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     # With policy `interrupt`, the active run that must be stopped before the input is admitted.
     interrupted_run_id: str | None = None
 

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from threadline_wire import AdmissionAnswer
+
 RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
 ACTIVE_RUN_STATUSES = frozenset({"queued", "running", "waiting"})
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
@@ -90,15 +92,8 @@ class Snapshot(WireModel):
         return "".join(m.text for m in self.messages if m.role == "assistant")
 
 
-class Admission(WireModel):
-    """The answer to sending a message: a new run, or a queued item, or the first request's."""
-
-    thread_id: str
-    version: int
-    run_id: str | None = None
-    message_id: str | None = None
-    queued_item_id: str | None = None
-    duplicate: bool = False
+# The answer to sending a message: declared once, in threadline_wire, for the server and here.
+Admission = AdmissionAnswer
 
 
 class VersionAnswer(WireModel):

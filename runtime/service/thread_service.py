@@ -121,6 +121,13 @@ class ThreadService:
         thread = await self.store.create_thread(target, title, dict(metadata or {}))
         return await self.snapshot(principal, thread.id)
 
+    async def rename_thread(self, principal: Principal, thread_id: str, title: str) -> Thread:
+        """A new title. The rule of creating a thread: any principal of its scope (the title is
+        no one's history, and a thread has no author for `PermissionPolicy` to ask about)."""
+        thread = await self.store.rename_thread(thread_id, principal.scopes, title)
+        await self.publisher.invalidate(thread_id, thread.version)
+        return thread
+
     async def list_threads(self, principal: Principal, limit: int = 100) -> list[Thread]:
         return await self.store.list_threads(principal.scopes, limit)
 

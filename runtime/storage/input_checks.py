@@ -37,6 +37,11 @@ def check_thread_id(thread_id: Any) -> str:
 def check_thread_fields(scope: Any, title: Any) -> None:
     if not isinstance(scope, str) or not scope.strip():
         raise InvalidInput("scope must be a non-empty string")
+    check_title(title)
+
+
+def check_title(title: Any) -> None:
+    """A thread's title, at creation and at every rename."""
     if not isinstance(title, str):
         raise InvalidInput("title must be a string")
     if len(title) > MAX_TITLE_CHARS:

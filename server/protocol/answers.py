@@ -9,14 +9,8 @@ from runtime.storage.store import ResolveResult, RewriteResult, StopResult
 
 
 def admission_answer(admission: Admission) -> dict[str, Any]:
-    answer: dict[str, Any] = {"thread_id": admission.thread_id, "version": admission.version}
-    for key in ("run_id", "message_id", "queued_item_id"):
-        value = getattr(admission, key)
-        if value:
-            answer[key] = value
-    if admission.duplicate:
-        answer["duplicate"] = True
-    return answer
+    # The wire model's fields only: `interrupted_run_id` is the service's business.
+    return admission.to_wire()
 
 
 def version_answer(result: ResolveResult | RewriteResult) -> dict[str, Any]:

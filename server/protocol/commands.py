@@ -36,6 +36,7 @@ from server.protocol.inputs import (
     OpenThread,
     PresenceUpdate,
     Regenerate,
+    RenameThread,
     ResumeAction,
     RetryRun,
     RevokeToken,
@@ -56,6 +57,7 @@ from server.protocol.replies import (
     Subscribed,
     Unsubscribed,
 )
+from threadline_wire import AdmissionAnswer, fields_doc
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")
@@ -331,6 +333,14 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         limited=False,
     ),
     Command(
+        name="thread.rename",
+        input=RenameThread,
+        call=lambda c, i: c.service.rename_thread(c.principal, i.thread_id, i.title),
+        answer=lambda i, thread: {"thread_id": thread.id, "version": thread.version},
+        answer_doc=THREAD_VERSION,
+        http=Http("PATCH", T, "rename_thread"),
+    ),
+    Command(
         name="subscribe",
         input=ThreadRef,
         call=lambda c, i: c.session().subscribe(i.thread_id, c.frame_id),
@@ -363,8 +373,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
             client_tools=[tool.model_dump() for tool in i.client_tools],
         ),
         answer=lambda i, admission: admission_answer(admission),
-        answer_doc='`{"thread_id", "version", "run_id"?, "message_id"?, "queued_item_id"?, '
-        '"duplicate"?}`',
+        answer_doc=fields_doc(AdmissionAnswer),
         http=Http("POST", f"{T}/messages", "send_message", status=202),
         part=lambda i: InputPart(
             text=i.text,

@@ -109,14 +109,26 @@ class CreateThread(Input):
     scope: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
 
     def check(self) -> None:
-        if len(self.title) > MAX_TITLE_CHARS:
-            raise TooLarge(f"title is longer than {MAX_TITLE_CHARS} characters")
+        _check_title(self.title)
         try:
             size = len(orjson.dumps(self.metadata))
         except TypeError as exc:  # nested deeper than orjson's limit (254)
             raise InvalidInput(f"metadata is not JSON-serialisable: {exc}") from exc
         if size > MAX_METADATA_BYTES:
             raise TooLarge(f"metadata is larger than {MAX_METADATA_BYTES} bytes")
+
+
+class RenameThread(Input):
+    thread_id: ThreadId
+    title: str
+
+    def check(self) -> None:
+        _check_title(self.title)
+
+
+def _check_title(title: str) -> None:
+    if len(title) > MAX_TITLE_CHARS:
+        raise TooLarge(f"title is longer than {MAX_TITLE_CHARS} characters")
 
 
 class ListThreads(Input):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import cast
 
 import pytest
 
@@ -59,7 +58,7 @@ async def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFac
     the `Store` interface and nothing else."""
     if request.param == "public":
         sqlite = await _sql_factory("sqlite", request, tmp_path)
-        return lambda: cast(Store, PublicStore(sqlite()))
+        return lambda: PublicStore(sqlite())
     return await _sql_factory(request.param, request, tmp_path)
 
 

@@ -219,7 +219,7 @@ def openai_error_body(message: str, kind: str) -> dict[str, Any]:
 
 
 def anthropic_message_start(input_tokens: int) -> bytes:
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_test",
         "type": "message",
         "role": "assistant",

@@ -14,9 +14,10 @@ import orjson
 from realtime.channels import thread_channel
 from realtime.memory import MemoryBus
 from runtime.agent import Agent
-from runtime.domain import Principal, Role, RunStatus, Snapshot
+from runtime.domain import MessageView, Principal, Role, RunStatus, RunView, Snapshot, TextPart
 from runtime.engine.publisher import Publisher
 from runtime.engine.worker import Worker
+from runtime.providers.model_api import ContextMessage
 from runtime.service.thread_service import ThreadService
 from runtime.storage.store import Store
 
@@ -123,3 +124,16 @@ class Runtime:
 
 def settled(snapshot: Snapshot) -> bool:
     return snapshot.run is not None and snapshot.run.status.is_terminal and not snapshot.queue
+
+
+def run_of(snapshot: Snapshot) -> RunView:
+    """The snapshot's run, which the test expects to exist."""
+    assert snapshot.run is not None, "the snapshot has no run"
+    return snapshot.run
+
+
+def first_text(message: MessageView | ContextMessage) -> str:
+    """The text of a message's first part, which the test expects to be a text part."""
+    part = message.parts[0]
+    assert isinstance(part, TextPart), part
+    return part.text

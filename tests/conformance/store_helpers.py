@@ -75,7 +75,10 @@ def pending_part(
         input={"to": "a@example.com"},
         state=ToolState.AWAITING_ACTION,
         waiting=Waiting(
-            action_id=action_id, kind=WaitKind.APPROVAL, schema=SCHEMA, allowed_roles=tuple(roles)
+            action_id=action_id,
+            kind=WaitKind.APPROVAL,
+            payload_schema=SCHEMA,
+            allowed_roles=tuple(roles),
         ),
     )
 

@@ -47,7 +47,8 @@ def server(wire_server: WireServer) -> Iterator[WireServer]:
 
 @pytest.fixture(params=[OpenAIVendor(), AnthropicVendor()], ids=lambda v: v.name)
 def vendor(request: pytest.FixtureRequest) -> Vendor:
-    return request.param  # type: ignore[no-any-return]
+    vendor: Vendor = request.param
+    return vendor
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ def test_the_members_are_every_part_of_the_interface() -> None:
 
 async def test_the_wrapper_hides_what_is_not_the_interface(tmp_path: Path) -> None:
     async with PublicStore(SqliteStore(tmp_path / "t.db")) as store:
-        public: Store = store  # type: ignore[assignment]
+        public: Store = store
         thread = await public.create_thread("acme", "t")
         assert (await public.get_thread(thread.id, ["acme"])).title == "t"
         for private in ("pool", "dialect", "_read", "_run", "applied_migrations", "backend"):

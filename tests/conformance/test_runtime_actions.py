@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.domain import Lease, RunStatus, ToolCallPart, ToolState, WaitKind
+from runtime.domain import Lease, PendingAction, RunStatus, ToolCallPart, ToolState, WaitKind
 from runtime.errors import ActionConflict, Forbidden, InvalidPayload, NotFound
-from runtime.lifecycle import AgentLifecycle, ToolResult
+from runtime.lifecycle import (
+    AgentLifecycle,
+    BeforeToolDecision,
+    ToolCall,
+    ToolCallContext,
+    ToolResult,
+)
+from runtime.providers.model_api import ModelDelta, ModelRequest
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
     text_response,
     tool_call_response,
 )
+from runtime.storage import SqlStore
 from runtime.tools import SuspendStep, ToolContext, manual_tool, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import (
@@ -26,6 +35,8 @@ from tests.conformance.runtime_harness import (
     OUTSIDER,
     SCOPE,
     Runtime,
+    first_text,
+    run_of,
     settled,
 )
 
@@ -44,11 +55,15 @@ class Recording(AgentLifecycle):
         self.before: list[tuple[str, bool]] = []
         self.after: list[tuple[str, ToolState]] = []
 
-    async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+    async def before_tool_call(
+        self, ctx: ToolCallContext, call: ToolCall
+    ) -> BeforeToolDecision | None:
         self.before.append((call.name, ctx.resumed))
         return None
 
-    async def after_tool_result(self, ctx, result: ToolResult):  # type: ignore[no-untyped-def]
+    async def after_tool_result(
+        self, ctx: ToolCallContext, result: ToolResult
+    ) -> ToolResult | None:
         self.after.append((ctx.tool_name, result.state))
         return None
 
@@ -62,7 +77,7 @@ def transfer_agent(model: ScriptedModel, lifecycle: AgentLifecycle) -> Agent:
     return Agent(model=model, tools=[transfer], lifecycle=lifecycle)
 
 
-async def _pending(rt: Runtime, thread_id: str):  # type: ignore[no-untyped-def]
+async def _pending(rt: Runtime, thread_id: str) -> PendingAction:
     snapshot = await rt.wait_status(thread_id, RunStatus.WAITING)
     assert len(snapshot.pending_actions) == 1
     return snapshot.pending_actions[0]
@@ -98,7 +113,7 @@ async def test_suspend_then_resume_by_another_principal(runtime_for: RuntimeFact
     # before_tool_call ran again on resume, before execution continued.
     assert hooks.before == [("transfer", False), ("transfer", True)]
     assert hooks.after == [("transfer", ToolState.OUTPUT_AVAILABLE)]
-    assert snapshot.messages[-1].parts[0].text == "sent it"
+    assert first_text(snapshot.messages[-1]) == "sent it"
     model.assert_consumed()
 
 
@@ -122,7 +137,7 @@ async def test_concurrent_resumes_exactly_one_wins(runtime_for: RuntimeFactory) 
     losers = [r for r in results if isinstance(r, BaseException)]
     assert len(winners) == 1
     assert all(isinstance(e, ActionConflict) for e in losers)
-    names = {e.details.get("resolved_by") for e in losers}  # type: ignore[union-attr]
+    names = {e.details.get("resolved_by") for e in losers if isinstance(e, ActionConflict)}
     assert len(names) == 1 and names.pop() in {"alice", "bob", "billing-svc"}
     await rt.wait_status(thread_id, RunStatus.COMPLETED)
     with pytest.raises(ActionConflict):
@@ -145,6 +160,7 @@ async def test_stop_while_waiting_cancels_the_pending_action(runtime_for: Runtim
     rt = await runtime_for(transfer_agent(model, hooks))
     thread_id = await rt.thread()
     admission = await rt.service.send_message(ALICE, thread_id, "pay")
+    assert admission.run_id is not None
     await _pending(rt, thread_id)
     await rt.service.stop_run(BOB, thread_id, admission.run_id)
     snapshot = await rt.wait_status(thread_id, RunStatus.CANCELLED)
@@ -159,7 +175,7 @@ async def test_stop_during_streaming_commits_canonical_text_so_far(
 ) -> None:
     streamed = asyncio.Event()
 
-    async def endless(request):  # type: ignore[no-untyped-def]
+    async def endless(request: ModelRequest) -> AsyncIterator[ModelDelta]:
         for i in range(2000):
             yield text_response(f"word{i} ")[0]
             if i == 3:
@@ -170,10 +186,11 @@ async def test_stop_during_streaming_commits_canonical_text_so_far(
     thread_id = await rt.thread()
     async with rt.record(thread_id) as rec:
         admission = await rt.service.send_message(ALICE, thread_id, "talk")
+        assert admission.run_id is not None
         await asyncio.wait_for(streamed.wait(), 5)
         await rt.service.stop_run(ALICE, thread_id, admission.run_id)
         snapshot = await rt.wait_status(thread_id, RunStatus.CANCELLED)
-    committed = snapshot.messages[-1].parts[0].text
+    committed = first_text(snapshot.messages[-1])
     assert committed.startswith("word0 word1 word2 word3")
     # What was committed is exactly what clients saw live.
     assert committed == rec.text(admission.run_id)
@@ -220,7 +237,7 @@ async def test_manual_result_only_from_trusted_actors(runtime_for: RuntimeFactor
         BACKEND, thread_id, action.id, {"output": {"balance": 10}}, kind=WaitKind.MANUAL_RESULT
     )
     snapshot = await rt.wait_for(thread_id, settled)
-    assert snapshot.run.status is RunStatus.COMPLETED
+    assert run_of(snapshot).status is RunStatus.COMPLETED
     part = snapshot.messages[1].parts[0]
     assert isinstance(part, ToolCallPart) and part.output == {"balance": 10}
 
@@ -276,7 +293,8 @@ async def test_terminal_commit_releases_the_lease_a_wait_is_released_after(
     assert len(released) == 1
     run_id = admission.run_id or ""
     assert await rt.store.acquire_run_lease(run_id, "other", 10.0) is None  # run ended
-    rows = await rt.store._read(  # type: ignore[attr-defined]
+    assert isinstance(rt.store, SqlStore)  # the lease table is the SQL backends' own
+    rows = await rt.store._read(
         lambda conn: conn.fetch("SELECT token FROM leases WHERE resource_id = $1", run_id)
     )
     assert rows == []

@@ -11,12 +11,12 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.domain import RunStatus, Visibility
+from runtime.domain import RunStatus, Snapshot, ToolCallPart, Visibility
 from runtime.engine.durable_context import to_context
 from runtime.engine.message_cache import HistoryCache
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
-from runtime.storage import SqliteStore, SqlStore
-from runtime.storage.sql.sqlite import CHECKPOINT_EVERY
+from runtime.storage import SqliteStore
+from runtime.storage.sql.sqlite import CHECKPOINT_EVERY, SqlitePool
 from runtime.storage.store import HistoryRead, SetVisibility, StepCommit, Store, Truncate
 from runtime.tools import tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
@@ -57,8 +57,9 @@ async def test_appends_and_tail_updates_are_tail_reads(store: Store) -> None:
     await store.resolve_action(thread.id, SCOPES, "act-1", resolution())
     tail = (await cache.messages(store, thread.id))[-1]
     assert tail == (await store.list_messages(thread.id))[-1]
-    assert tail.parts[-1].waiting is not None  # type: ignore[union-attr]
-    assert tail.parts[-1].waiting.resolution is not None  # type: ignore[union-attr]
+    last = tail.parts[-1]
+    assert isinstance(last, ToolCallPart) and last.waiting is not None
+    assert last.waiting.resolution is not None
     assert cache.reloads == reloads
     # Later runs append after the cached tail.
     await store.start_episode(lease)
@@ -120,11 +121,11 @@ async def test_begin_episode_is_start_episode_and_its_reads(store: Store) -> Non
     admission = await store.submit_input(thread.id, SCOPES, text="next", submitted_by="alice")
     assert admission.run_id is not None
     before = await store.get_run(admission.run_id)
-    lease = await store.acquire_run_lease(admission.run_id, "w1", 30.0)
-    assert lease is not None
+    next_lease = await store.acquire_run_lease(admission.run_id, "w1", 30.0)
+    assert next_lease is not None
     start = cache.read_from(thread.id)
     assert start == 1  # the cached tail
-    began = await store.begin_episode(lease, start)
+    began = await store.begin_episode(next_lease, start)
     assert began.before == before
     assert began.run == await store.get_run(admission.run_id)
     assert (began.run.status.value, began.run.episode) == ("running", before.episode + 1)
@@ -152,16 +153,16 @@ async def test_begin_episode_reads_like_read_history_from_any_position(store: St
     assert admission.run_id is not None
     counts = []
     for start in (0, 1, 3, 4, 9):
-        lease = await store.acquire_run_lease(admission.run_id, "w1", 30.0)
-        assert lease is not None
-        began = await store.begin_episode(lease, start)
+        next_lease = await store.acquire_run_lease(admission.run_id, "w1", 30.0)
+        assert next_lease is not None
+        began = await store.begin_episode(next_lease, start)
         assert began.history == await store.read_history(thread.id, start)
         counts.append(len(began.history.messages))
-        await store.release_lease(lease)
+        await store.release_lease(next_lease)
     assert counts == [4, 3, 1, 0, 0]
 
 
-def _count_history_reads(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def _count_history_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The positions `store.read_history` is called from (begin_episode's read is not one)."""
     reads: list[int] = []
     real = store.read_history
@@ -182,13 +183,14 @@ async def test_first_step_context_is_what_the_episode_start_read(
     rt = await runtime_for(Agent(model=model))
     thread_id = await rt.thread()
     for count, text_in in ((2, "hi"), (4, "again")):
-        await rt.service.send_message(ALICE, thread_id, text_in)
-        await rt.wait_for(
-            thread_id,
-            lambda s, n=count: (
+
+        def completed(s: Snapshot, n: int = count) -> bool:
+            return (
                 s.run is not None and s.run.status is RunStatus.COMPLETED and len(s.messages) == n
-            ),
-        )
+            )
+
+        await rt.service.send_message(ALICE, thread_id, text_in)
+        await rt.wait_for(thread_id, completed)
     # One-step runs: the episode start's read served each step's context, no read of its own.
     # That read is begin_episode's, or on Postgres the one `start_run` made with the lease
     # (the wakeup named the run's thread): no `read_history` either way.
@@ -235,7 +237,8 @@ async def test_sqlite_checkpoints_the_wal_off_the_event_loop(tmp_path: Path) -> 
     async with SqliteStore(tmp_path / "wal.db") as store:
         for i in range(CHECKPOINT_EVERY):
             await store.create_thread("acme", f"t{i}")
-        pending = store.pool._checkpoint  # type: ignore[attr-defined]
+        assert isinstance(store.pool, SqlitePool)
+        pending = store.pool._checkpoint
         assert pending is not None
         await pending
         reader = sqlite3.connect(tmp_path / "wal.db")

@@ -4,14 +4,17 @@ own clock, before another worker can take the run over."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.agent import Agent
 from runtime.domain import Lease, RunStatus
 from runtime.engine.worker import Worker
+from runtime.providers.model_api import ModelDelta, ModelRequest
 from runtime.providers.scripted import FunctionModel, text_response
+from runtime.storage.store import Store
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, Runtime, settled
+from tests.conformance.runtime_harness import ALICE, Runtime, first_text, settled
 
 TTL = 0.6
 
@@ -19,7 +22,7 @@ TTL = 0.6
 class HangingRenewals:
     """A store whose lease renewals never answer, like storage stuck behind a partition."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
 
     def __getattr__(self, name: str) -> Any:
@@ -35,7 +38,7 @@ async def test_stale_worker_stops_streaming_at_its_local_deadline(
 ) -> None:
     calls: list[int] = []
 
-    async def model(request):  # type: ignore[no-untyped-def]
+    async def model(request: ModelRequest) -> AsyncIterator[ModelDelta]:
         calls.append(len(calls))
         if len(calls) == 1:
             for _ in range(60):  # 3 s of streaming: far past the lease
@@ -46,7 +49,7 @@ async def test_stale_worker_stops_streaming_at_its_local_deadline(
 
     agent = Agent(model=FunctionModel(model))
     rt: Runtime = await runtime_for(agent, workers=0, lease_ttl=TTL)
-    stale = Worker(HangingRenewals(rt.store), rt.bus, agent, lease_ttl=TTL, poll_interval=0.05)  # type: ignore[arg-type]
+    stale = Worker(HangingRenewals(rt.store), rt.bus, agent, lease_ttl=TTL, poll_interval=0.05)
     await stale.start()
     rt.workers.append(stale)
     thread_id = await rt.thread()
@@ -66,4 +69,4 @@ async def test_stale_worker_stops_streaming_at_its_local_deadline(
     assert stamps[-1] == stamps[len(stamps) // 2 + 4], stamps
     assert stamps[-1] < 30
     assert done.run is not None and done.run.status is RunStatus.COMPLETED
-    assert [m.parts[0].text for m in done.messages] == ["hello", "fresh answer"]  # type: ignore[union-attr]
+    assert [first_text(m) for m in done.messages] == ["hello", "fresh answer"]

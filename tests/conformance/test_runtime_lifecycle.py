@@ -4,26 +4,38 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.chunks import TextDeltaChunk
+from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.domain import RunStatus, ToolCallPart, ToolState, Visibility
 from runtime.errors import RunActive
 from runtime.lifecycle import (
     AfterStepDecision,
     AgentLifecycle,
+    BeforeToolDecision,
     Block,
     MetadataPatch,
+    ModelCall,
     PrepareRunDecision,
     Reject,
     Respond,
+    RewriteContext,
+    RewriteOutcome,
+    RunContext,
+    RuntimeContextInput,
     Skip,
+    StepContext,
+    StepResult,
+    ToolCall,
+    ToolCallContext,
+    ToolResult,
 )
-from runtime.providers.model_api import ContextMessage, ProviderError
+from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest, ProviderError
 from runtime.providers.scripted import (
     ScriptedModel,
     ScriptedToolCall,
@@ -32,14 +44,16 @@ from runtime.providers.scripted import (
 )
 from runtime.tools import SuspendStep, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, SCOPE, settled
+from tests.conformance.runtime_harness import ALICE, SCOPE, first_text, run_of, settled
 
 EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
 
 
 class Upper(AgentLifecycle):
-    def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
-        async def run() -> AsyncIterator:  # type: ignore[type-arg]
+    def transform_step_stream(
+        self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+    ) -> AsyncIterator[StreamChunk]:
+        async def run() -> AsyncIterator[StreamChunk]:
             async for chunk in stream:
                 if isinstance(chunk, TextDeltaChunk):
                     chunk = TextDeltaChunk(delta=chunk.delta.upper())
@@ -52,22 +66,24 @@ async def test_prepare_run_respond_passes_the_canonical_transform(
     runtime_for: RuntimeFactory,
 ) -> None:
     class Quota(Upper):
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             return PrepareRunDecision(respond=Respond("quota exceeded"))
 
     rt = await runtime_for(Agent(model=ScriptedModel([]), lifecycle=Quota()))
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "hi")
     snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    assert snapshot.messages[-1].parts[0].text == "QUOTA EXCEEDED"
+    assert first_text(snapshot.messages[-1]) == "QUOTA EXCEEDED"
 
 
 async def test_prepare_model_step_block_with_and_without_response(
     runtime_for: RuntimeFactory,
 ) -> None:
     class Guard(AgentLifecycle):
-        async def prepare_model_step(self, ctx, request):  # type: ignore[no-untyped-def]
-            text = request.messages[-1].parts[0].text
+        async def prepare_model_step(
+            self, ctx: StepContext, request: ModelRequest
+        ) -> ModelRequest | Respond | Block | None:
+            text = first_text(request.messages[-1])
             if text == "polite":
                 return Block("unsafe", response="I can't help with that.")
             return Block("unsafe")
@@ -76,11 +92,11 @@ async def test_prepare_model_step_block_with_and_without_response(
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "polite")
     snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    assert snapshot.messages[-1].parts[0].text == "I can't help with that."
+    assert first_text(snapshot.messages[-1]) == "I can't help with that."
     other = await rt.thread()
     await rt.service.send_message(ALICE, other, "rude")
     failed = await rt.wait_status(other, RunStatus.FAILED)
-    assert failed.run.error == "unsafe" and len(failed.messages) == 1
+    assert run_of(failed).error == "unsafe" and len(failed.messages) == 1
 
 
 async def test_before_tool_call_skip_and_reject_still_run_after_tool_result(
@@ -98,7 +114,9 @@ async def test_before_tool_call_skip_and_reject_still_run_after_tool_result(
         return args.n
 
     class Policy(AgentLifecycle):
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             executed.append(f"before:{call.input['n']}")
             if call.input["n"] == 1:
                 return Skip(output="cached 1")
@@ -106,7 +124,9 @@ async def test_before_tool_call_skip_and_reject_still_run_after_tool_result(
                 return Reject("not allowed")
             return None
 
-        async def after_tool_result(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_tool_result(
+            self, ctx: ToolCallContext, result: ToolResult
+        ) -> ToolResult | None:
             seen.append((ctx.tool_call_id, result.state))
             return None
 
@@ -142,10 +162,12 @@ async def test_after_step_context_reaches_only_the_next_model_step(
     async def search(args: Args) -> str:
         return "result"
 
-    note = ContextMessage(role="system", parts=({"type": "text", "text": "be brief"},))  # type: ignore[arg-type]
+    note = ContextMessage(role="system", parts=({"type": "text", "text": "be brief"},))
 
     class Coach(AgentLifecycle):
-        async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_step(
+            self, ctx: StepContext, result: StepResult
+        ) -> AfterStepDecision | None:
             return AfterStepDecision(append=(note,))
 
     model = ScriptedModel(
@@ -172,18 +194,20 @@ async def test_model_context_skips_hidden_messages(runtime_for: RuntimeFactory) 
     await rt.service.set_visibility(ALICE, thread_id, first.messages[0].id, Visibility.HIDDEN)
     await rt.service.send_message(ALICE, thread_id, "second")
     await rt.wait_for(thread_id, lambda s: settled(s) and len(s.messages) == 3)
-    texts = [m.parts[0].text for m in model.calls[1].messages]
+    texts = [first_text(m) for m in model.calls[1].messages]
     assert texts == ["one", "second"]
 
 
 async def test_around_model_call_may_catch_setup_failures(runtime_for: RuntimeFactory) -> None:
     class Fallback(AgentLifecycle):
-        async def around_model_call(self, ctx, request, call):  # type: ignore[no-untyped-def]
+        async def around_model_call(
+            self, ctx: StepContext, request: ModelRequest, call: ModelCall
+        ) -> AsyncIterator[ModelDelta]:
             try:
                 return await call(request)
             except ProviderError:
 
-                async def canned() -> AsyncIterator:  # type: ignore[type-arg]
+                async def canned() -> AsyncIterator[ModelDelta]:
                     for delta in text_response("fallback answer"):
                         yield delta
 
@@ -194,7 +218,7 @@ async def test_around_model_call_may_catch_setup_failures(runtime_for: RuntimeFa
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "hi")
     snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    assert snapshot.messages[-1].parts[0].text == "fallback answer"
+    assert first_text(snapshot.messages[-1]) == "fallback answer"
 
 
 async def test_prepare_run_and_runtime_context_run_again_on_resume(
@@ -213,10 +237,10 @@ async def test_prepare_run_and_runtime_context_run_again_on_resume(
         return "acted"
 
     class Track(AgentLifecycle):
-        async def runtime_context(self, inp):  # type: ignore[no-untyped-def]
+        async def runtime_context(self, inp: RuntimeContextInput) -> Mapping[str, Any] | None:
             return {"tenant": inp.scope}
 
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             episodes.append((ctx.episode, ctx.resumed, ctx.state["tenant"]))
             return None
 
@@ -240,17 +264,17 @@ async def test_regenerate_and_visibility_rewrites_with_metadata_patches(
     observed: list[str] = []
 
     class Rewrites(AgentLifecycle):
-        async def prepare_history_rewrite(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_history_rewrite(self, ctx: RewriteContext) -> MetadataPatch | None:
             return MetadataPatch(
                 public={"last_rewrite": ctx.kind}, private={"by": ctx.requested_by}
             )
 
     class Flaky:
-        async def history_rewritten(self, ctx, outcome):  # type: ignore[no-untyped-def]
+        async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
             raise RuntimeError("webhook down")
 
     class Observer:
-        async def history_rewritten(self, ctx, outcome):  # type: ignore[no-untyped-def]
+        async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
             observed.append(f"{outcome.kind}:{outcome.version}")
 
     from runtime.compose import compose_lifecycle
@@ -264,7 +288,7 @@ async def test_regenerate_and_visibility_rewrites_with_metadata_patches(
     result = await rt.service.regenerate(ALICE, thread_id)
     assert result.removed_message_ids == (done.messages[1].id,)
     again = await rt.wait_for(
-        thread_id, lambda s: settled(s) and s.messages[-1].parts[0].text == "second try"
+        thread_id, lambda s: settled(s) and first_text(s.messages[-1]) == "second try"
     )
     assert again.thread.metadata["last_rewrite"] == "regenerate"
     thread = await rt.store.get_thread(thread_id, [SCOPE])
@@ -289,7 +313,7 @@ async def test_rewrite_during_an_active_run_is_refused(runtime_for: RuntimeFacto
     release = asyncio.Event()
 
     class Gate(AgentLifecycle):
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             await asyncio.wait_for(release.wait(), 10)
             return None
 
@@ -317,7 +341,7 @@ async def test_demo_redaction_never_leaks_an_address(runtime_for: RuntimeFactory
     for frame in rec.chunks():
         assert not EMAIL.search(str(frame["chunk"].get("delta", "")))
     assistant = [m for m in snapshot.messages if m.role == "assistant"]
-    assert assistant and all(not EMAIL.search(m.parts[0].text) for m in assistant)
+    assert assistant and all(not EMAIL.search(first_text(m)) for m in assistant)
 
 
 async def test_redaction_split_across_chunks_reaches_no_chunk_store_or_next_step(
@@ -340,8 +364,8 @@ async def test_redaction_split_across_chunks_reaches_no_chunk_store_or_next_step
     deltas = [c["chunk"].get("delta", "") for c in rec.chunks()]
     assert all("@" not in d for d in deltas)
     assert rec.text().startswith("Write to [redacted email] today.")
-    assert snapshot.messages[1].parts[0].text == "Write to [redacted email] today."
-    seen_by_model = [p.text for m in model.calls[1].messages for p in m.parts]
+    assert first_text(snapshot.messages[1]) == "Write to [redacted email] today."
+    seen_by_model = [first_text(m) for m in model.calls[1].messages]
     assert "Write to [redacted email] today." in seen_by_model
     assert not any(secret in text for text in seen_by_model)
 
@@ -359,12 +383,16 @@ async def test_a_run_failure_cancels_open_tool_parts_through_after_tool_result(
         return args.n
 
     class Fragile(AgentLifecycle):
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             if call.input["n"] == 2:
                 raise RuntimeError("policy service down")
             return None
 
-        async def after_tool_result(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_tool_result(
+            self, ctx: ToolCallContext, result: ToolResult
+        ) -> ToolResult | None:
             seen.append((ctx.tool_call_id, result.state))
             return None
 
@@ -374,7 +402,7 @@ async def test_a_run_failure_cancels_open_tool_parts_through_after_tool_result(
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "go")
     snapshot = await rt.wait_status(thread_id, RunStatus.FAILED)
-    assert "policy service down" in (snapshot.run.error or "")
+    assert "policy service down" in (run_of(snapshot).error or "")
     parts = [p for p in snapshot.messages[-1].parts if isinstance(p, ToolCallPart)]
     assert [p.state for p in parts] == [ToolState.CANCELLED, ToolState.CANCELLED]
     assert sorted(seen) == [("c1", ToolState.CANCELLED), ("c2", ToolState.CANCELLED)]

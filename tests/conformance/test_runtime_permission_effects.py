@@ -15,8 +15,8 @@ from runtime.agent import Agent
 from runtime.domain import InputPolicy, MessageRole, Principal, Role, RunStatus, Visibility
 from runtime.engine.publisher import Publisher
 from runtime.errors import Forbidden, InvalidInput
-from runtime.providers.model_api import ModelRequest
-from runtime.providers.scripted import FunctionModel, ModelDelta, text_response, tool_call_response
+from runtime.providers.model_api import ModelDelta, ModelRequest
+from runtime.providers.scripted import FunctionModel, text_response, tool_call_response
 from runtime.service.permissions import PermissionPolicy, Who
 from runtime.service.thread_service import ThreadService
 from runtime.tools import SuspendStep, ToolContext, manual_tool, tool
@@ -135,6 +135,7 @@ async def waiting_run_of(t: Thread, author: Principal) -> None:
 async def alice_queued(t: Thread) -> None:
     await waiting_run_of(t, ALICE)
     queued = await t.service.send_message(ALICE, t.id, "later")
+    assert queued.queued_item_id is not None
     t.ids["item"] = queued.queued_item_id
 
 

@@ -3,11 +3,13 @@ account of what each reader may do agree."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.domain import Message, Principal, RunStatus, Snapshot, TextPart, Visibility
+from runtime.domain import MessageView, Principal, RunStatus, Snapshot, TextPart, Visibility
 from runtime.engine.publisher import Publisher
 from runtime.errors import Forbidden
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
@@ -39,7 +41,9 @@ def guarded(rt: Runtime, agent: Agent, policy: PermissionPolicy) -> ThreadServic
     return ThreadService(rt.store, Publisher(rt.bus), agent, permissions=policy)
 
 
-async def permissions_of(service: ThreadService, reader: Principal, thread_id: str) -> dict:  # type: ignore[type-arg]
+async def permissions_of(
+    service: ThreadService, reader: Principal, thread_id: str
+) -> dict[str, Any]:
     snapshot = await service.snapshot(reader, thread_id)
     assert snapshot.permissions is not None
     return dict(snapshot.permissions)
@@ -127,5 +131,5 @@ async def test_the_default_policy_lets_every_user_of_the_scope(runtime_for: Runt
     assert len(regenerated.messages) == 2
 
 
-def text_of(message: Message) -> str:
+def text_of(message: MessageView) -> str:
     return "".join(part.text for part in message.parts if isinstance(part, TextPart))

@@ -22,7 +22,7 @@ from runtime.engine.worker import Worker
 from runtime.providers.scripted import ScriptedModel, text_response
 from runtime.service.thread_service import ThreadService
 from runtime.storage import SqliteStore
-from runtime.storage.store import StepCommit
+from runtime.storage.store import StepCommit, Store
 from tests.conformance.conftest_bus import BACKENDS, open_test_bus, within
 from tests.conformance.runtime_harness import ALICE, SCOPE
 
@@ -74,12 +74,10 @@ class RecordingBus:
     async def publish(
         self, channel: str, data: bytes | Sequence[bytes], options: PublishOptions | None = None
     ) -> None:
-        if options is None and isinstance(data, bytes):
-            await self._record([], [(channel, data)], False)
-        elif options is None:
-            await self._record([], [(channel, item) for item in data], False)
+        items = [data] if isinstance(data, bytes) else list(data)
+        if options is None:
+            await self._record([], [(channel, item) for item in items], False)
         else:
-            items = [data] if isinstance(data, bytes) else data
             await self._record(items, options.then, options.clear_replay)
         await self._bus.publish(channel, data, options)
 
@@ -107,7 +105,7 @@ class FailingStepCommit:
         return await self._store.commit(lease, commit)
 
 
-async def _run(bus: Bus, store: Any, recording: RecordingBus) -> tuple[list[dict[str, Any]], Any]:
+async def _run(bus: Bus, store: Store, recording: RecordingBus) -> tuple[list[dict[str, Any]], Any]:
     """One text run on a new thread: the thread channel's frames and the final snapshot."""
     model = ScriptedModel([text_response("Hello there, friend!", chunks=4)])
     agent = Agent(model=model)
@@ -116,7 +114,7 @@ async def _run(bus: Bus, store: Any, recording: RecordingBus) -> tuple[list[dict
     recording.thread_id = thread_id
     frames: list[dict[str, Any]] = []
     async with bus.subscribe(thread_channel(thread_id)) as live:
-        worker = Worker(store, recording, agent, lease_ttl=5.0, poll_interval=0.05)  # type: ignore[arg-type]
+        worker = Worker(store, recording, agent, lease_ttl=5.0, poll_interval=0.05)
         await worker.start()
         try:
             await service.send_message(ALICE, thread_id, "hi")

@@ -4,18 +4,29 @@ and the retry rewrite of a failed or cancelled run through both rewrite phases."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from runtime.agent import Agent
+from runtime.chunks import StreamChunk
 from runtime.compose import compose_lifecycle
 from runtime.domain import Lease, RunStatus, RunTrigger, Visibility
 from runtime.errors import Conflict, VersionMismatch
-from runtime.lifecycle import AgentLifecycle, MetadataPatch
+from runtime.lifecycle import (
+    AgentLifecycle,
+    MetadataPatch,
+    PrepareRunDecision,
+    RewriteContext,
+    RewriteOutcome,
+    RunContext,
+    StepContext,
+)
 from runtime.providers.scripted import ScriptedModel, text_response
+from runtime.storage.store import Store
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, SCOPE, settled
+from tests.conformance.runtime_harness import ALICE, SCOPE, first_text, run_of, settled
 
 
 class Counting(AgentLifecycle):
@@ -25,12 +36,12 @@ class Counting(AgentLifecycle):
         self.seen: list[tuple[str, int]] = []
         self.observed: list[tuple[str, str | None]] = []
 
-    async def prepare_history_rewrite(self, ctx):  # type: ignore[no-untyped-def]
+    async def prepare_history_rewrite(self, ctx: RewriteContext) -> MetadataPatch | None:
         count = int(ctx.metadata.get("rewrites", 0))
         self.seen.append((ctx.kind, count))
         return MetadataPatch(public={"rewrites": count + 1})
 
-    async def history_rewritten(self, ctx, outcome):  # type: ignore[no-untyped-def]
+    async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
         self.observed.append((outcome.kind, outcome.run_id))
 
 
@@ -38,7 +49,7 @@ class GatedLeases:
     """The store, except that the first admin lease waits for `gate`: another rewrite can
     commit between the first rewrite's early read and its lease."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self.gate = asyncio.Event()
         self.waiting = asyncio.Event()
@@ -71,7 +82,7 @@ async def test_prepare_history_rewrite_reads_metadata_under_the_admin_lease(
     done = await rt.wait_for(thread_id, settled)
     first, second = (m.id for m in done.messages)
     gated = GatedLeases(rt.store)
-    rt.service.store = gated  # type: ignore[assignment]
+    rt.service.store = gated
     slow = asyncio.create_task(
         rt.service.set_visibility(ALICE, thread_id, first, Visibility.HIDDEN)
     )
@@ -103,7 +114,7 @@ async def test_retry_rewrites_a_failed_run_through_both_rewrite_phases(
     attempts: list[int] = []
 
     class Attempts(Counting):
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             attempts.append(ctx.episode)
             return None
 
@@ -112,8 +123,10 @@ async def test_retry_rewrites_a_failed_run_through_both_rewrite_phases(
     broken = {"on": True}
 
     class Breaker:
-        def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
-            async def run():  # type: ignore[no-untyped-def]
+        def transform_step_stream(
+            self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+        ) -> AsyncIterator[StreamChunk]:
+            async def run() -> AsyncIterator[StreamChunk]:
                 async for chunk in stream:
                     yield chunk
                     if broken["on"]:
@@ -133,8 +146,8 @@ async def test_retry_rewrites_a_failed_run_through_both_rewrite_phases(
     done = await rt.wait_for(
         thread_id, lambda s: settled(s) and s.run is not None and s.run.id == result.run_id
     )
-    assert done.run.status is RunStatus.COMPLETED
-    assert [m.parts[0].text for m in done.messages] == ["q", "whole answer"]
+    assert run_of(done).status is RunStatus.COMPLETED
+    assert [first_text(m) for m in done.messages] == ["q", "whole answer"]
     run = await rt.store.get_run(result.run_id or "")
     assert run.trigger is RunTrigger.RETRY and run.input_message_id == failed.messages[0].id
     assert lifecycle.seen == [("retry", 0)]

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.domain import InputPolicy, RunStatus, TextPart, ToolCallPart, ToolState
+from runtime.domain import InputPolicy, Run, RunStatus, TextPart, ToolCallPart, ToolState
 from runtime.errors import RunActive
-from runtime.lifecycle import AgentLifecycle
-from runtime.providers.model_api import ProviderError
+from runtime.lifecycle import AfterStepDecision, AgentLifecycle, StepContext, StepResult
+from runtime.providers.model_api import ModelDelta, ModelRequest, ProviderError
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
@@ -20,9 +21,10 @@ from runtime.providers.scripted import (
     text_response,
     tool_calls_response,
 )
+from runtime.storage.store import RunStart
 from runtime.tools import tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, BOB, SCOPE, settled
+from tests.conformance.runtime_harness import ALICE, BOB, SCOPE, first_text, run_of, settled
 
 
 async def test_text_run_streams_gap_free_chunks_and_commits(runtime_for: RuntimeFactory) -> None:
@@ -32,7 +34,7 @@ async def test_text_run_streams_gap_free_chunks_and_commits(runtime_for: Runtime
     async with rt.record(thread_id) as rec:
         admission = await rt.service.send_message(ALICE, thread_id, "hi")
         snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    assert admission.run_id == snapshot.run.id
+    assert admission.run_id == run_of(snapshot).id
     chunks = rec.chunks(admission.run_id)
     assert [c["seq"] for c in chunks] == list(range(len(chunks)))
     assert rec.text(admission.run_id) == "Hello there, friend!"
@@ -41,7 +43,7 @@ async def test_text_run_streams_gap_free_chunks_and_commits(runtime_for: Runtime
     assert snapshot.messages[1].parts == (TextPart(text="Hello there, friend!"),)
     versions = rec.versions()
     assert versions == sorted(versions) and versions[-1] == snapshot.thread.version
-    assert snapshot.run.next_seq == len(chunks)
+    assert run_of(snapshot).next_seq == len(chunks)
     model.assert_consumed()
 
 
@@ -74,7 +76,7 @@ async def test_ready_tools_run_in_parallel_and_keep_model_order(
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "go")
     snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED, RunStatus.FAILED)
-    assert snapshot.run.status is RunStatus.COMPLETED, snapshot.run.error
+    assert run_of(snapshot).status is RunStatus.COMPLETED, run_of(snapshot).error
     calls = [p for p in snapshot.messages[1].parts if isinstance(p, ToolCallPart)]
     assert [(c.tool_call_id, c.state, c.output) for c in calls] == [
         ("c1", ToolState.OUTPUT_AVAILABLE, "done a"),
@@ -91,8 +93,8 @@ async def test_input_during_a_run_is_queued_and_admitted_in_order(
 ) -> None:
     release = asyncio.Event()
 
-    async def slow(request):  # type: ignore[no-untyped-def]
-        text = request.messages[-1].parts[0].text
+    async def slow(request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        text = first_text(request.messages[-1])
         if text == "first":
             await asyncio.wait_for(release.wait(), 10)
         yield text_response(f"echo {text}")[0]
@@ -110,19 +112,19 @@ async def test_input_during_a_run_is_queued_and_admitted_in_order(
         await rt.service.send_message(ALICE, thread_id, "nope", policy=InputPolicy.REJECT)
     release.set()
     snapshot = await rt.wait_for(thread_id, settled)
-    texts = [m.parts[0].text for m in snapshot.messages]
+    texts = [first_text(m) for m in snapshot.messages]
     assert texts == ["first", "echo first", "second", "echo second", "third", "echo third"]
 
 
 async def test_admitted_input_runs_without_waiting_for_a_poll(
-    runtime_for: RuntimeFactory, monkeypatch
+    runtime_for: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The terminal commit that admits queued input wakes the worker at once; a run that
     admitted nothing leaves the worker waiting for the next wakeup (no poll of its own)."""
     release = asyncio.Event()
 
-    async def slow(request):  # type: ignore[no-untyped-def]
-        text = request.messages[-1].parts[0].text
+    async def slow(request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        text = first_text(request.messages[-1])
         if text == "first":
             await asyncio.wait_for(release.wait(), 10)
         yield text_response(f"echo {text}")[0]
@@ -132,7 +134,7 @@ async def test_admitted_input_runs_without_waiting_for_a_poll(
     polls = [0]
     find = rt.store.find_runnable_runs
 
-    async def counting(limit: int = 10):  # type: ignore[no-untyped-def]
+    async def counting(limit: int = 10) -> list[Run]:
         polls[0] += 1
         return await find(limit)
 
@@ -145,7 +147,7 @@ async def test_admitted_input_runs_without_waiting_for_a_poll(
     await rt.service.send_message(ALICE, thread_id, "second")  # queued: no wakeup
     release.set()
     snapshot = await asyncio.wait_for(rt.wait_for(thread_id, settled), 5)
-    texts = [m.parts[0].text for m in snapshot.messages]
+    texts = [first_text(m) for m in snapshot.messages]
     assert texts == ["first", "echo first", "second", "echo second"]
     # The admission's wakeup names its run: taken by id, without a poll. The admitting
     # commit's names none: one poll. None after the last run.
@@ -154,14 +156,14 @@ async def test_admitted_input_runs_without_waiting_for_a_poll(
 
 
 async def test_a_named_wakeup_without_a_free_slot_waits_for_the_poll(
-    runtime_for: RuntimeFactory, monkeypatch
+    runtime_for: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A wakeup names its run, but the worker's one slot is taken: the run is not leased by
     id (it would jump the poll's fair order); it runs once the slot frees, after a poll."""
     release = asyncio.Event()
 
-    async def slow(request):  # type: ignore[no-untyped-def]
-        text = request.messages[-1].parts[0].text
+    async def slow(request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        text = first_text(request.messages[-1])
         if text == "first":
             await asyncio.wait_for(release.wait(), 10)
         yield text_response(f"echo {text}")[0]
@@ -171,9 +173,16 @@ async def test_a_named_wakeup_without_a_free_slot_waits_for_the_poll(
     leased: list[str] = []
     start_run = rt.store.start_run  # the worker's lease request
 
-    async def recording(run_id: str, owner: str, ttl: float, **kwargs):  # type: ignore[no-untyped-def]
+    async def recording(
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        thread_id: str | None = None,
+        history_from: int = 0,
+    ) -> RunStart | None:
         leased.append(run_id)
-        return await start_run(run_id, owner, ttl, **kwargs)
+        return await start_run(run_id, owner, ttl, thread_id=thread_id, history_from=history_from)
 
     monkeypatch.setattr(rt.store, "start_run", recording)
     first, second = await rt.thread(), await rt.thread()
@@ -185,13 +194,13 @@ async def test_a_named_wakeup_without_a_free_slot_waits_for_the_poll(
     assert leased == [one.run_id]  # no lease asked for the second run while the slot is busy
     release.set()
     snapshot = await asyncio.wait_for(rt.wait_for(second, settled), 5)
-    assert [m.parts[0].text for m in snapshot.messages] == ["second", "echo second"]
+    assert [first_text(m) for m in snapshot.messages] == ["second", "echo second"]
     assert leased == [one.run_id, two.run_id]
 
 
 async def test_interrupt_policy_stops_the_active_run_first(runtime_for: RuntimeFactory) -> None:
-    async def endless(request):  # type: ignore[no-untyped-def]
-        text = request.messages[-1].parts[0].text
+    async def endless(request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        text = first_text(request.messages[-1])
         if text == "long":
             for i in range(1000):
                 yield text_response(f"w{i} ")[0]
@@ -207,14 +216,16 @@ async def test_interrupt_policy_stops_the_active_run_first(runtime_for: RuntimeF
     admission = await rt.service.send_message(ALICE, thread_id, "now", policy=InputPolicy.INTERRUPT)
     assert admission.interrupted_run_id
     snapshot = await rt.wait_for(thread_id, settled)
-    assert snapshot.messages[-1].parts[0].text == "short answer"
+    assert first_text(snapshot.messages[-1]) == "short answer"
     first_run = await rt.store.get_run(admission.interrupted_run_id)
     assert first_run.status is RunStatus.CANCELLED
 
 
 async def test_a_thrown_hook_error_fails_the_run_visibly(runtime_for: RuntimeFactory) -> None:
     class Boom(AgentLifecycle):
-        async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_step(
+            self, ctx: StepContext, result: StepResult
+        ) -> AfterStepDecision | None:
             raise RuntimeError("after_step exploded")
 
     model = ScriptedModel([text_response("partial answer")])
@@ -222,9 +233,9 @@ async def test_a_thrown_hook_error_fails_the_run_visibly(runtime_for: RuntimeFac
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "hi")
     snapshot = await rt.wait_status(thread_id, RunStatus.FAILED)
-    assert "after_step exploded" in (snapshot.run.error or "")
+    assert "after_step exploded" in (run_of(snapshot).error or "")
     # Canonical output committed before the failure stays.
-    assert snapshot.messages[-1].parts[0].text == "partial answer"
+    assert first_text(snapshot.messages[-1]) == "partial answer"
 
 
 async def test_a_provider_failure_mid_stream_fails_the_run_keeping_canonical_text(
@@ -237,8 +248,8 @@ async def test_a_provider_failure_mid_stream_fails_the_run_keeping_canonical_tex
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "hi")
     snapshot = await rt.wait_status(thread_id, RunStatus.FAILED)
-    assert "socket" in (snapshot.run.error or "")
-    assert snapshot.messages[-1].parts[0].text == "half of it"
+    assert "socket" in (run_of(snapshot).error or "")
+    assert first_text(snapshot.messages[-1]) == "half of it"
 
 
 async def test_idempotent_client_request_id(runtime_for: RuntimeFactory) -> None:
@@ -253,7 +264,7 @@ async def test_idempotent_client_request_id(runtime_for: RuntimeFactory) -> None
 
 
 async def test_a_stop_while_the_lease_request_is_in_flight_is_obeyed(
-    runtime_for: RuntimeFactory, monkeypatch
+    runtime_for: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stop that commits after the worker's lease request went through but before its reply
     came back: on Postgres that request started the episode (`Store.start_run`), so no read of
@@ -264,8 +275,15 @@ async def test_a_stop_while_the_lease_request_is_in_flight_is_obeyed(
     replied = asyncio.Event()
     stopped = asyncio.Event()
 
-    async def slow_reply(run_id: str, owner: str, ttl: float, **kwargs):  # type: ignore[no-untyped-def]
-        start = await real(run_id, owner, ttl, **kwargs)
+    async def slow_reply(
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        thread_id: str | None = None,
+        history_from: int = 0,
+    ) -> RunStart | None:
+        start = await real(run_id, owner, ttl, thread_id=thread_id, history_from=history_from)
         replied.set()
         await asyncio.wait_for(stopped.wait(), 10)  # the stop commits while the reply travels
         await asyncio.sleep(0.1)  # and its signal reaches the worker first

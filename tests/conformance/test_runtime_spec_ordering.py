@@ -14,21 +14,29 @@ import pytest
 from pydantic import BaseModel, field_validator
 
 from runtime.agent import Agent
-from runtime.chunks import TextDeltaChunk
+from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.compose import compose_lifecycle
-from runtime.domain import RunStatus, ToolCallPart, ToolState
+from runtime.domain import RunStatus, Snapshot, ToolCallPart, ToolState
 from runtime.errors import InvalidPayload
 from runtime.lifecycle import (
     AfterStepDecision,
+    BeforeToolDecision,
     Block,
+    ContextNext,
+    ModelCall,
     PrepareRunDecision,
     Reject,
     ReplaceInput,
     Respond,
+    RunContext,
     Skip,
+    StepContext,
+    StepResult,
+    ToolCall,
+    ToolCallContext,
     ToolResult,
 )
-from runtime.providers.model_api import ContextMessage, ProviderError
+from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest, ProviderError
 from runtime.providers.scripted import (
     ScriptedModel,
     ScriptedToolCall,
@@ -39,7 +47,7 @@ from runtime.providers.scripted import (
 )
 from runtime.tools import SuspendStep, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, SCOPE, Runtime, settled
+from tests.conformance.runtime_harness import ALICE, SCOPE, Runtime, first_text, run_of, settled
 
 
 class Args(BaseModel):
@@ -47,10 +55,10 @@ class Args(BaseModel):
 
 
 def note(text: str) -> ContextMessage:
-    return ContextMessage(role="system", parts=({"type": "text", "text": text},))  # type: ignore[arg-type]
+    return ContextMessage(role="system", parts=({"type": "text", "text": text},))
 
 
-def tool_parts(snapshot: Any, index: int = -1) -> list[ToolCallPart]:
+def tool_parts(snapshot: Snapshot, index: int = -1) -> list[ToolCallPart]:
     return [p for p in snapshot.messages[index].parts if isinstance(p, ToolCallPart)]
 
 
@@ -66,15 +74,19 @@ class Layer:
     def __init__(self, name: str, log: list[str]) -> None:
         self.name, self.log = name, log
 
-    async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+    async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
         self.log.append(f"prepare_run:{self.name}")
         return PrepareRunDecision(context={self.name: True})
 
-    async def prepare_model_step(self, ctx, request):  # type: ignore[no-untyped-def]
+    async def prepare_model_step(
+        self, ctx: StepContext, request: ModelRequest
+    ) -> ModelRequest | Respond | Block | None:
         self.log.append(f"prepare_model_step:{self.name}")
         return request.model_copy(update={"instructions": request.instructions + self.name})
 
-    def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
+    def transform_step_stream(
+        self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+    ) -> AsyncIterator[StreamChunk]:
         async def run() -> AsyncIterator[Any]:
             async for chunk in stream:
                 if isinstance(chunk, TextDeltaChunk):
@@ -84,15 +96,19 @@ class Layer:
         self.log.append(f"transform_step_stream:{self.name}")
         return run()
 
-    async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+    async def before_tool_call(
+        self, ctx: ToolCallContext, call: ToolCall
+    ) -> BeforeToolDecision | None:
         self.log.append(f"before_tool_call:{self.name}")
         return ReplaceInput({"n": call.input["n"] * 10 + ord(self.name) - ord("a") + 1})
 
-    async def after_tool_result(self, ctx, result):  # type: ignore[no-untyped-def]
+    async def after_tool_result(
+        self, ctx: ToolCallContext, result: ToolResult
+    ) -> ToolResult | None:
         self.log.append(f"after_tool_result:{self.name}")
         return ToolResult(result.state, output=f"{result.output}{self.name}")
 
-    async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
+    async def after_step(self, ctx: StepContext, result: StepResult) -> AfterStepDecision | None:
         self.log.append(f"after_step:{self.name}")
         return AfterStepDecision(append=(note(f"{self.name}{result.step}"),))
 
@@ -140,7 +156,9 @@ async def test_ordering_value_transforming_phases_pass_the_patched_value(
         return args.n
 
     class Local:
-        async def prepare_model_step(self, ctx, request):  # type: ignore[no-untyped-def]
+        async def prepare_model_step(
+            self, ctx: StepContext, request: ModelRequest
+        ) -> ModelRequest | Respond | Block | None:
             seen_local.append(dict(ctx.local))
             return None
 
@@ -153,7 +171,7 @@ async def test_ordering_value_transforming_phases_pass_the_patched_value(
     [part] = tool_parts(done, 1)
     # a: 0*10+1 = 1, b: 1*10+2 = 12, c: 12*10+3 = 123; the result then gets "abc" appended.
     assert (part.input, part.output) == ({"n": 123}, "123abc")
-    assert done.messages[-1].parts[0].text == "xabc"
+    assert first_text(done.messages[-1]) == "xabc"
     assert seen_local[0] == {"a": True, "b": True, "c": True}
     extra = [m for m in model.calls[1].messages if m.role == "system"]
     assert extra == [note("a0"), note("b0"), note("c0")]
@@ -172,7 +190,9 @@ async def test_ordering_resolve_model_context_is_middleware_a_outermost(
         def __init__(self, name: str) -> None:
             self.name = name
 
-        async def resolve_model_context(self, ctx, next):  # type: ignore[no-untyped-def]
+        async def resolve_model_context(
+            self, ctx: RunContext, next: ContextNext
+        ) -> list[ContextMessage]:
             log.append(f"enter:{self.name}")
             messages = await next()
             await next()  # memoized: the inner chain is not evaluated twice
@@ -184,7 +204,7 @@ async def test_ordering_resolve_model_context_is_middleware_a_outermost(
     thread_id = await start(rt, "q")
     await rt.wait_for(thread_id, settled)
     assert log == ["enter:a", "enter:b", "enter:c", "leave:c", "leave:b", "leave:a"]
-    assert [m.parts[0].text for m in model.calls[0].messages] == ["q", "c", "b", "a"]
+    assert [first_text(m) for m in model.calls[0].messages] == ["q", "c", "b", "a"]
 
 
 async def test_ordering_around_model_call_wraps_a_outermost(runtime_for: RuntimeFactory) -> None:
@@ -198,7 +218,9 @@ async def test_ordering_around_model_call_wraps_a_outermost(runtime_for: Runtime
         def __init__(self, name: str) -> None:
             self.name = name
 
-        async def around_model_call(self, ctx, request, call):  # type: ignore[no-untyped-def]
+        async def around_model_call(
+            self, ctx: StepContext, request: ModelRequest, call: ModelCall
+        ) -> AsyncIterator[ModelDelta]:
             log.append(f"enter:{self.name}")
             stream = await call(request)
             log.append(f"leave:{self.name}")
@@ -226,7 +248,9 @@ async def test_ordering_before_tool_call_runs_for_every_call_before_any_ready_to
         return args.n
 
     class Before:
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             events.append(f"before:{call.input['n']}")
             return None
 
@@ -279,7 +303,7 @@ async def test_ordering_respond_commits_a_terminal_response_after_canonical_outp
     log: list[str] = []
 
     class Responder:
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             return PrepareRunDecision(respond=Respond("cached"))
 
     lifecycle = compose_lifecycle(Responder(), Layer("z", log))
@@ -288,7 +312,7 @@ async def test_ordering_respond_commits_a_terminal_response_after_canonical_outp
     async with rt.record(thread_id) as rec:
         await rt.service.send_message(ALICE, thread_id, "q")
         done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    assert done.messages[-1].parts[0].text == "cachedz"
+    assert first_text(done.messages[-1]) == "cachedz"
     assert rec.text() == "cachedz"
 
 
@@ -307,7 +331,9 @@ async def test_ordering_skip_or_reject_skips_execution_or_routing(
         return args.n
 
     class Policy:
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             return Reject("no") if call.name == "work" else Skip(output="cached")
 
     calls = [ScriptedToolCall("work", {"n": 1}, "w1"), ScriptedToolCall("pick", {}, "p1")]
@@ -373,7 +399,9 @@ async def test_ordering_thrown_errors_fail_the_run_around_model_call_catches_set
     Breaks with: streaming.model_call returning `model.stream(request)` unprimed."""
 
     class Fallback:
-        async def around_model_call(self, ctx, request, call):  # type: ignore[no-untyped-def]
+        async def around_model_call(
+            self, ctx: StepContext, request: ModelRequest, call: ModelCall
+        ) -> AsyncIterator[ModelDelta]:
             try:
                 return await call(request)
             except ProviderError:
@@ -392,12 +420,11 @@ async def test_ordering_thrown_errors_fail_the_run_around_model_call_catches_set
     )
     rt = await runtime_for(Agent(model=model, lifecycle=Fallback()))
     first = await start(rt)
-    assert (await rt.wait_status(first, RunStatus.COMPLETED)).messages[-1].parts[0].text == (
-        "fallback"
-    )
+    completed = await rt.wait_status(first, RunStatus.COMPLETED)
+    assert first_text(completed.messages[-1]) == "fallback"
     second = await start(rt)
     failed = await rt.wait_status(second, RunStatus.FAILED)
-    assert "mid-stream" in (failed.run.error or "")
+    assert "mid-stream" in (run_of(failed).error or "")
 
 
 # --- the short-circuit rule, per decision phase -------------------------------------------------
@@ -407,15 +434,19 @@ class Recorder:
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
-    async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+    async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
         self.log.append("prepare_run")
         return None
 
-    async def prepare_model_step(self, ctx, request):  # type: ignore[no-untyped-def]
+    async def prepare_model_step(
+        self, ctx: StepContext, request: ModelRequest
+    ) -> ModelRequest | Respond | Block | None:
         self.log.append("prepare_model_step")
         return None
 
-    async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+    async def before_tool_call(
+        self, ctx: ToolCallContext, call: ToolCall
+    ) -> BeforeToolDecision | None:
         self.log.append("before_tool_call")
         return None
 
@@ -429,7 +460,7 @@ async def test_short_circuit_prepare_run_respond_stops_later_hooks(
     log: list[str] = []
 
     class Stop:
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             return PrepareRunDecision(respond=Respond("no"))
 
     rt = await runtime_for(
@@ -449,14 +480,16 @@ async def test_short_circuit_prepare_model_step_block_stops_later_hooks(
     log: list[str] = []
 
     class Stop:
-        async def prepare_model_step(self, ctx, request):  # type: ignore[no-untyped-def]
+        async def prepare_model_step(
+            self, ctx: StepContext, request: ModelRequest
+        ) -> ModelRequest | Respond | Block | None:
             return Block("unsafe", response="refused")
 
     model = ScriptedModel([text_response("model")])
     lifecycle = compose_lifecycle(Stop(), Recorder(log))
     rt = await runtime_for(Agent(model=model, lifecycle=lifecycle))
     done = await rt.wait_status(await start(rt), RunStatus.COMPLETED)
-    assert done.messages[-1].parts[0].text == "refused"
+    assert first_text(done.messages[-1]) == "refused"
     assert log == ["prepare_run"]
 
 
@@ -474,7 +507,9 @@ async def test_short_circuit_before_tool_call_skip_stops_later_hooks(
         return args.n
 
     class Stop:
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             return Skip(output=7)
 
     model = ScriptedModel([tool_call_response("work", {"n": 1}, "w1"), text_response("x")])

@@ -7,25 +7,35 @@ awaiting action or running."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.chunks import TextDeltaChunk
-from runtime.domain import RunStatus, ToolCallPart, ToolState, WaitKind
+from runtime.chunks import StreamChunk, TextDeltaChunk
+from runtime.domain import RunStatus, Snapshot, ToolCallPart, ToolState, WaitKind
 from runtime.errors import InvalidInput
 from runtime.lifecycle import (
     AfterStepDecision,
     AgentLifecycle,
+    BeforeToolDecision,
+    Block,
+    ContextNext,
+    ModelCall,
     PrepareRunDecision,
     Respond,
+    RunContext,
+    RuntimeContextInput,
     Skip,
+    StepContext,
+    StepResult,
+    ToolCall,
+    ToolCallContext,
     ToolResult,
 )
-from runtime.providers.model_api import ContextMessage
+from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest
 from runtime.providers.scripted import (
     ScriptedModel,
     ScriptedToolCall,
@@ -33,9 +43,19 @@ from runtime.providers.scripted import (
     tool_call_response,
     tool_calls_response,
 )
+from runtime.storage import SqlStore
+from runtime.storage.sql.core import Conn
 from runtime.tools import SuspendStep, ToolContext, manual_tool, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, BACKEND, SCOPE, Runtime, settled
+from tests.conformance.runtime_harness import (
+    ALICE,
+    BACKEND,
+    SCOPE,
+    Runtime,
+    first_text,
+    run_of,
+    settled,
+)
 
 MANUAL = WaitKind.MANUAL_RESULT
 
@@ -49,10 +69,10 @@ class Approval(BaseModel):
 
 
 def note(text: str) -> ContextMessage:
-    return ContextMessage(role="system", parts=({"type": "text", "text": text},))  # type: ignore[arg-type]
+    return ContextMessage(role="system", parts=({"type": "text", "text": text},))
 
 
-def tool_parts(snapshot: Any, index: int = -1) -> list[ToolCallPart]:
+def tool_parts(snapshot: Snapshot, index: int = -1) -> list[ToolCallPart]:
     return [p for p in snapshot.messages[index].parts if isinstance(p, ToolCallPart)]
 
 
@@ -80,12 +100,12 @@ async def test_runtime_context_builds_trusted_state_for_one_episode(
         return "ok"
 
     class Trusted(AgentLifecycle):
-        async def runtime_context(self, inp):  # type: ignore[no-untyped-def]
+        async def runtime_context(self, inp: RuntimeContextInput) -> Mapping[str, Any] | None:
             if inp.thread_metadata.get("broken"):
                 raise RuntimeError("secrets store down")
             return {"tenant": inp.scope, "episode": inp.episode}
 
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             seen.append(("prepare_run", dict(ctx.state)))
             return None
 
@@ -98,7 +118,7 @@ async def test_runtime_context_builds_trusted_state_for_one_episode(
     broken = await rt.service.create_thread(ALICE, metadata={"broken": True})
     await rt.service.send_message(ALICE, broken.thread.id, "go")
     failed = await rt.wait_status(broken.thread.id, RunStatus.FAILED)
-    assert failed.run.error == "secrets store down"
+    assert run_of(failed).error == "secrets store down"
 
 
 # --- prepareRun -------------------------------------------------------------------------------
@@ -119,10 +139,12 @@ async def test_prepare_run_respond_on_resume_finalises_the_resolved_call(
         raise AssertionError("a respond must keep the tool from running")
 
     class Quota(AgentLifecycle):
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             return PrepareRunDecision(respond=Respond("quota used up")) if ctx.resumed else None
 
-        async def after_tool_result(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_tool_result(
+            self, ctx: ToolCallContext, result: ToolResult
+        ) -> ToolResult | None:
             after.append((ctx.tool_call_id, result.state))
             return None
 
@@ -136,7 +158,7 @@ async def test_prepare_run_respond_on_resume_finalises_the_resolved_call(
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     assert [m.role for m in done.messages] == ["user", "assistant", "assistant"]
     assert [p.state for p in tool_parts(done, 1)] == [ToolState.CANCELLED]
-    assert done.messages[-1].parts[0].text == "quota used up"
+    assert first_text(done.messages[-1]) == "quota used up"
     assert after == [("a1", ToolState.CANCELLED)]
     assert done.pending_actions == ()
 
@@ -151,28 +173,31 @@ async def test_resolve_model_context_is_capped_at_the_step_start_anchor(
     message appended after the anchor while the step runs is not in the model context.
 
     Breaks with: DurableContext.__call__ reading `up_to_position=None`."""
-    store_box: dict[str, Any] = {}
+    store_box: dict[str, SqlStore] = {}
 
     class Intruder(AgentLifecycle):
-        async def resolve_model_context(self, ctx, next):  # type: ignore[no-untyped-def]
+        async def resolve_model_context(
+            self, ctx: RunContext, next: ContextNext
+        ) -> list[ContextMessage]:
             await append_raw_message(store_box["store"], ctx.thread_id, "appended later")
             return await next()
 
     model = ScriptedModel([text_response("answer")])
     rt = await runtime_for(Agent(model=model, lifecycle=Intruder()))
+    assert isinstance(rt.store, SqlStore)  # the intruder writes SQL behind the runtime's back
     store_box["store"] = rt.store
     thread_id = await start(rt, "question")
     done = await rt.wait_for(thread_id, settled)
-    assert [p.text for m in model.calls[0].messages for p in m.parts] == ["question"]
+    assert [first_text(m) for m in model.calls[0].messages] == ["question"]
     # The intruder is committed, before the step's message: it really was after the anchor.
-    assert [m.parts[0].text for m in done.messages] == ["question", "appended later", "answer"]
+    assert [first_text(m) for m in done.messages] == ["question", "appended later", "answer"]
 
 
-async def append_raw_message(store: Any, thread_id: str, text: str) -> None:
+async def append_raw_message(store: SqlStore, thread_id: str, text: str) -> None:
     """A message committed behind the runtime's back (another writer), after the anchor."""
     import orjson
 
-    async def insert(conn: Any) -> None:
+    async def insert(conn: Conn) -> None:
         position = await conn.fetchval(
             "SELECT COALESCE(MAX(position), -1) + 1 FROM messages WHERE thread_id = $1", thread_id
         )
@@ -208,7 +233,9 @@ async def test_tool_assembly_selects_the_tools_a_step_may_call(runtime_for: Runt
         return args.n
 
     class NoTools(AgentLifecycle):
-        async def prepare_model_step(self, ctx, request):  # type: ignore[no-untyped-def]
+        async def prepare_model_step(
+            self, ctx: StepContext, request: ModelRequest
+        ) -> ModelRequest | Respond | Block | None:
             return request.model_copy(update={"tools": ()})
 
     model = ScriptedModel([tool_call_response("work", {"n": 1}, "w1"), text_response("ok")])
@@ -239,12 +266,17 @@ async def test_prepare_model_step_respond_commits_without_calling_the_model(
     Breaks with: phases.prepare returning `request` instead of `prepared`."""
 
     class Cached(AgentLifecycle):
-        async def prepare_model_step(self, ctx, request):  # type: ignore[no-untyped-def]
+        async def prepare_model_step(
+            self, ctx: StepContext, request: ModelRequest
+        ) -> ModelRequest | Respond | Block | None:
             return Respond("from cache")
 
-        def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
-            async def upper() -> AsyncIterator[Any]:
+        def transform_step_stream(
+            self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+        ) -> AsyncIterator[StreamChunk]:
+            async def upper() -> AsyncIterator[StreamChunk]:
                 async for chunk in stream:
+                    assert isinstance(chunk, TextDeltaChunk)  # a `respond` streams text only
                     yield TextDeltaChunk(delta=chunk.delta.upper())
 
             return upper()
@@ -253,7 +285,7 @@ async def test_prepare_model_step_respond_commits_without_calling_the_model(
     rt = await runtime_for(Agent(model=model, lifecycle=Cached()))
     thread_id = await start(rt)
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    assert done.messages[-1].parts[0].text == "FROM CACHE"
+    assert first_text(done.messages[-1]) == "FROM CACHE"
     assert model.calls == []
 
 
@@ -270,7 +302,9 @@ async def test_around_model_call_changes_input_and_returns_the_stream(
     Breaks with: phases.call_model passing `prepared` to model_call directly (no wrapper)."""
 
     class Wrapper(AgentLifecycle):
-        async def around_model_call(self, ctx, request, call):  # type: ignore[no-untyped-def]
+        async def around_model_call(
+            self, ctx: StepContext, request: ModelRequest, call: ModelCall
+        ) -> AsyncIterator[ModelDelta]:
             stream = await call(request.model_copy(update={"instructions": "wrapped"}))
 
             async def suffixed() -> AsyncIterator[Any]:
@@ -286,7 +320,7 @@ async def test_around_model_call_changes_input_and_returns_the_stream(
     thread_id = await start(rt)
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     assert model.calls[0].instructions == "wrapped"
-    assert done.messages[-1].parts[0].text == "answer (checked)"
+    assert first_text(done.messages[-1]) == "answer (checked)"
 
 
 # --- beforeToolCall ---------------------------------------------------------------------------
@@ -307,7 +341,9 @@ async def test_before_tool_call_changes_tool_input_only(runtime_for: RuntimeFact
         return args.n
 
     class Clamp(AgentLifecycle):
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             return ReplaceInput({"n": min(call.input["n"], 10)})
 
     model = ScriptedModel([tool_call_response("work", {"n": 99}, "w1"), text_response("ok")])
@@ -337,7 +373,9 @@ async def test_after_tool_result_normalises_failures_and_manual_results(
         raise ValueError("boom")
 
     class Normalise(AgentLifecycle):
-        async def after_tool_result(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_tool_result(
+            self, ctx: ToolCallContext, result: ToolResult
+        ) -> ToolResult | None:
             seen.append((ctx.tool_name, result.state))
             if result.state is ToolState.OUTPUT_ERROR:
                 return ToolResult(ToolState.OUTPUT_ERROR, error="the tool is unavailable")
@@ -381,7 +419,9 @@ async def test_after_tool_result_failure_cancels_siblings_once(runtime_for: Runt
         return 2
 
     class Fragile(AgentLifecycle):
-        async def after_tool_result(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_tool_result(
+            self, ctx: ToolCallContext, result: ToolResult
+        ) -> ToolResult | None:
             calls_seen.append(ctx.tool_call_id)
             if ctx.tool_name == "fast":
                 raise RuntimeError("normaliser crashed")
@@ -395,7 +435,7 @@ async def test_after_tool_result_failure_cancels_siblings_once(runtime_for: Runt
         await rt.service.send_message(ALICE, thread_id, "go")
         failed = await rt.wait_status(thread_id, RunStatus.FAILED)
         await asyncio.sleep(0.8)  # long enough for a leaked sibling to finish
-    assert failed.run.error == "normaliser crashed"
+    assert run_of(failed).error == "normaliser crashed"
     assert side_effects == []
     assert sorted(calls_seen) == ["f1", "s1"]
     states = [p.state for p in tool_parts(failed)]
@@ -414,7 +454,9 @@ async def test_transform_step_stream_error_fails_the_run(runtime_for: RuntimeFac
     Breaks with: streaming.run_stream iterating `raw` instead of the transformed stream."""
 
     class Breaks(AgentLifecycle):
-        def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
+        def transform_step_stream(
+            self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+        ) -> AsyncIterator[StreamChunk]:
             async def run() -> AsyncIterator[Any]:
                 texts = 0
                 async for chunk in stream:
@@ -430,9 +472,9 @@ async def test_transform_step_stream_error_fails_the_run(runtime_for: RuntimeFac
     rt = await runtime_for(Agent(model=model, lifecycle=Breaks()))
     thread_id = await start(rt)
     failed = await rt.wait_status(thread_id, RunStatus.FAILED)
-    assert failed.run.error == "redactor crashed"
+    assert run_of(failed).error == "redactor crashed"
     # split_text cuts "fine then secret" into "fine t", "hen s", "ecret".
-    assert failed.messages[-1].parts[0].text == "fine t"
+    assert first_text(failed.messages[-1]) == "fine t"
 
 
 # --- afterStep --------------------------------------------------------------------------------
@@ -449,7 +491,9 @@ async def test_after_step_replace_resets_the_next_step_context(runtime_for: Runt
         return args.n
 
     class Steer(AgentLifecycle):
-        async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_step(
+            self, ctx: StepContext, result: StepResult
+        ) -> AfterStepDecision | None:
             if result.step == 0:
                 return AfterStepDecision(append=(note("first"),))
             return AfterStepDecision(replace=(note("only this"),))
@@ -483,7 +527,9 @@ async def test_after_step_runs_after_the_step_commit_and_before_the_run_transiti
     stores: list[Any] = []
 
     class Watch(AgentLifecycle):
-        async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_step(
+            self, ctx: StepContext, result: StepResult
+        ) -> AfterStepDecision | None:
             snapshot = await stores[0].snapshot(ctx.run.thread_id, [SCOPE])
             seen.append((snapshot.run.status, [m.role.value for m in snapshot.messages]))
             return None
@@ -528,7 +574,7 @@ async def test_commit_finalises_open_tool_parts_of_a_stopped_run(
     thread_id = await start(rt)
     await asyncio.wait_for(running.wait(), 10)
     snapshot = await rt.store.snapshot(thread_id, [SCOPE])
-    await rt.service.stop_run(ALICE, thread_id, snapshot.run.id)
+    await rt.service.stop_run(ALICE, thread_id, run_of(snapshot).id)
     done = await rt.wait_status(thread_id, RunStatus.CANCELLED)
     assert [p.state for p in tool_parts(done)] == [ToolState.CANCELLED]
 
@@ -555,10 +601,14 @@ async def test_skipped_outputs_and_submitted_results_validate(runtime_for: Runti
         return Balance(balance=args.n)
 
     class Cache(AgentLifecycle):
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             return Skip(output={"balance": "lots"}) if call.name == "quote" else None
 
-        async def after_tool_result(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_tool_result(
+            self, ctx: ToolCallContext, result: ToolResult
+        ) -> ToolResult | None:
             seen.append(result.state)
             return None
 
@@ -581,7 +631,9 @@ async def test_skipped_outputs_and_submitted_results_validate(runtime_for: Runti
     )
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     skipped, manual = tool_parts(done, 1)
-    assert skipped.state is ToolState.OUTPUT_ERROR and "invalid tool output" in skipped.error
+    assert skipped.state is ToolState.OUTPUT_ERROR and "invalid tool output" in (
+        skipped.error or ""
+    )
     assert (manual.state, manual.output) == (ToolState.OUTPUT_AVAILABLE, {"balance": 5})
     # after_tool_result sees the validated result: the invalid skipped output as an error.
     assert seen == [ToolState.OUTPUT_ERROR, ToolState.OUTPUT_AVAILABLE]

@@ -11,23 +11,29 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.chunks import ToolCallChunk
+from runtime.chunks import StreamChunk, ToolCallChunk
 from runtime.compose import compose_lifecycle
-from runtime.domain import Lease, RunStatus, ToolCallPart, ToolState
+from runtime.domain import Lease, RunStatus, Snapshot, ToolCallPart, ToolState
 from runtime.engine.toolcalls import INTERRUPTED
 from runtime.engine.worker import Worker
 from runtime.lifecycle import (
     AfterStepDecision,
     AgentLifecycle,
+    BeforeToolDecision,
     Reject,
     ReplaceInput,
     Skip,
+    StepContext,
+    StepResult,
+    ToolCall,
+    ToolCallContext,
 )
 from runtime.providers.model_api import ContextMessage
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
-from runtime.storage.store import RunStart
+from runtime.storage.store import EpisodeStart, RunStart, Store
 from runtime.tools import ToolContext, tool
 from tests import otel
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
 
 
@@ -39,7 +45,7 @@ class Secret(BaseModel):
     password: str
 
 
-def tool_parts(snapshot: Any) -> list[ToolCallPart]:
+def tool_parts(snapshot: Snapshot) -> list[ToolCallPart]:
     return [p for m in snapshot.messages for p in m.parts if isinstance(p, ToolCallPart)]
 
 
@@ -55,7 +61,7 @@ async def start(rt: Runtime, text: str = "go") -> tuple[str, str]:
 
 @pytest.mark.parametrize("refusal", ["reject", "skip"])
 async def test_a_refused_call_keeps_the_input_an_earlier_hook_redacted(
-    runtime_for: Any, refusal: str
+    runtime_for: RuntimeFactory, refusal: str
 ) -> None:
     """Hook a redacts the input, hook b sees the redacted input and refuses the call: the
     stored tool part and the next step's model input hold the redacted input only.
@@ -68,11 +74,15 @@ async def test_a_refused_call_keeps_the_input_an_earlier_hook_redacted(
         raise AssertionError("a refused call must not run")
 
     class Redact:
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             return ReplaceInput({"password": "[redacted]"})
 
     class Guard:
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             seen.append(dict(call.input))
             return Reject("no logins") if refusal == "reject" else Skip(output="later")
 
@@ -95,7 +105,7 @@ async def test_a_refused_call_keeps_the_input_an_earlier_hook_redacted(
 
 @pytest.mark.parametrize("hook", ["prepare_model_step", "before_tool_call", "after_tool_result"])
 async def test_a_cancelled_error_raised_by_a_hook_fails_the_run(
-    runtime_for: Any, hook: str
+    runtime_for: RuntimeFactory, hook: str
 ) -> None:
     """ "Thrown errors fail the run": a hook raising CancelledError itself (no stop, no
     shutdown, no lease loss) fails the run in its first episode, instead of the episode
@@ -129,7 +139,9 @@ async def test_a_cancelled_error_raised_by_a_hook_fails_the_run(
     assert calls == [hook]
 
 
-async def test_a_cancelled_error_raised_by_a_tool_is_a_tool_error(runtime_for: Any) -> None:
+async def test_a_cancelled_error_raised_by_a_tool_is_a_tool_error(
+    runtime_for: RuntimeFactory,
+) -> None:
     """A tool whose own await was cancelled (not the step) fails as a model-visible result,
     like any tool error: the task group running it must not drop it as a cancellation.
 
@@ -151,7 +163,9 @@ async def test_a_cancelled_error_raised_by_a_tool_is_a_tool_error(runtime_for: A
 # --- 3. every run's end is a run event ---------------------------------------------------------
 
 
-async def test_a_run_cancelled_while_queued_is_counted_cancelled(runtime_for: Any) -> None:
+async def test_a_run_cancelled_while_queued_is_counted_cancelled(
+    runtime_for: RuntimeFactory,
+) -> None:
     """ "run started, finished, failed, and cancelled events": a stop that cancels a queued
     run (no episode ever ends it) counts `cancelled` once; a second stop counts nothing.
 
@@ -171,22 +185,33 @@ async def test_a_run_cancelled_while_queued_is_counted_cancelled(runtime_for: An
 class BrokenStart:
     """A store on which an episode cannot start: its start reads fail (not a lease loss)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def start_run(self, *args: Any, **kwargs: Any) -> RunStart | None:
-        start = await self._store.start_run(*args, **kwargs)
+    async def start_run(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        thread_id: str | None = None,
+        history_from: int = 0,
+    ) -> RunStart | None:
+        start = await self._store.start_run(
+            run_id, owner, ttl, thread_id=thread_id, history_from=history_from
+        )
+        # Only the lease: the episode must start through `begin_episode`, which fails.
         return None if start is None else RunStart(lease=start.lease)
 
-    async def begin_episode(self, lease: Lease, history_from: int) -> Any:
+    async def begin_episode(self, lease: Lease, history_from: int = 0) -> EpisodeStart:
         raise RuntimeError("history unreadable")
 
 
 async def test_a_run_that_fails_before_its_episode_starts_is_counted_failed(
-    runtime_for: Any,
+    runtime_for: RuntimeFactory,
 ) -> None:
     """A run whose episode cannot start is failed (`Episode._fail_unstarted`) and counted.
 
@@ -195,7 +220,7 @@ async def test_a_run_that_fails_before_its_episode_starts_is_counted_failed(
     mark = telemetry.mark("threadline.runs")
     agent = Agent(model=ScriptedModel([]))
     rt = await runtime_for(agent, workers=0)
-    worker = Worker(BrokenStart(rt.store), rt.bus, agent, poll_interval=0.05)  # type: ignore[arg-type]
+    worker = Worker(BrokenStart(rt.store), rt.bus, agent, poll_interval=0.05)
     await worker.start()
     rt.workers.append(worker)
     thread_id, _ = await start(rt)
@@ -209,7 +234,7 @@ async def test_a_run_that_fails_before_its_episode_starts_is_counted_failed(
 
 @pytest.mark.parametrize("decision", ["continue", "reject"])
 async def test_before_tool_call_runs_before_a_takeover_re_executes(
-    runtime_for: Any, decision: str
+    runtime_for: RuntimeFactory, decision: str
 ) -> None:
     """A takeover that re-runs an idempotent tool is execution continuing, so before_tool_call
     runs first (`ctx.takeover`), as on a resume; a Reject there keeps the tool from running
@@ -230,7 +255,9 @@ async def test_before_tool_call_runs_before_a_takeover_re_executes(
         return args.n
 
     class Gate(AgentLifecycle):
-        async def before_tool_call(self, ctx, call):  # type: ignore[no-untyped-def]
+        async def before_tool_call(
+            self, ctx: ToolCallContext, call: ToolCall
+        ) -> BeforeToolDecision | None:
             hooked.append((ctx, dict(call.input)))
             if len(hooked) == 1:
                 return ReplaceInput({"n": 2})
@@ -262,7 +289,7 @@ async def test_before_tool_call_runs_before_a_takeover_re_executes(
 
 @pytest.mark.parametrize("forgery", ["new-call", "renamed-call", "twice"])
 async def test_transform_step_stream_cannot_create_a_tool_call(
-    runtime_for: Any, forgery: str
+    runtime_for: RuntimeFactory, forgery: str
 ) -> None:
     """The phase table: `transformStepStream` cannot call tools. A tool-call chunk it yields
     that the model did not make (a new id, another tool's name, a call repeated) fails the
@@ -277,7 +304,9 @@ async def test_transform_step_stream_cannot_create_a_tool_call(
         return args.n
 
     class Forger(AgentLifecycle):
-        def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
+        def transform_step_stream(
+            self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+        ) -> AsyncIterator[StreamChunk]:
             async def run() -> AsyncIterator[Any]:
                 async for chunk in stream:
                     if isinstance(chunk, ToolCallChunk) and forgery == "renamed-call":
@@ -310,7 +339,9 @@ async def test_transform_step_stream_cannot_create_a_tool_call(
     assert [c["tool_call_id"] for c in calls] == ([] if forgery != "twice" else ["r1"])
 
 
-async def test_transform_step_stream_may_redact_a_tool_calls_input(runtime_for: Any) -> None:
+async def test_transform_step_stream_may_redact_a_tool_calls_input(
+    runtime_for: RuntimeFactory,
+) -> None:
     """What the transform yields is canonical, a tool call's input included: a redaction of
     the model's arguments is what is stored, what before_tool_call sees and what the tool runs
     with (it changes a call, it does not make one).
@@ -324,7 +355,9 @@ async def test_transform_step_stream_may_redact_a_tool_calls_input(runtime_for: 
         return "ok"
 
     class Redact(AgentLifecycle):
-        def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
+        def transform_step_stream(
+            self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+        ) -> AsyncIterator[StreamChunk]:
             async def run() -> AsyncIterator[Any]:
                 async for chunk in stream:
                     if isinstance(chunk, ToolCallChunk):
@@ -347,11 +380,11 @@ async def test_transform_step_stream_may_redact_a_tool_calls_input(runtime_for: 
 
 
 def note(text: str) -> ContextMessage:
-    return ContextMessage(role="system", parts=({"type": "text", "text": text},))  # type: ignore[arg-type]
+    return ContextMessage(role="system", parts=({"type": "text", "text": text},))
 
 
 async def test_after_step_context_lasts_for_every_later_step_until_replaced(
-    runtime_for: Any,
+    runtime_for: RuntimeFactory,
 ) -> None:
     """`afterStep` "can append or replace execution-local next-step model context": what it
     appends stays in the context of every later step of the episode (a step whose after_step
@@ -365,7 +398,9 @@ async def test_after_step_context_lasts_for_every_later_step_until_replaced(
         return args.n
 
     class Steer(AgentLifecycle):
-        async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
+        async def after_step(
+            self, ctx: StepContext, result: StepResult
+        ) -> AfterStepDecision | None:
             if result.step == 0:
                 return AfterStepDecision(append=(note("remember"),))
             if result.step == 2:

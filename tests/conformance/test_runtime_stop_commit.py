@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from runtime.agent import Agent
 from runtime.domain import Lease, MessageRole, RunStatus, Snapshot, TextPart, ToolCallPart
 from runtime.engine.worker import Worker
 from runtime.lifecycle import AfterStepDecision, AgentLifecycle, StepContext, StepResult
+from runtime.providers.model_api import ModelDelta, ModelRequest
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
@@ -23,7 +24,7 @@ from runtime.providers.scripted import (
     tool_call_response,
 )
 from runtime.storage import SqliteStore, SqlStore
-from runtime.storage.store import CommitResult, StepCommit
+from runtime.storage.store import CommitResult, StepCommit, Store
 from runtime.tools import tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Recorder, Runtime, settled
@@ -34,7 +35,7 @@ class GatedCommits:
     real transaction (the commit is in flight) or `after` it (COMMIT done, the caller does not
     know yet). A stop delivered meanwhile cancels the episode exactly mid-commit."""
 
-    def __init__(self, store: Any, match: Callable[[StepCommit], bool], where: str) -> None:
+    def __init__(self, store: Store, match: Callable[[StepCommit], bool], where: str) -> None:
         self._store = store
         self._match = match
         self._where = where
@@ -169,7 +170,7 @@ async def note(args: Note) -> str:
     return f"noted {args.text}"
 
 
-async def _two_steps(request: Any) -> Any:
+async def _two_steps(request: ModelRequest) -> AsyncIterator[ModelDelta]:
     """A tool step, then a text step once the tool's result is in the context."""
     last = request.messages[-1]
     if last.role is MessageRole.ASSISTANT:

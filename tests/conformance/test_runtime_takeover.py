@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -11,22 +12,23 @@ from runtime.agent import Agent
 from runtime.domain import Lease, RunStatus, ToolCallPart, ToolState
 from runtime.engine.worker import Worker
 from runtime.errors import LeaseLost
+from runtime.providers.model_api import ModelDelta, ModelRequest
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
     text_response,
     tool_call_response,
 )
-from runtime.storage.store import CommitResult, StepCommit
+from runtime.storage.store import CommitResult, StepCommit, Store
 from runtime.tools import SuspendStep, ToolContext, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, Runtime, settled
+from tests.conformance.runtime_harness import ALICE, Runtime, first_text, run_of, settled
 
 
 class FrozenHeartbeat:
     """A store whose lease renewals silently do nothing, like a worker stuck in a GC pause."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
 
     def __getattr__(self, name: str) -> Any:
@@ -43,7 +45,7 @@ async def test_stalled_worker_is_taken_over_without_loss_or_duplicates(
     calls: list[int] = []
     stale_started = asyncio.Event()
 
-    async def model(request):  # type: ignore[no-untyped-def]
+    async def model(request: ModelRequest) -> AsyncIterator[ModelDelta]:
         calls.append(len(calls))
         if len(calls) == 1:
             stale_started.set()
@@ -55,12 +57,13 @@ async def test_stalled_worker_is_taken_over_without_loss_or_duplicates(
 
     agent = Agent(model=FunctionModel(model))
     rt: Runtime = await runtime_for(agent, workers=0, lease_ttl=0.6)
-    stale = Worker(FrozenHeartbeat(rt.store), rt.bus, agent, lease_ttl=0.6, poll_interval=0.05)  # type: ignore[arg-type]
+    stale = Worker(FrozenHeartbeat(rt.store), rt.bus, agent, lease_ttl=0.6, poll_interval=0.05)
     await stale.start()
     rt.workers.append(stale)
     thread_id = await rt.thread()
     async with rt.record(thread_id) as rec:
         admission = await rt.service.send_message(ALICE, thread_id, "hello")
+        assert admission.run_id is not None
         await rt.wait_status(thread_id, RunStatus.RUNNING)
         await asyncio.wait_for(stale_started.wait(), 10)
         await rt.start_worker()  # the healthy worker takes over after the lease expires
@@ -68,8 +71,8 @@ async def test_stalled_worker_is_taken_over_without_loss_or_duplicates(
         stale_may_finish.set()
         await asyncio.sleep(0.3)  # the stale worker now tries to commit and must fail
     snapshot = await rt.wait_for(thread_id, settled)
-    assert done.run.status is RunStatus.COMPLETED
-    assert [m.parts[0].text for m in snapshot.messages] == ["hello", "fresh answer"]
+    assert run_of(done).status is RunStatus.COMPLETED
+    assert [first_text(m) for m in snapshot.messages] == ["hello", "fresh answer"]
     assert snapshot.thread.version == done.thread.version
     takeovers = [c for c in rec.chunks(admission.run_id) if c["chunk"]["type"] == "run-takeover"]
     assert len(takeovers) == 1
@@ -84,7 +87,7 @@ class StallsBeforeToolsStart:
     on renews no lease: a worker frozen after streaming its tool's `running` state, before that
     state is committed."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self.armed = False
         self.stalled = asyncio.Event()
@@ -152,12 +155,13 @@ async def test_takeover_of_a_resuming_run_is_announced(runtime_for: RuntimeFacto
     agent = Agent(model=model, tools=[transfer])
     rt: Runtime = await runtime_for(agent, workers=0, lease_ttl=1.0)
     stalling = StallsBeforeToolsStart(rt.store)
-    stale = Worker(stalling, rt.bus, agent, lease_ttl=1.0, poll_interval=0.05)  # type: ignore[arg-type]
+    stale = Worker(stalling, rt.bus, agent, lease_ttl=1.0, poll_interval=0.05)
     await stale.start()
     rt.workers.append(stale)
     thread_id = await rt.thread()
     async with rt.record(thread_id) as rec:
         admission = await rt.service.send_message(ALICE, thread_id, "pay 5")
+        assert admission.run_id is not None
         waiting = await rt.wait_status(thread_id, RunStatus.WAITING)
         stalling.armed = True
         await rt.service.resume_action(
@@ -172,7 +176,7 @@ async def test_takeover_of_a_resuming_run_is_announced(runtime_for: RuntimeFacto
     assert [type(e) for e in stalling.failures] == [LeaseLost]
     assert done.run is not None and done.run.status is RunStatus.COMPLETED
     assert executed == [5]
-    assert done.messages[-1].parts[0].text == "sent it"  # type: ignore[union-attr]
+    assert first_text(done.messages[-1]) == "sent it"
     chunks = rec.chunks(admission.run_id)
     takeovers = {c["episode"]: c for c in chunks if c["chunk"]["type"] == "run-takeover"}
     assert resuming not in takeovers  # the resume itself is not a takeover

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -13,9 +14,17 @@ from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
 from runtime.agent import Agent
+from runtime.chunks import StreamChunk
 from runtime.domain import RunStatus, Visibility
-from runtime.lifecycle import AgentLifecycle
-from runtime.providers.model_api import FinishDelta, TextDelta
+from runtime.lifecycle import (
+    AgentLifecycle,
+    PrepareRunDecision,
+    RewriteContext,
+    RewriteOutcome,
+    RunContext,
+    StepContext,
+)
+from runtime.providers.model_api import FinishDelta, ModelDelta, ModelRequest, TextDelta
 from runtime.providers.scripted import (
     FunctionModel,
     ScriptedModel,
@@ -26,7 +35,7 @@ from runtime.tools import tool
 from tests import otel
 from tests.conformance.conftest_bus import eventually
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, settled
+from tests.conformance.runtime_harness import ALICE, first_text, settled
 
 
 class BrokenExporter(SpanExporter):
@@ -108,14 +117,16 @@ async def test_the_model_call_span_measures_only_the_provider(runtime_for: Runti
     provider_pause, transform_pause = 0.02, 0.15
     transformed: list[float] = []
 
-    async def model(request):  # type: ignore[no-untyped-def]
+    async def model(request: ModelRequest) -> AsyncIterator[ModelDelta]:
         for piece in ("one ", "two ", "three"):
             await asyncio.sleep(provider_pause)
             yield TextDelta(text=piece)
         yield FinishDelta(reason="stop")
 
     class SlowTransform(AgentLifecycle):
-        async def transform_step_stream(self, ctx, stream):  # type: ignore[no-untyped-def]
+        async def transform_step_stream(
+            self, ctx: StepContext, stream: AsyncIterator[StreamChunk]
+        ) -> AsyncIterator[StreamChunk]:
             async for chunk in stream:
                 started = time.perf_counter()
                 await asyncio.sleep(transform_pause)
@@ -127,7 +138,7 @@ async def test_the_model_call_span_measures_only_the_provider(runtime_for: Runti
     thread_id = await rt.thread()
     admission = await rt.service.send_message(ALICE, thread_id, "go")
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
-    assert done.messages[-1].parts[0].text == "one two three"  # type: ignore[union-attr]
+    assert first_text(done.messages[-1]) == "one two three"
     by_run = {"threadline.run_id": admission.run_id}
     [span] = telemetry.spans_where("threadline.model_call", **by_run)
     duration = (span.end_time - span.start_time) / 1e9
@@ -149,7 +160,7 @@ async def test_a_failed_run_sets_an_error_status_on_its_episode_span(
     telemetry = otel.install()
 
     class Broken(AgentLifecycle):
-        async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
+        async def prepare_run(self, ctx: RunContext) -> PrepareRunDecision | None:
             raise RuntimeError("guardrail crashed")
 
     rt = await runtime_for(Agent(model=ScriptedModel([]), lifecycle=Broken()))
@@ -176,7 +187,7 @@ async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for: RuntimeFact
     release = asyncio.Event()
     started = asyncio.Event()
 
-    async def model(request):  # type: ignore[no-untyped-def]
+    async def model(request: ModelRequest) -> AsyncIterator[ModelDelta]:
         if not started.is_set():
             started.set()
             await asyncio.wait_for(release.wait(), 20)
@@ -184,7 +195,7 @@ async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for: RuntimeFact
 
     agent = Agent(model=FunctionModel(model))
     rt = await runtime_for(agent, workers=0, lease_ttl=0.6)
-    stale = Worker(FrozenHeartbeat(rt.store), rt.bus, agent, lease_ttl=0.6, poll_interval=0.05)  # type: ignore[arg-type]
+    stale = Worker(FrozenHeartbeat(rt.store), rt.bus, agent, lease_ttl=0.6, poll_interval=0.05)
     await stale.start()
     rt.workers.append(stale)
     thread_id = await rt.thread()
@@ -217,7 +228,7 @@ async def test_history_rewritten_failures_are_recorded_with_the_rewrite_id(
     mark = telemetry.mark("threadline.history_rewritten.failures")
 
     class Webhook:
-        async def history_rewritten(self, ctx, outcome):  # type: ignore[no-untyped-def]
+        async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
             raise ConnectionError("webhook down")
 
     model = ScriptedModel([text_response("x")])
@@ -238,7 +249,10 @@ async def test_history_rewritten_failures_are_recorded_with_the_rewrite_id(
     assert mark.delta("threadline.history_rewritten.failures", **kind) == 1
 
 
-async def _eventually(read, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+async def _eventually(read: Callable[[], T], timeout: float = 5.0) -> T:
     """The episode span ends just after the run's last commit: poll briefly for it."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -260,4 +274,4 @@ async def test_a_failing_exporter_never_changes_a_run(runtime_for: RuntimeFactor
         snapshot = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     finally:
         exporter.broken = False
-    assert snapshot.messages[-1].parts[0].text == "still fine"
+    assert first_text(snapshot.messages[-1]) == "still fine"

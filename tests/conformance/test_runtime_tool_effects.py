@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.domain import RunStatus, ToolCallPart, ToolState
+from runtime.domain import RunStatus, Snapshot, TextPart, ToolCallPart, ToolState
 from runtime.engine.toolcalls import INTERRUPTED
 from runtime.lifecycle import AgentLifecycle, ToolCallContext, ToolResult
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
@@ -59,7 +59,7 @@ async def test_takeover_of_a_started_tool(runtime_for: RuntimeFactory, idempoten
     rec = await recording.__aenter__()
     admission = await rt.service.send_message(ALICE, thread_id, "go")
 
-    def started(snapshot: Any) -> bool:
+    def started(snapshot: Snapshot) -> bool:
         return any(
             isinstance(p, ToolCallPart) and p.state is ToolState.RUNNING
             for m in snapshot.messages
@@ -89,6 +89,7 @@ async def test_takeover_of_a_started_tool(runtime_for: RuntimeFactory, idempoten
         assert len(keys) == 1
         assert [r.error for r in lifecycle.results] == [INTERRUPTED]
     # The model's next step saw the tool's final result.
-    assert final.messages[-1].parts[-1].text == "noted"  # type: ignore[union-attr]
+    last = final.messages[-1].parts[-1]
+    assert isinstance(last, TextPart) and last.text == "noted"
     seen = model.calls[-1].messages[-1].parts
     assert any(isinstance(p, ToolCallPart) and p.state.is_final for p in seen)

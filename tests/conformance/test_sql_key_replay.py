@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from runtime.domain import Resolution, Role, RunStatus
+from runtime.domain import Resolution, Role, RunStatus, ToolCallPart
 from runtime.errors import LeaseLost
 from runtime.storage import SqliteStore, SqlStore
 from runtime.storage.sql.core import Conn
@@ -115,7 +115,7 @@ async def test_resume_winner_gets_its_own_answer(
     # The retry found its own committed resolution: the winner's answer, not a conflict.
     assert result.version == (await sql_store.get_thread(thread.id, SCOPES)).version
     tail = (await sql_store.list_messages(thread.id))[-1]
-    waiting = [p.waiting for p in tail.parts if getattr(p, "waiting", None) is not None]
+    waiting = [p.waiting for p in tail.parts if isinstance(p, ToolCallPart) and p.waiting]
     assert waiting and waiting[0].resolution is not None
     assert waiting[0].resolution.subject == "alice"
 

@@ -99,7 +99,7 @@ def fail_writes(sql_store: SqlStore, monkeypatch: pytest.MonkeyPatch, failures: 
                     await original(sql, *args)
                     raise transient_error(sql_store)
 
-                conn.execute = failing  # type: ignore[method-assign]
+                monkeypatch.setattr(conn, "execute", failing)
                 first = conn.first_statement
 
                 async def failing_first(sql: str) -> str | None:
@@ -108,7 +108,7 @@ def fail_writes(sql_store: SqlStore, monkeypatch: pytest.MonkeyPatch, failures: 
                         raise transient_error(sql_store)
                     return status
 
-                conn.first_statement = failing_first  # type: ignore[method-assign]
+                monkeypatch.setattr(conn, "first_statement", failing_first)
             yield conn
 
     monkeypatch.setattr(sql_store, "_transaction", flaky)

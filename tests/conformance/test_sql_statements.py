@@ -13,7 +13,9 @@ from runtime.errors import (
     LeaseLost,
 )
 from runtime.storage import SqlStore
-from runtime.storage.sql import runs_tx
+from runtime.storage.sql import runs_tx, threads_tx
+from runtime.storage.sql.core import Conn
+from runtime.storage.sql.rows import Row
 from runtime.storage.store import RunChange, StepCommit
 from tests.conformance.conftest import SqlStoreFactory
 from tests.conformance.store_helpers import (
@@ -36,11 +38,10 @@ async def test_a_final_step_commit_appends_ends_the_run_and_stores_next_seq_at_o
     admission, lease = await start_run(sql_store, thread.id)
     before = await version_of(sql_store, thread.id)
     reads: list[str] = []
-    real_tail_row = runs_tx.tail_row
 
-    async def counting_tail_row(conn: object, thread_id: str) -> object:
+    async def counting_tail_row(conn: Conn, thread_id: str) -> Row | None:
         reads.append(thread_id)
-        return await real_tail_row(conn, thread_id)  # type: ignore[arg-type]
+        return await threads_tx.tail_row(conn, thread_id)
 
     monkeypatch.setattr(runs_tx, "tail_row", counting_tail_row)
     change = StepCommit(

@@ -18,6 +18,7 @@ from runtime.errors import Conflict, InvalidInput, NotFound, TooLarge
 from runtime.storage import PostgresStore, SqliteStore, open_store
 from runtime.storage.store import SetVisibility, StepCommit, Store
 from tests.conformance.conftest import StoreFactory
+from tests.conformance.ill_typed import ill_typed
 from tests.conformance.store_helpers import (
     FOREIGN,
     SCOPE,
@@ -145,10 +146,35 @@ async def test_create_thread_validates_input(store: Store) -> None:
     with pytest.raises(InvalidInput):
         await store.create_thread(SCOPE, "t", {"bad": object()})
     with pytest.raises(InvalidInput):
-        await store.create_thread(SCOPE, "t", ["not", "a", "dict"])  # type: ignore[arg-type]
+        await store.create_thread(SCOPE, "t", ill_typed(["not", "a", "dict"]))
     with pytest.raises(InvalidInput):
         await store.create_thread("", "t")
     assert len(await store.list_threads(SCOPES)) == 1
+
+
+async def test_rename_is_one_version_and_every_read_sees_it(store: Store) -> None:
+    thread = await new_thread(store, "before")
+    renamed = await store.rename_thread(thread.id, SCOPES, "after")
+    assert (renamed.title, renamed.version) == ("after", thread.version + 1)
+    assert renamed.updated_at >= thread.updated_at
+    # The thread returned is the one committed, as every read then sees it.
+    assert await store.get_thread(thread.id, SCOPES) == renamed
+    assert (await store.snapshot(thread.id, SCOPES)).thread.title == "after"
+    assert [t.title for t in await store.list_threads(SCOPES)] == ["after"]
+    assert await store.thread_versions([thread.id]) == {thread.id: renamed.version}
+    cleared = await store.rename_thread(thread.id, SCOPES, "")  # creation allows "" too
+    assert (cleared.title, cleared.version) == ("", renamed.version + 1)
+    refused = [
+        ("x" * (MAX_TITLE_CHARS + 1), TooLarge),
+        (ill_typed(None), InvalidInput),
+        (ill_typed(["a"]), InvalidInput),
+    ]
+    for title, error in refused:
+        with pytest.raises(error):
+            await store.rename_thread(thread.id, SCOPES, title)
+    with pytest.raises(NotFound):
+        await store.rename_thread("th_missing", SCOPES, "x")
+    assert await store.get_thread(thread.id, SCOPES) == cleared  # refusals changed nothing
 
 
 async def test_list_threads_filters_scopes_and_orders_by_update(store: Store) -> None:
@@ -176,6 +202,7 @@ async def test_scope_isolation_on_every_scoped_method(store: Store) -> None:
     calls = [
         store.get_thread(thread.id, FOREIGN),
         store.snapshot(thread.id, FOREIGN),
+        store.rename_thread(thread.id, FOREIGN, "hijacked"),
         store.submit_input(thread.id, FOREIGN, text="x", submitted_by="mallory"),
         store.cancel_queued_item(thread.id, FOREIGN, queued.queued_item_id or ""),
         store.request_stop(thread.id, FOREIGN, admission.run_id or ""),
@@ -294,4 +321,4 @@ async def test_tokens_store_only_the_hash(store: Store) -> None:
     with pytest.raises(Conflict):
         await store.create_token("sha256:abc", "someone-else", Role.ADMIN, ["a"])
     with pytest.raises(InvalidInput):
-        await store.create_token("sha256:x", "svc", "root", ["a"])  # type: ignore[arg-type]
+        await store.create_token("sha256:x", "svc", ill_typed("root"), ["a"])

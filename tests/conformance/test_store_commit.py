@@ -22,6 +22,7 @@ from runtime.errors import (
     TooLarge,
 )
 from runtime.storage.store import RunChange, StepCommit, Store, TailUpdate
+from tests.conformance.ill_typed import ill_typed
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -244,7 +245,7 @@ async def test_malformed_and_oversized_parts_are_refused(store: Store) -> None:
     before = await store.snapshot(thread.id, SCOPES)
     bogus = NewMessage.model_construct(
         role=MessageRole.ASSISTANT,
-        parts=({"type": "bogus"},),
+        parts=(ill_typed({"type": "bogus"}),),
         run_id=None,
         client_request_id=None,
         id=None,
@@ -256,7 +257,9 @@ async def test_malformed_and_oversized_parts_are_refused(store: Store) -> None:
         client_request_id=None,
         id=None,
     )
-    bad_tail = TailUpdate.model_construct(message_id=tail.id, parts=({"type": "tool-call"},))
+    bad_tail = TailUpdate.model_construct(
+        message_id=tail.id, parts=(ill_typed({"type": "tool-call"}),)
+    )
     with pytest.raises(InvalidInput):
         await store.commit(
             lease,

@@ -14,6 +14,7 @@ from runtime.domain import (
 )
 from runtime.errors import Conflict, InvalidInput, NotFound, RunActive, TooLarge
 from runtime.storage.store import RunChange, StepCommit, Store
+from tests.conformance.ill_typed import ill_typed
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -86,7 +87,7 @@ async def test_submit_rejects_bad_policy_and_client_tools(store: Store) -> None:
             SCOPES,
             text="x",
             submitted_by="a",
-            policy="shout",  # type: ignore[arg-type]
+            policy=ill_typed("shout"),
         )
     with pytest.raises(InvalidInput):
         await store.submit_input(
@@ -94,7 +95,7 @@ async def test_submit_rejects_bad_policy_and_client_tools(store: Store) -> None:
             SCOPES,
             text="x",
             submitted_by="a",
-            client_tools=["nope"],  # type: ignore[list-item]
+            client_tools=[ill_typed("nope")],
         )
     assert await version_of(store, thread.id) == 1
 

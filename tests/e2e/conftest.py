@@ -60,6 +60,7 @@ class Api:
 # A valid body per route name, so that only authentication, scope or role can refuse it.
 VALID_BODIES: dict[str, Any] = {
     "snapshot": None,
+    "rename_thread": {"title": "renamed"},
     "send_message": {"text": "hello"},
     "set_visibility": {"visibility": "hidden"},
     "cancel_queued": None,

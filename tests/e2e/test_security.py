@@ -290,6 +290,7 @@ async def exchange(ws: ClientConnection, frame: dict[str, Any]) -> dict[str, Any
 
 SAMPLES: dict[str, Any] = {
     "text": "intruder",
+    "title": "taken over",
     "payload": {"approved": True},
     "output": {"ok": True},
     "visibility": "hidden",

@@ -13,6 +13,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from runtime.domain import MAX_TITLE_CHARS
 from tests.e2e import harness
 from tests.e2e.harness import ServerHandle
 
@@ -286,3 +287,52 @@ async def test_late_joiner_gets_the_stream_from_its_first_chunk(slow_server: Ser
         if f["type"] == "chunk" and f["chunk"]["type"] == "text-delta"
     )
     assert "word0" in deltas and "word29" in deltas
+
+
+async def test_rename_over_http_and_websocket_is_a_version_watchers_see(
+    ws: Client, server: ServerHandle, tokens: Any
+) -> None:
+    """`thread.rename`, a route and a frame from one table row: each rename is a version the
+    thread's watchers are told about; a bad title or a foreign thread changes nothing."""
+    thread_id = await new_thread(server, tokens["alice"])
+    path = f"/v1/threads/{thread_id}"
+    await ws.send({"type": "subscribe", "thread_id": thread_id, "id": "s"})
+    assert (await ws.answer("s"))["version"] == 1
+    # Another user of the scope may rename it, as they may create threads in it.
+    renamed = await http(server, tokens["bob"], "PATCH", path, json={"title": "Lisbon"})
+    assert renamed == {"thread_id": thread_id, "version": 2}
+    await ws.recv_until(lambda f: f["type"] == "invalidate" and f["version"] == 2)
+    await ws.send({"type": "thread.rename", "thread_id": thread_id, "title": "Porto", "id": "r"})
+    assert await ws.answer("r") == {"type": "ack", "id": "r", "thread_id": thread_id, "version": 3}
+    await ws.recv_until(lambda f: f["type"] == "invalidate" and f["version"] == 3)
+    snapshot = await http(server, tokens["alice"], "GET", path)
+    assert (snapshot["thread"]["title"], snapshot["thread"]["version"]) == ("Porto", 3)
+    listed = await http(server, tokens["alice"], "GET", "/v1/threads")
+    assert {"id": thread_id, "title": "Porto"}.items() <= next(
+        t for t in listed["threads"] if t["id"] == thread_id
+    ).items()
+
+    refused = [
+        ("alice", {"title": "x" * (MAX_TITLE_CHARS + 1)}, 413, "too_large"),
+        ("alice", {"title": 5}, 422, "invalid_input"),
+        ("alice", {}, 422, "invalid_input"),
+        ("alice", {"title": "ok", "colour": "red"}, 422, "invalid_input"),
+        ("alice", {"title": "nul\x00"}, 422, "invalid_input"),
+        ("carol", {"title": "mine now"}, 404, "not_found"),  # another scope: no such thread
+    ]
+    async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT) as client:
+        for who, body, status, code in refused:
+            headers = {"Authorization": f"Bearer {tokens[who]}"}
+            response = await client.patch(path, json=body, headers=headers)
+            assert (response.status_code, response.json()["error"]["code"]) == (status, code)
+    await ws.send(
+        {
+            "type": "thread.rename",
+            "thread_id": thread_id,
+            "title": "x" * (MAX_TITLE_CHARS + 1),
+            "id": "big",
+        }
+    )
+    assert (await ws.answer("big"))["code"] == "too_large"
+    unchanged = await http(server, tokens["alice"], "GET", path)
+    assert (unchanged["thread"]["title"], unchanged["thread"]["version"]) == ("Porto", 3)

@@ -197,6 +197,25 @@ def test_dockerfile(dockerfile: list[tuple[str, str]]) -> None:
     assert "threadline" in cmd and "serve" in cmd
 
 
+def test_dockerfile_copies_every_package_the_server_imports(
+    dockerfile: list[tuple[str, str]],
+) -> None:
+    """The image installs the packages it copies before `pip install`: each one the server's
+    code imports must be among them (a package missing there fails only at the container's
+    first start)."""
+    ours = {path.parent.name for path in ROOT.glob("*/__init__.py")}
+    imported = {
+        name.split(".")[0]
+        for package in ("runtime", "realtime", "server")
+        for path in (ROOT / package).rglob("*.py")
+        for name in re.findall(r"^\s*(?:from|import) (\w+)", path.read_text(), re.M)
+    } & ours
+    install = next(i for i, (k, args) in enumerate(dockerfile) if "pip install --no-deps ." in args)
+    copied = {args.split()[0] for k, args in dockerfile[:install] if k == "COPY"}
+    assert {"runtime", "realtime", "server", "threadline_wire"} <= imported
+    assert imported <= copied, imported - copied
+
+
 def test_dockerignore_keeps_local_state_out() -> None:
     ignored = {
         line.strip()
@@ -206,7 +225,8 @@ def test_dockerignore_keeps_local_state_out() -> None:
     assert {".git", ".venv"} <= ignored
     assert any("sqlite3" in pattern for pattern in ignored)
     # What the Dockerfile copies must not be ignored.
-    for needed in ("runtime", "realtime", "server", "static", "examples", "README.md"):
+    needed_paths = ("runtime", "realtime", "server", "threadline_wire", "static", "examples")
+    for needed in (*needed_paths, "README.md"):
         assert needed not in ignored
 
 

@@ -23,6 +23,7 @@ from server.protocol.wire_errors import wire_error
 
 M = TypeVar("M", bound=BaseModel)
 VALID: dict[str, dict[str, Any]] = {
+    "thread.rename": {"thread_id": "t1", "title": "new"},
     "subscribe": {"thread_id": "t1"},
     "unsubscribe": {"thread_id": "t1"},
     "message.send": {"thread_id": "t1", "text": "hi"},

@@ -29,6 +29,7 @@ from runtime.storage.input_checks import (
     check_text,
     check_thread_fields,
     check_thread_id,
+    check_title,
     check_token,
     check_ttl,
 )
@@ -134,6 +135,12 @@ class SqlStore(SqlTransactions):
             lambda conn: threads_tx.create_thread(
                 conn, thread_id, scope, title, public_json, private_json
             )
+        )
+
+    async def rename_thread(self, thread_id: str, scopes: Collection[str], title: str) -> Thread:
+        check_title(title)
+        return await self._write(
+            lambda conn: threads_tx.rename_thread(conn, thread_id, scopes, title)
         )
 
     async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread:

@@ -23,7 +23,7 @@ from runtime.domain import (
     pending_actions_of,
 )
 from runtime.errors import Conflict, NotFound
-from runtime.storage.sql.core import Conn, placeholders, scope_clause, thread_row
+from runtime.storage.sql.core import Conn, bump, lock_thread, placeholders, scope_clause, thread_row
 from runtime.storage.sql.rows import (
     Row,
     item_from_row,
@@ -56,6 +56,17 @@ async def create_thread(
     if row is None:
         raise Conflict(f"thread {thread_id} exists already")
     return thread_from_row(row)
+
+
+async def rename_thread(conn: Conn, thread_id: str, scopes: Collection[str], title: str) -> Thread:
+    row = await lock_thread(conn, thread_id, scopes)
+    await conn.execute("UPDATE threads SET title = $2 WHERE id = $1", thread_id, title)
+    version = await bump(conn, thread_id)
+    # The row as this transaction leaves it (on Postgres the bump may be held until COMMIT,
+    # so a read now would not see it).
+    return thread_from_row(
+        {**row, "title": title, "version": version, "updated_at": await conn.now()}
+    )
 
 
 async def get_thread(conn: Conn, thread_id: str, scopes: Collection[str]) -> Thread:
