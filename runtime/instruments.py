@@ -11,6 +11,7 @@ from opentelemetry import metrics, trace
 
 # One definition for both layers (runtime may use realtime, never the reverse).
 from realtime.bus_metrics import safe_add as safe_add
+from realtime.bus_metrics import safe_record as safe_record
 
 tracer = trace.get_tracer("threadline.runtime")
 meter = metrics.get_meter("threadline.runtime")
@@ -39,14 +40,13 @@ GEN_AI_OPERATION_DURATION = meter.create_histogram(
     "gen_ai.client.operation.duration", unit="s", description="time spent waiting on the model"
 )
 PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
-
-
-def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None = None) -> None:
-    """Record a histogram value; like safe_add, never changes execution."""
-    try:  # noqa: SIM105 - as safe_add, without a suppress object
-        histogram.record(value, attributes or {})
-    except Exception:
-        pass
+# Latencies an operator alerts on (docs/operations.md, "Metrics"): labels are outcomes only.
+RUN_DURATION = meter.create_histogram(
+    "threadline.run.duration", unit="s", description="from a run's creation to its end, by outcome"
+)
+STEP_DURATION = meter.create_histogram(
+    "threadline.step.duration", unit="s", description="one step: model call, tools, commit"
+)
 
 
 def start_span(name: str, start_time: int | None = None, **attributes: Any) -> trace.Span:

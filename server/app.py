@@ -12,7 +12,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from realtime import connect_bus, open_bus
 from realtime.counters import open_counters
@@ -28,6 +28,7 @@ from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
 from server.live.revocation import TokenRevoker, listen_revocations
+from server.metrics import metrics_endpoint, metrics_server
 from server.protocol.wire_errors import handle_error
 from server.settings import Settings
 from server.tracing import RequestTelemetry, configure_telemetry
@@ -55,11 +56,15 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     state = app.state
     async with AsyncExitStack() as stack:
-        telemetry = configure_telemetry()
+        telemetry = configure_telemetry(prometheus=settings.metrics_enabled)
         stack.push_async_callback(telemetry.shutdown)
         state.telemetry = telemetry
 
         state.store = await open_storage(settings.database_url, stack)
+        if settings.metrics_enabled and settings.metrics_port is not None:
+            await stack.enter_async_context(
+                metrics_server(state, settings.host, settings.metrics_port)
+            )
 
         bus = open_bus(settings.redis_url)
         await connect_bus(bus, timeout=settings.bus_connect_timeout)
@@ -139,6 +144,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
     """A plain ASGI app; every component is opened by its lifespan (run it under uvicorn)."""
     settings = settings or Settings()
     routes: list[BaseRoute] = list(health_routes())
+    if settings.metrics_enabled and settings.metrics_port is None:
+        routes.append(Route("/metrics", metrics_endpoint, methods=["GET"], name="metrics"))
     websocket = WebSocketRoute("/v1/ws", websocket_endpoint, name="ws")
     if settings.runs_gateway:
         routes += api_routes() + agui_routes() + aisdk_routes()

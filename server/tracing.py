@@ -50,8 +50,9 @@ def _disabled() -> bool:
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-def configure_telemetry(service_name: str = "threadline") -> Telemetry:
-    """Install tracer and meter providers per OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER.
+def configure_telemetry(service_name: str = "threadline", *, prometheus: bool = False) -> Telemetry:
+    """Install tracer and meter providers per OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER,
+    and with `prometheus` a reader that feeds /metrics (server/metrics.py).
 
     Supported exporters: `none` (default), `console` (to stderr, so stdout stays clean for
     commands) and `otlp` (HTTP/protobuf, endpoint from OTEL_EXPORTER_OTLP_*). An exporter that
@@ -65,7 +66,7 @@ def configure_telemetry(service_name: str = "threadline") -> Telemetry:
         _installed = Telemetry()
         return Telemetry()
     try:
-        telemetry = _configure(service_name)
+        telemetry = _configure(service_name, prometheus)
     except Exception as exc:
         log.warning("telemetry disabled: set-up failed: %s", exc)
         telemetry = Telemetry()
@@ -73,7 +74,7 @@ def configure_telemetry(service_name: str = "threadline") -> Telemetry:
     return telemetry
 
 
-def _configure(service_name: str) -> Telemetry:
+def _configure(service_name: str, prometheus: bool) -> Telemetry:
     from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
     resource = Resource.create({"service.name": service_name}).merge(
@@ -93,14 +94,19 @@ def _configure(service_name: str) -> Telemetry:
         telemetry.tracer_provider = tracer_provider
 
     metric_exporters = [e for e in map(_metric_exporter, _selected("OTEL_METRICS_EXPORTER")) if e]
-    if metric_exporters:
+    if metric_exporters or prometheus:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        readers = []
+        readers: list[Any] = []
         for name, exporter in metric_exporters:
             readers.append(PeriodicExportingMetricReader(exporter))
             telemetry.exporters.append(f"metrics:{name}")
+        if prometheus:
+            from server.metrics import prometheus_reader
+
+            readers.append(prometheus_reader())
+            telemetry.exporters.append("metrics:prometheus")
         meter_provider = MeterProvider(resource=resource, metric_readers=readers)
         metrics.set_meter_provider(meter_provider)
         telemetry.meter_provider = meter_provider
@@ -148,6 +154,12 @@ HTTP_DURATION = meter.create_histogram("threadline.http.duration", unit="s")
 WS_CONNECTIONS = meter.create_up_down_counter("threadline.ws.connections")
 WS_FRAMES_IN = meter.create_counter("threadline.ws.frames_in", description="by frame type")
 WS_CLOSES = meter.create_counter("threadline.ws.closes", description="by close code")
+SSE_STREAMS = meter.create_up_down_counter(
+    "threadline.sse.streams", description="open event streams (AG-UI, AI SDK, thread SSE)"
+)
+QUOTA_REFUSALS = meter.create_counter(
+    "threadline.quota.refusals", description="commands and connections refused by a limit, by code"
+)
 
 
 class RequestTelemetry:

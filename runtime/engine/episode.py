@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -49,6 +50,8 @@ from runtime.storage.store import (
 log = logging.getLogger(__name__)
 
 __all__ = ["Episode", "start_kind"]
+
+_TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 class Episode:
@@ -132,6 +135,12 @@ class Episode:
             # Errors are handled inside (the run fails, it does not raise): the span says so.
             if outcome is not None:
                 span.set_attribute("threadline.run.outcome", outcome.value)
+                if self.state is not None and outcome in _TERMINAL:
+                    # created_at is the database's clock; workers and database share NTP time.
+                    elapsed = time.time() - self.state.run.created_at
+                    instruments.safe_record(
+                        instruments.RUN_DURATION, max(elapsed, 0.0), {"outcome": outcome.value}
+                    )
             if self.failure is not None:
                 instruments.fail_span(span, self.failure)
             return outcome
@@ -286,7 +295,9 @@ class Episode:
             if step >= self.deps.agent.max_steps:
                 raise RunFailed(f"the run exceeded max_steps={self.deps.agent.max_steps}")
             step_ctx = StepContext(run=ctx.run, step=step, local=ctx.local, extra_messages=extra)
+            began = time.perf_counter()
             outcome = await run_step(self.deps, state, step_ctx)
+            instruments.safe_record(instruments.STEP_DURATION, time.perf_counter() - began)
             if state.ended:  # the step's commit carried the run transition: no after_step
                 return
             extra = await after_step(self.deps, step_ctx, outcome)

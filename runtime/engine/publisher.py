@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from realtime.bus import Bus
-from realtime.bus_metrics import PUBLISH_ERRORS, PUBLISHED, safe_add
+from realtime.bus_metrics import (
+    PUBLISH_DURATION,
+    PUBLISH_ERRORS,
+    PUBLISHED,
+    safe_add,
+    safe_record,
+)
 from realtime.channels import replay_key, scope_channel, thread_channel
 from realtime.envelopes import (
     encode_chunk,
@@ -190,6 +197,7 @@ class Publisher:
     ) -> bool:
         """`published`: (kind, messages) the operation holds, counted once it succeeded; when it
         fails, `failed` (by default its first kind) is counted as errors."""
+        began = time.perf_counter()
         try:
             await operation
         except Exception as exc:
@@ -202,6 +210,7 @@ class Publisher:
             return False
         for kind, count in published:
             safe_add(PUBLISHED, count, {"kind": kind})
+        safe_record(PUBLISH_DURATION, time.perf_counter() - began, {"kind": published[0][0]})
         if self._failing:
             log.info("realtime publishing works again")
             self._failing = False

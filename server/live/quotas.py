@@ -5,12 +5,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from realtime.bus_metrics import safe_add
 from realtime.channels import hash_tag
 from realtime.counters import Counters
 from runtime.domain import Principal
 from runtime.errors import QuotaExceeded, ScopeRateLimited, TokenRateLimited, TooManyConnections
 from runtime.storage.store import AdmissionLimits
 from server.settings import Settings
+from server.tracing import QUOTA_REFUSALS
 
 # Connection set members expire unless refreshed: a gateway that dies frees its slots after
 # this long, without anyone having to clean up after it.
@@ -92,6 +94,7 @@ class Limiter:
         full = await self.counters.join(keys, caps, slot.member, CONNECTION_TTL)
         if full >= 0:
             what = ("token", "subject")[full]
+            safe_add(QUOTA_REFUSALS, 1, {"code": TooManyConnections.code})
             raise TooManyConnections(
                 f"this {what} already has {caps[full]} open websockets",
                 retry_after=REFRESH_INTERVAL,

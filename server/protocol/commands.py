@@ -7,8 +7,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from realtime.bus_metrics import safe_add
 from runtime.domain import Principal, Role, WaitKind
-from runtime.errors import Forbidden, InvalidInput
+from runtime.errors import Forbidden, InvalidInput, QuotaExceeded
 from runtime.service.thread_service import ThreadService, require_trusted
 from server.live.quotas import Limiter
 from server.live.revocation import TokenRevoker
@@ -51,6 +52,7 @@ from server.protocol.replies import (
     Subscribed,
     Unsubscribed,
 )
+from server.tracing import QUOTA_REFUSALS
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")
@@ -134,9 +136,13 @@ class Command(Generic[I, R]):
     async def run(self, caller: Caller, data: I) -> dict[str, Any] | None:
         """Check limits, call the service, shape the answer (None: the call answered itself)."""
         data.check()  # size limits first: cheap, and a refused input costs no rate budget
-        if self.limited and caller.limiter is not None:
-            await caller.limiter.command(caller.principal, caller.token_id)
-        return self.answer(data, await self.call(caller, data))
+        try:
+            if self.limited and caller.limiter is not None:
+                await caller.limiter.command(caller.principal, caller.token_id)
+            return self.answer(data, await self.call(caller, data))
+        except QuotaExceeded as exc:
+            safe_add(QUOTA_REFUSALS, 1, {"code": exc.code})
+            raise
 
 
 def require_admin(principal: Principal) -> None:

@@ -106,6 +106,15 @@ class SqlStore(SqlTransactions):
     async def applied_migrations(self) -> list[str]:
         return await self._read(applied_migrations)
 
+    async def pending_migrations(self) -> list[str]:
+        """Migrations this code has that the database has not applied (readiness)."""
+        done = set(await self.applied_migrations())
+        return [name for name, _ in migration_scripts(self.dialect) if name not in done]
+
+    async def queue_depth(self) -> dict[str, int]:
+        """Runs waiting for a worker, and queued input waiting behind an active run (metrics)."""
+        return await self._read(queue_tx.queue_depth)
+
     # --- threads and snapshots ----------------------------------------------------------
 
     async def create_thread(

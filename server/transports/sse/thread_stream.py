@@ -14,11 +14,13 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from realtime.bus_metrics import safe_add
 from realtime.envelopes import MessageKind
 from runtime.domain import Principal, RunStatus, Snapshot
 from runtime.errors import Conflict, InvalidInput, NotFound
 from runtime.service.thread_service import ThreadService
 from server.auth import authenticate, bearer_token
+from server.tracing import SSE_STREAMS
 from server.transports.http_routes import service_of
 
 log = logging.getLogger(__name__)
@@ -290,15 +292,19 @@ def sse_response(
     """
 
     async def body() -> AsyncIterator[str | bytes]:
-        async with feed:
-            try:
-                async for frame in frames:
-                    yield frame
-            except Exception as exc:
-                log.exception("event stream of thread %s failed", feed.thread_id)
-                yield on_error(exc)
-        if trailer:
-            yield trailer
+        safe_add(SSE_STREAMS, 1)
+        try:
+            async with feed:
+                try:
+                    async for frame in frames:
+                        yield frame
+                except Exception as exc:
+                    log.exception("event stream of thread %s failed", feed.thread_id)
+                    yield on_error(exc)
+            if trailer:
+                yield trailer
+        finally:
+            safe_add(SSE_STREAMS, -1)
 
     return StreamingResponse(
         body(),
