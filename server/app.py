@@ -45,7 +45,7 @@ async def open_storage(url: str, stack: AsyncExitStack) -> Any:
     store = open_store(url)
     await store.open()
     stack.push_async_callback(store.close)
-    applied = await store.migrate()
+    applied = [*getattr(store, "migrated", ()), *await store.migrate()]
     if applied:
         log.info("applied migrations: %s", ", ".join(map(str, applied)))
     return store

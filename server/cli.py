@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, token create and revoke, migrate."""
+"""The `threadline` command: serve, token create and revoke, migrate, config."""
 
 from __future__ import annotations
 
@@ -9,13 +9,32 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import click
+import orjson
 
 from runtime.domain import Role
 from runtime.errors import InvalidInput
+from server.config_check import BadSettings, effective, load_settings
 from server.logs import setup_logging, uvicorn_log_config
 from server.settings import Settings
 
 log = logging.getLogger("threadline")
+# The exit status of a command refused for its settings (click's own usage errors use 2 too).
+BAD_SETTINGS = 2
+
+
+def _settings(**overrides: Any) -> Settings:
+    """The validated settings; each invalid value is one line on stderr, then exit 2."""
+    try:
+        settings, warnings = load_settings(**overrides)
+    except BadSettings as exc:
+        for warning in exc.warnings:
+            click.echo(f"threadline: warning: {warning}", err=True)
+        for line in exc.lines:
+            click.echo(f"threadline: invalid setting {line}", err=True)
+        raise SystemExit(BAD_SETTINGS) from None
+    for warning in warnings:
+        click.echo(f"threadline: warning: {warning}", err=True)
+    return settings
 
 
 @asynccontextmanager
@@ -70,9 +89,16 @@ async def _revoke_token(settings: Settings, token: str) -> tuple[bool, bool]:
         await bus.close()
 
 
-async def _migrate(settings: Settings) -> None:
-    async with _migrated_store(settings):
-        pass
+async def _migrate(settings: Settings) -> list[str]:
+    """The names of the migrations applied now (none when storage was up to date)."""
+    from runtime.storage import open_store
+
+    store = open_store(settings.database_url)
+    await store.open()
+    try:
+        return list(store.migrated)  # open() applies what is pending
+    finally:
+        await store.close()
 
 
 def _browser_host(host: str) -> str:
@@ -82,6 +108,7 @@ def _browser_host(host: str) -> str:
 
 
 @click.group()
+@click.version_option(package_name="threadline", prog_name="threadline")
 def main() -> None:
     """Threadline: a self-hostable realtime server for AI agent conversations."""
 
@@ -103,7 +130,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
     from server.transports.ws.uvicorn_ws import WebSocketProtocol
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+    settings = _settings(**overrides)
     setup_logging(settings.log_level)
     if settings.redis_url is None and settings.role != "all":
         log.warning(
@@ -162,7 +189,7 @@ def token_create(
     display_name: str | None,
 ) -> None:
     """Print one new bearer token on stdout (nothing else)."""
-    settings = Settings()
+    settings = _settings()
     setup_logging("warning")
     try:
         value = asyncio.run(
@@ -184,7 +211,7 @@ def token_create(
 @click.argument("token_value", metavar="TOKEN")
 def token_revoke(token_value: str) -> None:
     """Revoke TOKEN: refused from now on, its open websockets closed (4403) on every gateway."""
-    settings = Settings()
+    settings = _settings()
     setup_logging("warning")
     revoked, published = asyncio.run(_revoke_token(settings, token_value.strip()))
     if not revoked:
@@ -195,11 +222,26 @@ def token_revoke(token_value: str) -> None:
 
 @main.command()
 def migrate() -> None:
-    """Apply storage migrations and exit."""
-    settings = Settings()
-    setup_logging("info")
-    asyncio.run(_migrate(settings))
-    log.info("storage is up to date")
+    """Apply storage migrations, print each one applied, and exit."""
+    settings = _settings()
+    setup_logging("warning")
+    applied = asyncio.run(_migrate(settings))
+    for name in applied:
+        click.echo(f"applied {name}")
+    click.echo(f"applied {len(applied)} migrations" if applied else "storage is up to date")
+
+
+@main.command("config")
+def config_command() -> None:
+    """Print the effective settings (environment, .env file, defaults), secrets masked."""
+    settings = _settings()
+    for name, value in effective(settings):
+        shown = "" if value is None else value
+        if isinstance(value, bool):
+            shown = str(value).lower()
+        elif isinstance(value, list | dict):
+            shown = orjson.dumps(value).decode()
+        click.echo(f"{name}={shown}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from server.protocol.commands import COMMANDS, Caller, Command
 from server.protocol.inputs import Input
 from server.protocol.responses import JSONResponse
 from server.protocol.wire_errors import InvalidJSON, wire_error
+from server.transports.readiness import readyz
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 B = TypeVar("B", bound=BaseModel)
@@ -152,7 +153,10 @@ def api_routes() -> list[BaseRoute]:
 
 
 def health_routes() -> list[BaseRoute]:
-    return [Route("/healthz", healthz, methods=["GET"], name="healthz")]
+    return [
+        Route("/healthz", healthz, methods=["GET"], name="healthz"),
+        Route("/readyz", readyz, methods=["GET"], name="readyz"),
+    ]
 
 
 def static_routes() -> list[BaseRoute]:

@@ -82,12 +82,15 @@ class SqlStore(SqlTransactions):
 
     # --- lifecycle ----------------------------------------------------------------------
 
+    # The migrations `open` applied (what `threadline migrate` and the server's start report).
+    migrated: tuple[str, ...] = ()
+
     async def open(self) -> None:
         if self.pool.is_open:
             return
         await self._retry(self.pool.open)
         try:
-            await self.migrate()
+            self.migrated = tuple(await self.migrate())
         except BaseException:
             await self.close()
             raise
