@@ -28,6 +28,7 @@ from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
 from server.live.revocation import TokenRevoker, listen_revocations
+from server.logs import RequestIds
 from server.metrics import metrics_endpoint, metrics_server
 from server.protocol.wire_errors import handle_error
 from server.settings import Settings
@@ -162,6 +163,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         # Body size is enforced while reading (routes.read_body) to answer in JSON. The
         # websocket route (/v1/ws) is served by WebSocketDispatch, ahead of the router.
         middleware=[
+            Middleware(RequestIds),
             *([Middleware(WebSocketDispatch, route=websocket)] if settings.runs_gateway else []),
             Middleware(RequestTelemetry),
         ],

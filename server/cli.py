@@ -131,7 +131,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
     settings = _settings(**overrides)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     if settings.redis_url is None and settings.role != "all":
         log.warning(
             "role=%s without THREADLINE_REDIS_URL: the in-process bus reaches no other process",
@@ -146,7 +146,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        log_config=uvicorn_log_config(),
+        log_config=uvicorn_log_config(settings.log_format, settings.log_level),
         loop=settings.event_loop,
         # The app closes oversize frames with 1009 itself; uvicorn's bound (same code) only
         # guards memory against frames far beyond it.

@@ -9,7 +9,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from runtime import instruments
+from runtime import instruments, log_context
 from runtime.agent import Agent
 from runtime.chunks import RunTakeoverChunk
 from runtime.domain import (
@@ -123,6 +123,13 @@ class Episode:
         self.stop_requested.set()
 
     async def run(self) -> RunStatus | None:
+        with log_context.bound(run_id=self.run_id, thread_id=self.thread_id):
+            outcome = await self._traced()
+            # One line per episode: what an operator greps a run's id for.
+            log.info("episode ended: %s", outcome.value if outcome is not None else "lease lost")
+        return outcome
+
+    async def _traced(self) -> RunStatus | None:
         with instruments.span(
             "threadline.episode", run_id=self.run_id, thread_id=self.thread_id
         ) as span:

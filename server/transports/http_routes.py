@@ -14,6 +14,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from runtime import log_context
 from runtime.errors import InvalidInput, TooLarge
 from runtime.service.thread_service import ThreadService
 from server.auth import authenticate, bearer_token, token_key
@@ -95,6 +96,7 @@ def command_endpoint(command: Command[Any, Any]) -> Endpoint:
     body = body_model(command)
 
     async def endpoint(request: Request) -> Response:
+        log_context.bind_task(thread_id=request.path_params.get("thread_id"))
         try:
             token = bearer_token(request.headers)
             principal = await authenticate(request.app.state.store, token)
