@@ -34,6 +34,7 @@ from server.protocol.wire_errors import handle_error
 from server.settings import Settings
 from server.tracing import RequestTelemetry, configure_telemetry
 from server.transports.http_routes import api_routes, health_routes, static_routes
+from server.transports.openapi import openapi_endpoint
 from server.transports.sse.agui import agui_routes
 from server.transports.sse.aisdk import aisdk_routes
 from server.transports.ws.gateway import Gateway, WebSocketDispatch, websocket_endpoint
@@ -150,6 +151,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     websocket = WebSocketRoute("/v1/ws", websocket_endpoint, name="ws")
     if settings.runs_gateway:
         routes += api_routes() + agui_routes() + aisdk_routes()
+        routes.append(Route("/openapi.json", openapi_endpoint, methods=["GET"], name="openapi"))
         routes.append(websocket)
         routes += static_routes()
     app = Starlette(
