@@ -124,8 +124,7 @@ def main() -> None:
 )
 def serve(host: str | None, port: int | None, role: str | None) -> None:
     """Run the server (gateway, worker, or both)."""
-    import uvicorn
-
+    from server import drain
     from server.app import create_app
     from server.transports.ws.uvicorn_ws import WebSocketProtocol
 
@@ -141,8 +140,11 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         token = asyncio.run(_create_token(settings, "dev", Role.USER, [settings.dev_scope]))
         url = f"http://{_browser_host(settings.host)}:{settings.port}/?token={token}"
         click.echo(f"Threadline is starting. Open {url}")
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    # uvicorn.run, with the app's event streams drained when shutdown starts (server/drain.py).
+    drain.run(
+        app,
+        app.state.drain,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -157,7 +159,8 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         # uvicorn's sans-I/O websockets protocol plus a synchronous send
         # (server/transports/ws/uvicorn_ws.py).
         ws=WebSocketProtocol,
-        timeout_graceful_shutdown=10,
+        # Streams end with a final event at once; this bounds what is still open after it.
+        timeout_graceful_shutdown=settings.shutdown_grace,
     )
 
 

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 from starlette.background import BackgroundTask
@@ -17,13 +17,18 @@ from starlette.responses import StreamingResponse
 from realtime.bus_metrics import safe_add
 from realtime.envelopes import MessageKind
 from runtime.domain import Principal, RunStatus, Snapshot
-from runtime.errors import Conflict, InvalidInput, NotFound
+from runtime.errors import Conflict, InvalidInput, NotFound, Unavailable
 from runtime.service.thread_service import ThreadService
 from server.auth import authenticate, bearer_token
 from server.tracing import SSE_STREAMS
 from server.transports.http_routes import service_of
 
 log = logging.getLogger(__name__)
+
+
+class ServerDraining(Unavailable):
+    """This gateway is shutting down: a stream's final event (code `unavailable`)."""
+
 
 # Bounded: a stream that cannot keep up resynchronises from the snapshot instead of growing.
 MAX_QUEUED = 4096
@@ -110,9 +115,18 @@ class ThreadFeed:
     hub: Listening
     principal: Principal
     thread_id: str
-    _queue: asyncio.Queue[tuple[bytes, MessageKind]] = field(default_factory=asyncio.Queue)
+    # Bus messages, and "shutdown" from the server's drain.
+    _queue: asyncio.Queue[tuple[bytes, MessageKind | Literal["shutdown"]]] = field(
+        default_factory=asyncio.Queue
+    )
     _overflow: bool = False
     _listening: bool = False
+    _stopping: bool = False
+
+    def shutdown(self) -> None:
+        """The server is shutting down: the stream ends with ServerDraining (server/drain.py)."""
+        self._stopping = True  # the queue may be cleared (resync) before the marker is read
+        self._queue.put_nowait((b"", "shutdown"))
 
     def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
         if self._queue.qsize() >= MAX_QUEUED:
@@ -189,6 +203,10 @@ class ThreadFeed:
                 self._drain()
                 yield None
                 return
+            if kind == "shutdown" or self._stopping:
+                raise ServerDraining(
+                    "the server is shutting down; the run goes on: reconnect to follow it"
+                )
             if kind == "invalidate":
                 snapshot = await self.snapshot()
                 if snapshot.thread.version != version:
@@ -273,6 +291,9 @@ async def open_feed(
         await ensure_thread(service, principal, thread_id)
     feed = ThreadFeed(service, request.app.state.hub, principal, thread_id)
     await feed.__aenter__()
+    drain = getattr(request.app.state, "drain", None)
+    if drain is not None:
+        drain.track(feed)
     return feed
 
 
@@ -298,6 +319,9 @@ def sse_response(
                 try:
                     async for frame in frames:
                         yield frame
+                except ServerDraining as exc:  # expected: no traceback
+                    log.info("event stream of thread %s drained", feed.thread_id)
+                    yield on_error(exc)
                 except Exception as exc:
                     log.exception("event stream of thread %s failed", feed.thread_id)
                     yield on_error(exc)
