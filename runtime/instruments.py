@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,10 +49,15 @@ STEP_DURATION = meter.create_histogram(
 )
 
 
-def start_span(name: str, start_time: int | None = None, **attributes: Any) -> trace.Span:
+def start_span(
+    name: str,
+    start_time: int | None = None,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    **attributes: Any,
+) -> trace.Span:
     """A span ended by the caller, for work whose end is not the end of a `with` block
     (`start_time`: nanoseconds since the epoch, default now)."""
-    return tracer.start_span(name, attributes=attributes, start_time=start_time)
+    return tracer.start_span(name, attributes=attributes, start_time=start_time, kind=kind)
 
 
 def fail_span(current: trace.Span, exc: BaseException | str) -> None:
@@ -69,4 +74,13 @@ def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
     """A span around the body; the SDK's processors contain exporter failures, and exceptions
     of the body propagate unchanged (recorded on the span)."""
     with tracer.start_as_current_span(name, attributes=attributes) as current:
+        yield current
+
+
+@contextmanager
+def linked_span(
+    name: str, links: Sequence[trace.Link], attributes: dict[str, Any]
+) -> Iterator[trace.Span]:
+    """`span` with links to other traces (an episode to the request that started its run)."""
+    with tracer.start_as_current_span(name, attributes=attributes, links=links) as current:
         yield current

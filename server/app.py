@@ -24,6 +24,7 @@ from runtime.errors import ThreadlineError
 from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
 from runtime.storage.scope_cache import ScopeCache
+from server.drain import Drain
 from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
@@ -32,7 +33,7 @@ from server.logs import RequestIds
 from server.metrics import metrics_endpoint, metrics_server
 from server.protocol.wire_errors import handle_error
 from server.settings import Settings
-from server.tracing import RequestTelemetry, configure_telemetry
+from server.tracing import RequestTelemetry, configure_telemetry, server_spans
 from server.transports.http_routes import api_routes, health_routes, static_routes
 from server.transports.openapi import openapi_endpoint
 from server.transports.sse.agui import agui_routes
@@ -165,10 +166,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
         # Body size is enforced while reading (routes.read_body) to answer in JSON. The
         # websocket route (/v1/ws) is served by WebSocketDispatch, ahead of the router.
         middleware=[
+            # Outermost: the SERVER span is current for everything below, log lines included.
+            Middleware(server_spans, routes=routes),
             Middleware(RequestIds),
             *([Middleware(WebSocketDispatch, route=websocket)] if settings.runs_gateway else []),
             Middleware(RequestTelemetry),
         ],
     )
     app.state.settings = settings
+    app.state.drain = Drain()
     return app

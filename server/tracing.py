@@ -8,10 +8,12 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import metrics, trace
+from starlette.routing import BaseRoute, Match
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +164,44 @@ QUOTA_REFUSALS = meter.create_counter(
 )
 
 
+# Current HTTP semantic conventions (`http.request.method`, `http.response.status_code`,
+# `url.path`, ...) unless the operator chose otherwise: the instrumentation's default is still
+# the old names.
+SEMCONV_OPT_IN = ("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
+
+
+def server_spans(app: Any, routes: Sequence[BaseRoute]) -> Any:
+    """`app` wrapped in OpenTelemetry's ASGI middleware: a SERVER span per HTTP request and
+    websocket, named `{method} {route template}`, its parent the caller's `traceparent`."""
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    os.environ.setdefault(*SEMCONV_OPT_IN)
+
+    def details(scope: Any) -> tuple[str, dict[str, Any]]:
+        template = route_template(routes, scope)
+        method = "WebSocket" if scope["type"] == "websocket" else scope.get("method", "HTTP")
+        if template is None:
+            return method, {}
+        return f"{method} {template}", {"http.route": template}
+
+    # One span per request, not one more per ASGI message of a stream or websocket.
+    return OpenTelemetryMiddleware(
+        app, default_span_details=details, exclude_spans=["receive", "send"]
+    )
+
+
+def route_template(routes: Sequence[BaseRoute], scope: Any) -> str | None:
+    """The template of the route `scope` goes to (`/v1/threads/{thread_id}`), before routing."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return str(getattr(route, "path", None) or "") or None
+    return None
+
+
 class RequestTelemetry:
-    """ASGI middleware: one span and two metrics per HTTP request, labelled by route template.
+    """ASGI middleware: two metrics per HTTP request, labelled by route template (the span is
+    the ASGI instrumentation's, `server_spans`).
 
     Route templates (not paths) keep metric cardinality bounded; failures of the telemetry
     pipeline are swallowed so they can never fail a request.
@@ -185,18 +223,15 @@ class RequestTelemetry:
             await send(message)
 
         start = time.perf_counter()
-        with tracer.start_as_current_span(f"HTTP {scope['method']}") as span:
-            try:
-                await self.app(scope, receive, send_wrapper)
-            finally:
-                route = getattr(scope.get("route"), "path", None) or "unmatched"
-                attributes = {
-                    "http.method": scope["method"],
-                    "http.route": route,
-                    "http.status_code": status,
-                }
-                with contextlib.suppress(Exception):
-                    span.update_name(f"HTTP {scope['method']} {route}")
-                    span.set_attributes(attributes)
-                    HTTP_REQUESTS.add(1, attributes)
-                    HTTP_DURATION.record(time.perf_counter() - start, attributes)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            attributes = {
+                "http.method": scope["method"],
+                "http.route": route,
+                "http.status_code": status,
+            }
+            with contextlib.suppress(Exception):
+                HTTP_REQUESTS.add(1, attributes)
+                HTTP_DURATION.record(time.perf_counter() - start, attributes)

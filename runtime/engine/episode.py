@@ -9,6 +9,9 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
 from runtime import instruments, log_context
 from runtime.agent import Agent
 from runtime.chunks import RunTakeoverChunk
@@ -49,9 +52,22 @@ from runtime.storage.store import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Episode", "start_kind"]
+__all__ = ["Episode", "request_links", "start_kind"]
 
 _TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+def request_links(traceparent: str | None) -> list[trace.Link]:
+    """A span link to the request's span context, from its W3C `traceparent` (none if absent
+    or malformed: a bad header from a client never changes a run)."""
+    if not traceparent:
+        return []
+    with contextlib.suppress(Exception):
+        context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+        linked = trace.get_current_span(context).get_span_context()
+        if linked.is_valid:
+            return [trace.Link(linked, {"threadline.link": "request"})]
+    return []
 
 
 class Episode:
@@ -71,7 +87,10 @@ class Episode:
         *,
         start: RunStart | None = None,
         history_from: int | None = None,
+        traceparent: str | None = None,
     ) -> None:
+        # The trace context of the request that started the run, when its wakeup carried one.
+        self.traceparent = traceparent
         self.deps = EpisodeDeps(
             store, publisher, agent, lifecycle, lease, history or HistoryCache()
         )
@@ -130,8 +149,10 @@ class Episode:
         return outcome
 
     async def _traced(self) -> RunStatus | None:
-        with instruments.span(
-            "threadline.episode", run_id=self.run_id, thread_id=self.thread_id
+        attributes = {"run_id": self.run_id, "thread_id": self.thread_id}
+        # A new trace of its own (a run outlives its request), linked to the request's.
+        with instruments.linked_span(
+            "threadline.episode", request_links(self.traceparent), attributes
         ) as span:
             try:
                 outcome = await self._run()

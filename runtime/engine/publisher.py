@@ -7,6 +7,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from opentelemetry import propagate
+
 from realtime.bus import Bus
 from realtime.bus_metrics import (
     PUBLISH_DURATION,
@@ -24,6 +26,17 @@ from realtime.envelopes import (
 from runtime.engine.control import CONTROL_CHANNEL, encode_stop, encode_wakeup
 
 log = logging.getLogger(__name__)
+
+
+def current_traceparent() -> str | None:
+    """The W3C `traceparent` of the current span (a request's), None outside a sampled one."""
+    carrier: dict[str, str] = {}
+    try:
+        propagate.inject(carrier)
+    except Exception:  # telemetry never changes what is published
+        return None
+    return carrier.get("traceparent")
+
 
 DEFAULT_REPLAY_LIMIT = 2000
 # Bytes of one thread's replay buffer (encoded chunk envelopes); the oldest go first.
@@ -113,7 +126,8 @@ class Publisher:
             messages.append((CONTROL_CHANNEL, encode_stop(stop)))
             kinds.append(("stop", 1))
         if wakeup is not None:
-            messages.append((CONTROL_CHANNEL, encode_wakeup(wakeup, thread_id)))
+            data = encode_wakeup(wakeup, thread_id, current_traceparent())
+            messages.append((CONTROL_CHANNEL, data))
             kinds.append(("wakeup", 1))
         if len(messages) == 1:
             operation = self._bus.publish(*messages[0])
@@ -181,7 +195,9 @@ class Publisher:
 
     async def wakeup(self, run_id: str | None = None, thread_id: str | None = None) -> bool:
         """Work for workers: run `run_id` (of `thread_id`, when known), or any (None)."""
-        return await self._publish(CONTROL_CHANNEL, "wakeup", encode_wakeup(run_id, thread_id))
+        traceparent = current_traceparent() if run_id is not None else None
+        data = encode_wakeup(run_id, thread_id, traceparent)
+        return await self._publish(CONTROL_CHANNEL, "wakeup", data)
 
     async def stop(self, run_id: str) -> bool:
         return await self._publish(CONTROL_CHANNEL, "stop", encode_stop(run_id))

@@ -21,6 +21,8 @@ from runtime.storage.scope_cache import ScopeCache
 from runtime.storage.store import Store
 
 log = logging.getLogger(__name__)
+# Request trace contexts kept for runs not started yet (`Worker._remember_link`).
+MAX_LINKS = 1024
 
 
 class Worker:
@@ -67,6 +69,8 @@ class Worker:
         # episode that ends then polls again at once.
         self._backlog = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # Trace contexts of the requests that started runs (wakeups), by run id.
+        self._links: dict[str, str] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
 
@@ -126,6 +130,8 @@ class Worker:
             if envelope.run_id is None:
                 self.wake()
             else:
+                if envelope.traceparent is not None:
+                    self._remember_link(envelope.run_id, envelope.traceparent)
                 self._named.append((envelope.run_id, envelope.thread_id))
                 self._wake.set()
         elif isinstance(envelope, StopEnvelope):
@@ -136,6 +142,13 @@ class Worker:
                 self._starting[envelope.run_id] = True
             else:
                 self.wake()  # a waiting run with a stop request needs a worker
+
+    def _remember_link(self, run_id: str, traceparent: str) -> None:
+        """Keep a run's request trace context for its episode; bounded, oldest dropped (a run
+        another worker took never comes here to collect it)."""
+        self._links[run_id] = traceparent
+        while len(self._links) > MAX_LINKS:
+            self._links.pop(next(iter(self._links)))
 
     async def _poll_loop(self) -> None:
         while not self._closing:
@@ -209,6 +222,7 @@ class Worker:
             self.history,
             start=start,
             history_from=cached,
+            traceparent=self._links.pop(run_id, None),
         )
         if stopped:
             episode.stop_requested.set()  # seen once the episode has started, as any stop
