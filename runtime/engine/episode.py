@@ -9,9 +9,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 from runtime import instruments, log_context
 from runtime.agent import Agent
 from runtime.chunks import RunTakeoverChunk
@@ -39,6 +36,7 @@ from runtime.engine.phases import (
 )
 from runtime.engine.publisher import Publisher
 from runtime.engine.streaming import ChunkSink
+from runtime.engine.trace_links import request_links
 from runtime.errors import LeaseLost, Unavailable
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.storage.store import (
@@ -52,22 +50,9 @@ from runtime.storage.store import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Episode", "request_links", "start_kind"]
+__all__ = ["Episode", "start_kind"]
 
 _TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
-
-
-def request_links(traceparent: str | None) -> list[trace.Link]:
-    """A span link to the request's span context, from its W3C `traceparent` (none if absent
-    or malformed: a bad header from a client never changes a run)."""
-    if not traceparent:
-        return []
-    with contextlib.suppress(Exception):
-        context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
-        linked = trace.get_current_span(context).get_span_context()
-        if linked.is_valid:
-            return [trace.Link(linked, {"threadline.link": "request"})]
-    return []
 
 
 class Episode:

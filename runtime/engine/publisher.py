@@ -7,8 +7,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from opentelemetry import propagate
-
 from realtime.bus import Bus
 from realtime.bus_metrics import (
     PUBLISH_DURATION,
@@ -24,18 +22,9 @@ from realtime.envelopes import (
     encode_scope_invalidate,
 )
 from runtime.engine.control import CONTROL_CHANNEL, encode_stop, encode_wakeup
+from runtime.engine.trace_links import current_traceparent
 
 log = logging.getLogger(__name__)
-
-
-def current_traceparent() -> str | None:
-    """The W3C `traceparent` of the current span (a request's), None outside a sampled one."""
-    carrier: dict[str, str] = {}
-    try:
-        propagate.inject(carrier)
-    except Exception:  # telemetry never changes what is published
-        return None
-    return carrier.get("traceparent")
 
 
 DEFAULT_REPLAY_LIMIT = 2000
