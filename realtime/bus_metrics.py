@@ -23,6 +23,11 @@ RECONNECTS = meter.create_counter(
 SLOW_CONSUMERS = meter.create_counter(
     "threadline.realtime.slow_consumers", description="connection outboxes that overflowed"
 )
+PUBLISH_DURATION = meter.create_histogram(
+    "threadline.realtime.publish.duration",
+    unit="s",
+    description="one bus operation of the publisher (a batch is one), by first envelope kind",
+)
 
 LIMITER_FALLBACKS = meter.create_counter(
     "threadline.realtime.limiter_fallbacks",
@@ -36,5 +41,13 @@ def safe_add(counter: Any, amount: float, attributes: dict[str, Any] | None = No
     # the no-op counter it guards.
     try:  # noqa: SIM105
         counter.add(amount, attributes or {})
+    except Exception:
+        pass
+
+
+def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None = None) -> None:
+    """Record a histogram value; like safe_add, never changes execution."""
+    try:  # noqa: SIM105 - as safe_add, without a suppress object
+        histogram.record(value, attributes or {})
     except Exception:
         pass

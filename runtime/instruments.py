@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -11,6 +11,7 @@ from opentelemetry import metrics, trace
 
 # One definition for both layers (runtime may use realtime, never the reverse).
 from realtime.bus_metrics import safe_add as safe_add
+from realtime.bus_metrics import safe_record as safe_record
 
 tracer = trace.get_tracer("threadline.runtime")
 meter = metrics.get_meter("threadline.runtime")
@@ -39,20 +40,24 @@ GEN_AI_OPERATION_DURATION = meter.create_histogram(
     "gen_ai.client.operation.duration", unit="s", description="time spent waiting on the model"
 )
 PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
+# Latencies an operator alerts on (docs/operations.md, "Metrics"): labels are outcomes only.
+RUN_DURATION = meter.create_histogram(
+    "threadline.run.duration", unit="s", description="from a run's creation to its end, by outcome"
+)
+STEP_DURATION = meter.create_histogram(
+    "threadline.step.duration", unit="s", description="one step: model call, tools, commit"
+)
 
 
-def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None = None) -> None:
-    """Record a histogram value; like safe_add, never changes execution."""
-    try:  # noqa: SIM105 - as safe_add, without a suppress object
-        histogram.record(value, attributes or {})
-    except Exception:
-        pass
-
-
-def start_span(name: str, start_time: int | None = None, **attributes: Any) -> trace.Span:
+def start_span(
+    name: str,
+    start_time: int | None = None,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    **attributes: Any,
+) -> trace.Span:
     """A span ended by the caller, for work whose end is not the end of a `with` block
     (`start_time`: nanoseconds since the epoch, default now)."""
-    return tracer.start_span(name, attributes=attributes, start_time=start_time)
+    return tracer.start_span(name, attributes=attributes, start_time=start_time, kind=kind)
 
 
 def fail_span(current: trace.Span, exc: BaseException | str) -> None:
@@ -69,4 +74,13 @@ def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
     """A span around the body; the SDK's processors contain exporter failures, and exceptions
     of the body propagate unchanged (recorded on the span)."""
     with tracer.start_as_current_span(name, attributes=attributes) as current:
+        yield current
+
+
+@contextmanager
+def linked_span(
+    name: str, links: Sequence[trace.Link], attributes: dict[str, Any]
+) -> Iterator[trace.Span]:
+    """`span` with links to other traces (an episode to the request that started its run)."""
+    with tracer.start_as_current_span(name, attributes=attributes, links=links) as current:
         yield current

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the test suite needs when it is missing, from the distribution's packages:
-# PostgreSQL server programs, redis-server, Chromium, node. Nothing is started here: the suite
-# runs its own throwaway PostgreSQL cluster and redis-server (tests/servers.py).
+# PostgreSQL server programs, redis-server, Chromium, node, Prometheus. Nothing is started here:
+# the suite runs its own throwaway PostgreSQL cluster, redis-server (tests/servers.py) and
+# Prometheus (tests/e2e/prometheus_server.py; THREADLINE_TEST_PROMETHEUS names another binary).
 # THREADLINE_TEST_POSTGRES_DSN / THREADLINE_TEST_REDIS_URL / THREADLINE_TEST_CHROMIUM point the
 # suite at what you already have instead; then nothing is installed for it.
 set -euo pipefail
@@ -26,6 +27,9 @@ if [[ -z ${THREADLINE_TEST_CHROMIUM:-} && ! -x /usr/bin/chromium ]]; then
 fi
 if ! command -v callgrind_control >/dev/null 2>&1; then
   missing+=("valgrind (bench/instructions.py's smoke test)"); packages+=(valgrind)
+fi
+if [[ -z ${THREADLINE_TEST_PROMETHEUS:-} ]] && ! command -v prometheus >/dev/null 2>&1; then
+  missing+=("Prometheus (tests/e2e/test_metrics.py scrapes real servers)"); packages+=(prometheus)
 fi
 if ! command -v node >/dev/null 2>&1; then
   missing+=("node (for tests/unit/js and tests/js)"); packages+=(nodejs)
@@ -64,7 +68,7 @@ cannot_install() {
 }
 
 if [[ ${#packages[@]} -eq 0 ]]; then
-  say "PostgreSQL, Redis, Chromium, node and npm are present"
+  say "PostgreSQL, Redis, Chromium, Prometheus, node and npm are present"
 else
   install_missing
 fi

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from realtime import connect_bus, open_bus
 from realtime.counters import open_counters
@@ -26,15 +26,19 @@ from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
 from runtime.storage.scope_cache import ScopeCache
 from server.auth import trust_issuers
+from server.drain import Drain
 from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
 from server.live.revocation import TokenRevoker, listen_revocations
+from server.logs import RequestIds
+from server.metrics import metrics_endpoint, metrics_server
 from server.oidc import Issuers
 from server.protocol.wire_errors import handle_error
 from server.settings import Settings
-from server.tracing import RequestTelemetry, configure_telemetry
+from server.tracing import RequestTelemetry, configure_telemetry, server_spans
 from server.transports.http_routes import api_routes, health_routes, static_routes
+from server.transports.openapi import openapi_endpoint
 from server.transports.sse.agui import agui_routes
 from server.transports.sse.aisdk import aisdk_routes
 from server.transports.ws.gateway import Gateway, WebSocketDispatch, websocket_endpoint
@@ -47,7 +51,7 @@ async def open_storage(url: str, stack: AsyncExitStack) -> Any:
     store = open_store(url)
     await store.open()
     stack.push_async_callback(store.close)
-    applied = await store.migrate()
+    applied = [*getattr(store, "migrated", ()), *await store.migrate()]
     if applied:
         log.info("applied migrations: %s", ", ".join(map(str, applied)))
     return store
@@ -58,7 +62,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     state = app.state
     async with AsyncExitStack() as stack:
-        telemetry = configure_telemetry()
+        telemetry = configure_telemetry(prometheus=settings.metrics_enabled)
         stack.push_async_callback(telemetry.shutdown)
         state.telemetry = telemetry
 
@@ -74,6 +78,10 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             )
             trust_issuers(state.store, issuers)
             stack.callback(trust_issuers, state.store, None)
+        if settings.metrics_enabled and settings.metrics_port is not None:
+            await stack.enter_async_context(
+                metrics_server(state, settings.host, settings.metrics_port)
+            )
 
         bus = open_bus(settings.redis_url, prefix=settings.redis_prefix)
         await connect_bus(bus, timeout=settings.bus_connect_timeout)
@@ -176,9 +184,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
     """A plain ASGI app; every component is opened by its lifespan (run it under uvicorn)."""
     settings = settings or Settings()
     routes: list[BaseRoute] = list(health_routes())
+    if settings.metrics_enabled and settings.metrics_port is None:
+        routes.append(Route("/metrics", metrics_endpoint, methods=["GET"], name="metrics"))
     websocket = WebSocketRoute("/v1/ws", websocket_endpoint, name="ws")
     if settings.runs_gateway:
         routes += api_routes() + agui_routes() + aisdk_routes()
+        routes.append(Route("/openapi.json", openapi_endpoint, methods=["GET"], name="openapi"))
         routes.append(websocket)
         routes += static_routes()
     app = Starlette(
@@ -192,10 +203,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
         # Body size is enforced while reading (routes.read_body) to answer in JSON. The
         # websocket route (/v1/ws) is served by WebSocketDispatch, ahead of the router.
         middleware=[
+            # Outermost: the SERVER span is current for everything below, log lines included.
+            Middleware(server_spans, routes=routes),
+            Middleware(RequestIds),
             *cors_middleware(settings),
             *([Middleware(WebSocketDispatch, route=websocket)] if settings.runs_gateway else []),
             Middleware(RequestTelemetry),
         ],
     )
     app.state.settings = settings
+    app.state.drain = Drain()
     return app

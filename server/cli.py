@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, token create, list and revoke, migrate."""
+"""The `threadline` command: serve, token create, list and revoke, migrate, config."""
 
 from __future__ import annotations
 
@@ -10,13 +10,32 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
+import orjson
 
 from runtime.domain import Role
 from runtime.errors import InvalidInput
+from server.config_check import BadSettings, effective, load_settings
 from server.logs import setup_logging, uvicorn_log_config
 from server.settings import Settings
 
 log = logging.getLogger("threadline")
+# The exit status of a command refused for its settings (click's own usage errors use 2 too).
+BAD_SETTINGS = 2
+
+
+def _settings(**overrides: Any) -> Settings:
+    """The validated settings; each invalid value is one line on stderr, then exit 2."""
+    try:
+        settings, warnings = load_settings(**overrides)
+    except BadSettings as exc:
+        for warning in exc.warnings:
+            click.echo(f"threadline: warning: {warning}", err=True)
+        for line in exc.lines:
+            click.echo(f"threadline: invalid setting {line}", err=True)
+        raise SystemExit(BAD_SETTINGS) from None
+    for warning in warnings:
+        click.echo(f"threadline: warning: {warning}", err=True)
+    return settings
 
 
 @asynccontextmanager
@@ -74,9 +93,16 @@ async def _revoke_token(
         await bus.close()
 
 
-async def _migrate(settings: Settings) -> None:
-    async with _migrated_store(settings):
-        pass
+async def _migrate(settings: Settings) -> list[str]:
+    """The names of the migrations applied now (none when storage was up to date)."""
+    from runtime.storage import open_store
+
+    store = open_store(settings.database_url)
+    await store.open()
+    try:
+        return list(store.migrated)  # open() applies what is pending
+    finally:
+        await store.close()
 
 
 def _browser_host(host: str) -> str:
@@ -86,6 +112,7 @@ def _browser_host(host: str) -> str:
 
 
 @click.group()
+@click.version_option(package_name="threadline", prog_name="threadline")
 def main() -> None:
     """Threadline: a self-hostable realtime server for AI agent conversations."""
 
@@ -101,15 +128,14 @@ def main() -> None:
 )
 def serve(host: str | None, port: int | None, role: str | None) -> None:
     """Run the server (gateway, worker, or both)."""
-    import uvicorn
-
+    from server import drain
     from server.app import create_app
     from server.transports.uvicorn_http import connection_limit, http_protocol
     from server.transports.ws.uvicorn_ws import WebSocketProtocol
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
-    settings = Settings(**overrides)  # type: ignore[arg-type]
-    setup_logging(settings.log_level)
+    settings = _settings(**overrides)
+    setup_logging(settings.log_level, settings.log_format)
     if settings.redis_url is None and settings.role != "all":
         log.warning(
             "role=%s without THREADLINE_REDIS_URL: the in-process bus reaches no other process",
@@ -120,12 +146,15 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         # In the fragment, which browsers never send: the token is in no request line.
         url = f"http://{_browser_host(settings.host)}:{settings.port}/#token={token}"
         click.echo(f"Threadline is starting. Open {url}")
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    # uvicorn.run, with the app's event streams drained when shutdown starts (server/drain.py).
+    drain.run(
+        app,
+        app.state.drain,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        log_config=uvicorn_log_config(),
+        log_config=uvicorn_log_config(settings.log_format, settings.log_level),
         loop=settings.event_loop,
         # The app closes oversize frames with 1009 itself; uvicorn's bound (same code) only
         # guards memory against frames far beyond it.
@@ -138,9 +167,10 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         ws=WebSocketProtocol,
         # Idle, slow and too many connections (server/transports/uvicorn_http.py).
         http=http_protocol(settings.http_header_timeout),
-        timeout_keep_alive=settings.http_keep_alive_timeout,  # type: ignore[arg-type]
+        timeout_keep_alive=settings.http_keep_alive_timeout,
         limit_concurrency=connection_limit(settings.max_connections),
-        timeout_graceful_shutdown=10,
+        # Streams end with a final event at once; this bounds what is still open after it.
+        timeout_graceful_shutdown=settings.shutdown_grace,
     )
 
 
@@ -172,7 +202,7 @@ def token_create(
     display_name: str | None,
 ) -> None:
     """Print one new bearer token on stdout (nothing else)."""
-    settings = Settings()
+    settings = _settings()
     setup_logging("warning")
     try:
         value = asyncio.run(
@@ -207,7 +237,7 @@ def _when(seconds: float | None) -> str:
 def token_list(as_json: bool) -> None:
     """List active tokens: id, subject, role, scopes, name, created, expires, last used (never
     the token itself: only its hash is stored, and the id is a prefix of that)."""
-    settings = Settings()
+    settings = _settings()
     setup_logging("warning")
     tokens = asyncio.run(_list_tokens(settings))
     if as_json:
@@ -241,7 +271,7 @@ def token_revoke(token_value: str | None, token_id: str | None) -> None:
     (4403) on every gateway."""
     if (token_value is None) == (token_id is None):
         raise click.UsageError("give either TOKEN or --id, not both")
-    settings = Settings()
+    settings = _settings()
     setup_logging("warning")
     token = token_value.strip() if token_value else None
     revoked, published = asyncio.run(_revoke_token(settings, token, token_id))
@@ -253,11 +283,26 @@ def token_revoke(token_value: str | None, token_id: str | None) -> None:
 
 @main.command()
 def migrate() -> None:
-    """Apply storage migrations and exit."""
-    settings = Settings()
-    setup_logging("info")
-    asyncio.run(_migrate(settings))
-    log.info("storage is up to date")
+    """Apply storage migrations, print each one applied, and exit."""
+    settings = _settings()
+    setup_logging("warning")
+    applied = asyncio.run(_migrate(settings))
+    for name in applied:
+        click.echo(f"applied {name}")
+    click.echo(f"applied {len(applied)} migrations" if applied else "storage is up to date")
+
+
+@main.command("config")
+def config_command() -> None:
+    """Print the effective settings (environment, .env file, defaults), secrets masked."""
+    settings = _settings()
+    for name, value in effective(settings):
+        shown = "" if value is None else value
+        if isinstance(value, bool):
+            shown = str(value).lower()
+        elif isinstance(value, list | dict):
+            shown = orjson.dumps(value).decode()
+        click.echo(f"{name}={shown}")
 
 
 if __name__ == "__main__":

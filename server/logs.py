@@ -1,13 +1,20 @@
-"""Logging set-up for the CLI: diagnostics on stderr, and tokens redacted from every log line."""
+"""Logging for the CLI and uvicorn: one format (text or JSON), tokens redacted, ids added."""
 
 from __future__ import annotations
 
-import copy
 import logging
+import logging.config
 import re
-import sys
-from typing import Any
+import uuid
+from typing import Any, Literal
 from urllib.parse import unquote_plus
+
+from opentelemetry import trace
+from pythonjsonlogger.core import RESERVED_ATTRS
+
+from runtime import log_context
+
+LogFormat = Literal["text", "json"]
 
 REDACTED = "[redacted]"
 # A query parameter. Old websocket clients send `?token=`, and uvicorn logs request lines
@@ -83,22 +90,92 @@ class RedactTokens(logging.Filter):
         return True
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactTokens())
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# The JSON keys of every line; the ids follow when known (LogContext).
+JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+JSON_RENAMES = {"asctime": "time", "levelname": "level", "name": "logger"}
 
 
-def uvicorn_log_config() -> dict[str, Any]:
-    """uvicorn's default logging configuration with token redaction on its handlers."""
-    from uvicorn.config import LOGGING_CONFIG
+class LogContext(logging.Filter):
+    """Adds the ids known where the record was made: request, thread and run (runtime's
+    context variables), and the current span's trace and span ids."""
 
-    config = copy.deepcopy(LOGGING_CONFIG)
-    config.setdefault("filters", {})["redact_tokens"] = {"()": RedactTokens}
-    for handler in config["handlers"].values():
-        handler.setdefault("filters", []).append("redact_tokens")
-    return config
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in log_context.current().items():
+            setattr(record, name, value)
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            record.trace_id = format(span.trace_id, "032x")
+            record.span_id = format(span.span_id, "016x")
+        return True
+
+
+def logging_config(level: str, fmt: LogFormat = "text") -> dict[str, Any]:
+    """One `logging.config.dictConfig` for the app and uvicorn: a single stderr handler whose
+    format is `fmt`, token redaction then the ids on every record; uvicorn's loggers propagate
+    to it instead of keeping formats of their own."""
+    formatter: dict[str, Any] = {"format": TEXT_FORMAT}
+    if fmt == "json":
+        formatter = {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": JSON_FORMAT,
+            "rename_fields": JSON_RENAMES,
+            # uvicorn's extra `color_message` repeats the message with terminal escapes.
+            "reserved_attrs": [*RESERVED_ATTRS, "color_message"],
+        }
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"redact_tokens": {"()": RedactTokens}, "log_context": {"()": LogContext}},
+        "formatters": {"default": formatter},
+        "handlers": {
+            "default": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "default",
+                "filters": ["redact_tokens", "log_context"],
+            }
+        },
+        "root": {"level": level.upper(), "handlers": ["default"]},
+        "loggers": {
+            name: {"handlers": [], "propagate": True}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+    }
+
+
+def setup_logging(level: str, fmt: LogFormat = "text") -> None:
+    logging.config.dictConfig(logging_config(level, fmt))
+
+
+def uvicorn_log_config(fmt: LogFormat = "text", level: str = "info") -> dict[str, Any]:
+    """The same configuration, for uvicorn's `log_config` (it applies it again at start)."""
+    return logging_config(level, fmt)
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+class RequestIds:
+    """ASGI middleware: every HTTP request and websocket gets a request id for its log lines:
+    the caller's `X-Request-ID` when it is a plain short token, else a new one; HTTP responses
+    echo it in `X-Request-ID`."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        with log_context.bound(request_id=request_id):
+            await self.app(scope, receive, send_with_id)

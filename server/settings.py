@@ -127,6 +127,15 @@ class Settings(BaseSettings):
     dev_token: bool = True
     log_level: str = "info"
 
+    # --- operations (docs/operations.md, "Metrics", "Logs", "Shutdown")
+    # Prometheus exposition at /metrics; with metrics_port set, on that port only.
+    metrics_enabled: bool = True
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    # `text` (one line per event) or `json` (one JSON object per line) for app and uvicorn.
+    log_format: Literal["text", "json"] = "text"
+    # Seconds open streams and websockets get after SIGTERM before they are closed.
+    shutdown_grace: float = Field(default=5.0, ge=0, le=300)
+
     @model_validator(mode="after")
     def _cors_origins_may_open_websockets(self) -> Settings:
         # One browser app, one answer: an origin allowed over HTTP is never refused on the

@@ -8,10 +8,12 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import metrics, trace
+from starlette.routing import BaseRoute, Match
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +52,9 @@ def _disabled() -> bool:
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-def configure_telemetry(service_name: str = "threadline") -> Telemetry:
-    """Install tracer and meter providers per OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER.
+def configure_telemetry(service_name: str = "threadline", *, prometheus: bool = False) -> Telemetry:
+    """Install tracer and meter providers per OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER,
+    and with `prometheus` a reader that feeds /metrics (server/metrics.py).
 
     Supported exporters: `none` (default), `console` (to stderr, so stdout stays clean for
     commands) and `otlp` (HTTP/protobuf, endpoint from OTEL_EXPORTER_OTLP_*). An exporter that
@@ -65,7 +68,7 @@ def configure_telemetry(service_name: str = "threadline") -> Telemetry:
         _installed = Telemetry()
         return Telemetry()
     try:
-        telemetry = _configure(service_name)
+        telemetry = _configure(service_name, prometheus)
     except Exception as exc:
         log.warning("telemetry disabled: set-up failed: %s", exc)
         telemetry = Telemetry()
@@ -73,7 +76,7 @@ def configure_telemetry(service_name: str = "threadline") -> Telemetry:
     return telemetry
 
 
-def _configure(service_name: str) -> Telemetry:
+def _configure(service_name: str, prometheus: bool) -> Telemetry:
     from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
     resource = Resource.create({"service.name": service_name}).merge(
@@ -93,14 +96,19 @@ def _configure(service_name: str) -> Telemetry:
         telemetry.tracer_provider = tracer_provider
 
     metric_exporters = [e for e in map(_metric_exporter, _selected("OTEL_METRICS_EXPORTER")) if e]
-    if metric_exporters:
+    if metric_exporters or prometheus:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        readers = []
+        readers: list[Any] = []
         for name, exporter in metric_exporters:
             readers.append(PeriodicExportingMetricReader(exporter))
             telemetry.exporters.append(f"metrics:{name}")
+        if prometheus:
+            from server.metrics import prometheus_reader
+
+            readers.append(prometheus_reader())
+            telemetry.exporters.append("metrics:prometheus")
         meter_provider = MeterProvider(resource=resource, metric_readers=readers)
         metrics.set_meter_provider(meter_provider)
         telemetry.meter_provider = meter_provider
@@ -148,10 +156,52 @@ HTTP_DURATION = meter.create_histogram("threadline.http.duration", unit="s")
 WS_CONNECTIONS = meter.create_up_down_counter("threadline.ws.connections")
 WS_FRAMES_IN = meter.create_counter("threadline.ws.frames_in", description="by frame type")
 WS_CLOSES = meter.create_counter("threadline.ws.closes", description="by close code")
+SSE_STREAMS = meter.create_up_down_counter(
+    "threadline.sse.streams", description="open event streams (AG-UI, AI SDK, thread SSE)"
+)
+QUOTA_REFUSALS = meter.create_counter(
+    "threadline.quota.refusals", description="commands and connections refused by a limit, by code"
+)
+
+
+# Current HTTP semantic conventions (`http.request.method`, `http.response.status_code`,
+# `url.path`, ...) unless the operator chose otherwise: the instrumentation's default is still
+# the old names.
+SEMCONV_OPT_IN = ("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
+
+
+def server_spans(app: Any, routes: Sequence[BaseRoute]) -> Any:
+    """`app` wrapped in OpenTelemetry's ASGI middleware: a SERVER span per HTTP request and
+    websocket, named `{method} {route template}`, its parent the caller's `traceparent`."""
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    os.environ.setdefault(*SEMCONV_OPT_IN)
+
+    def details(scope: Any) -> tuple[str, dict[str, Any]]:
+        template = route_template(routes, scope)
+        method = "WebSocket" if scope["type"] == "websocket" else scope.get("method", "HTTP")
+        if template is None:
+            return method, {}
+        return f"{method} {template}", {"http.route": template}
+
+    # One span per request, not one more per ASGI message of a stream or websocket.
+    return OpenTelemetryMiddleware(
+        app, default_span_details=details, exclude_spans=["receive", "send"]
+    )
+
+
+def route_template(routes: Sequence[BaseRoute], scope: Any) -> str | None:
+    """The template of the route `scope` goes to (`/v1/threads/{thread_id}`), before routing."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return str(getattr(route, "path", None) or "") or None
+    return None
 
 
 class RequestTelemetry:
-    """ASGI middleware: one span and two metrics per HTTP request, labelled by route template.
+    """ASGI middleware: two metrics per HTTP request, labelled by route template (the span is
+    the ASGI instrumentation's, `server_spans`).
 
     Route templates (not paths) keep metric cardinality bounded; failures of the telemetry
     pipeline are swallowed so they can never fail a request.
@@ -173,18 +223,15 @@ class RequestTelemetry:
             await send(message)
 
         start = time.perf_counter()
-        with tracer.start_as_current_span(f"HTTP {scope['method']}") as span:
-            try:
-                await self.app(scope, receive, send_wrapper)
-            finally:
-                route = getattr(scope.get("route"), "path", None) or "unmatched"
-                attributes = {
-                    "http.method": scope["method"],
-                    "http.route": route,
-                    "http.status_code": status,
-                }
-                with contextlib.suppress(Exception):
-                    span.update_name(f"HTTP {scope['method']} {route}")
-                    span.set_attributes(attributes)
-                    HTTP_REQUESTS.add(1, attributes)
-                    HTTP_DURATION.record(time.perf_counter() - start, attributes)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            attributes = {
+                "http.method": scope["method"],
+                "http.route": route,
+                "http.status_code": status,
+            }
+            with contextlib.suppress(Exception):
+                HTTP_REQUESTS.add(1, attributes)
+                HTTP_DURATION.record(time.perf_counter() - start, attributes)

@@ -25,6 +25,9 @@ class WakeupEnvelope(_Signal):
     # The run's thread, when the sender knows it: the worker reads the thread's messages with
     # the run's start (`Store.start_run`).
     thread_id: str | None = None
+    # W3C trace context of the request that made the work: the episode's span links to it.
+    # Left out of the encoding when absent, so wakeups without a trace stay as they were.
+    traceparent: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class StopEnvelope(_Signal):
@@ -43,13 +46,18 @@ def decode_control(data: bytes) -> WakeupEnvelope | StopEnvelope:
     return CONTROL_MESSAGE_ADAPTER.validate_json(data)
 
 
-def encode_wakeup(run_id: str | None = None, thread_id: str | None = None) -> bytes:
-    """`encode(WakeupEnvelope(run_id=..., thread_id=...))`, byte for byte, without building
-    the model."""
-    for name, value in (("run_id", run_id), ("thread_id", thread_id)):
+def encode_wakeup(
+    run_id: str | None = None, thread_id: str | None = None, traceparent: str | None = None
+) -> bytes:
+    """`encode(WakeupEnvelope(run_id=..., thread_id=..., traceparent=...))`, byte for byte,
+    without building the model."""
+    for name, value in (("run_id", run_id), ("thread_id", thread_id), ("tp", traceparent)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{name} must be a string or None")
-    return orjson.dumps({"type": "wakeup", "run_id": run_id, "thread_id": thread_id})
+    envelope = {"type": "wakeup", "run_id": run_id, "thread_id": thread_id}
+    if traceparent is not None:
+        envelope["traceparent"] = traceparent
+    return orjson.dumps(envelope)
 
 
 def encode_stop(run_id: str) -> bytes:

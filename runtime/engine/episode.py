@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
-from runtime import instruments
+from runtime import instruments, log_context
 from runtime.agent import Agent
 from runtime.chunks import RunTakeoverChunk
 from runtime.domain import (
@@ -36,6 +37,7 @@ from runtime.engine.phases import (
 from runtime.engine.publisher import Publisher
 from runtime.engine.shielding import runtime_cancelled, stray
 from runtime.engine.streaming import ChunkSink
+from runtime.engine.trace_links import request_links
 from runtime.errors import LeaseLost, Unavailable
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.storage.store import (
@@ -50,6 +52,8 @@ from runtime.tools import ToolSource
 log = logging.getLogger(__name__)
 
 __all__ = ["Episode", "start_kind"]
+
+_TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 class Episode:
@@ -70,7 +74,10 @@ class Episode:
         start: RunStart | None = None,
         history_from: int | None = None,
         tool_source: ToolSource | None = None,
+        traceparent: str | None = None,
     ) -> None:
+        # The trace context of the request that started the run, when its wakeup carried one.
+        self.traceparent = traceparent
         self.deps = EpisodeDeps(
             store, publisher, agent, lifecycle, lease, history or HistoryCache(), tool_source
         )
@@ -122,8 +129,17 @@ class Episode:
         self.stop_requested.set()
 
     async def run(self) -> RunStatus | None:
-        with instruments.span(
-            "threadline.episode", run_id=self.run_id, thread_id=self.thread_id
+        with log_context.bound(run_id=self.run_id, thread_id=self.thread_id):
+            outcome = await self._traced()
+            # One line per episode: what an operator greps a run's id for.
+            log.info("episode ended: %s", outcome.value if outcome is not None else "lease lost")
+        return outcome
+
+    async def _traced(self) -> RunStatus | None:
+        attributes = {"run_id": self.run_id, "thread_id": self.thread_id}
+        # A new trace of its own (a run outlives its request), linked to the request's.
+        with instruments.linked_span(
+            "threadline.episode", request_links(self.traceparent), attributes
         ) as span:
             try:
                 outcome = await self._run()
@@ -134,6 +150,12 @@ class Episode:
             # Errors are handled inside (the run fails, it does not raise): the span says so.
             if outcome is not None:
                 span.set_attribute("threadline.run.outcome", outcome.value)
+                if self.state is not None and outcome in _TERMINAL:
+                    # created_at is the database's clock; workers and database share NTP time.
+                    elapsed = time.time() - self.state.run.created_at
+                    instruments.safe_record(
+                        instruments.RUN_DURATION, max(elapsed, 0.0), {"outcome": outcome.value}
+                    )
             if self.failure is not None:
                 instruments.fail_span(span, self.failure)
             return outcome
@@ -297,7 +319,9 @@ class Episode:
             if step >= self.deps.agent.max_steps:
                 raise RunFailed(f"the run exceeded max_steps={self.deps.agent.max_steps}")
             step_ctx = StepContext(run=ctx.run, step=step, local=ctx.local, extra_messages=extra)
+            began = time.perf_counter()
             outcome = await run_step(self.deps, state, step_ctx)
+            instruments.safe_record(instruments.STEP_DURATION, time.perf_counter() - began)
             if state.ended:  # the step's commit carried the run transition: no after_step
                 return
             extra = await after_step(self.deps, step_ctx, outcome)

@@ -236,7 +236,7 @@ async def call_model(
         text = prepared.text if isinstance(prepared, Respond) else prepared.response
         await run_stream(deps.lifecycle, ctx, text_chunks(text or ""), state.sink, output)
         return
-    trace = ModelCallTrace(getattr(deps.agent.model, "name", "model"), state.run.id, ctx.step)
+    trace = ModelCallTrace(deps.agent.model, state.run.id, ctx.step)
     try:
         with trace.waiting():
             call = model_call(deps.agent.model)

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from realtime.bus import Bus
-from realtime.bus_metrics import PUBLISH_ERRORS, PUBLISHED, safe_add
+from realtime.bus_metrics import (
+    PUBLISH_DURATION,
+    PUBLISH_ERRORS,
+    PUBLISHED,
+    safe_add,
+    safe_record,
+)
 from realtime.channels import replay_key, scope_channel, thread_channel
 from realtime.envelopes import (
     encode_chunk,
@@ -16,8 +23,10 @@ from realtime.envelopes import (
 )
 from realtime.publish_options import PublishOptions, Replay
 from runtime.engine.control import CONTROL_CHANNEL, encode_stop, encode_wakeup
+from runtime.engine.trace_links import current_traceparent
 
 log = logging.getLogger(__name__)
+
 
 DEFAULT_REPLAY_LIMIT = 2000
 # Bytes of one thread's replay buffer (encoded chunk envelopes); the oldest go first.
@@ -99,7 +108,8 @@ class Publisher:
             messages.append((CONTROL_CHANNEL, encode_stop(stop)))
             kinds.append(("stop", 1))
         if wakeup is not None:
-            messages.append((CONTROL_CHANNEL, encode_wakeup(wakeup, thread_id)))
+            data = encode_wakeup(wakeup, thread_id, current_traceparent())
+            messages.append((CONTROL_CHANNEL, data))
             kinds.append(("wakeup", 1))
         if len(messages) == 1:
             operation = self._bus.publish(*messages[0])
@@ -163,7 +173,9 @@ class Publisher:
 
     async def wakeup(self, run_id: str | None = None, thread_id: str | None = None) -> bool:
         """Work for workers: run `run_id` (of `thread_id`, when known), or any (None)."""
-        return await self._publish(CONTROL_CHANNEL, "wakeup", encode_wakeup(run_id, thread_id))
+        traceparent = current_traceparent() if run_id is not None else None
+        data = encode_wakeup(run_id, thread_id, traceparent)
+        return await self._publish(CONTROL_CHANNEL, "wakeup", data)
 
     async def stop(self, run_id: str) -> bool:
         return await self._publish(CONTROL_CHANNEL, "stop", encode_stop(run_id))
@@ -179,6 +191,7 @@ class Publisher:
     ) -> bool:
         """`published`: (kind, messages) the operation holds, counted once it succeeded; when it
         fails, `failed` (by default its first kind) is counted as errors."""
+        began = time.perf_counter()
         try:
             await operation
         except Exception as exc:
@@ -191,6 +204,7 @@ class Publisher:
             return False
         for kind, count in published:
             safe_add(PUBLISHED, count, {"kind": kind})
+        safe_record(PUBLISH_DURATION, time.perf_counter() - began, {"kind": published[0][0]})
         if self._failing:
             log.info("realtime publishing works again")
             self._failing = False

@@ -12,7 +12,14 @@ from runtime.domain import MAX_TEXT_CHARS, TextPart
 from runtime.engine.modeltrace import ModelCallTrace
 from runtime.engine.publisher import Publisher
 from runtime.lifecycle import AgentLifecycle, StepContext
-from runtime.providers.model_api import Model, ModelDelta, ModelRequest, TextDelta, UsageDelta
+from runtime.providers.model_api import (
+    Model,
+    ModelDelta,
+    ModelRequest,
+    ResponseDelta,
+    TextDelta,
+    UsageDelta,
+)
 from runtime.providers.parts import StepAssembler
 
 # A step's text commits in full up to this bound (docs/architecture.md, "Long replies"), split
@@ -174,6 +181,8 @@ async def model_chunks(
                 yield TextDeltaChunk(delta=delta.text)
             elif isinstance(delta, UsageDelta):
                 trace.usage(delta.input_tokens, delta.output_tokens)
+            elif isinstance(delta, ResponseDelta):
+                trace.response(delta.id, delta.model)
         result = assembler.result()
     except BaseException as exc:
         trace.end(None, exc)

@@ -267,7 +267,17 @@ class ToolPhase:
             progress=report,
         )
         try:
-            with instruments.span("threadline.tool_call", tool=tool_.name):
+            # GenAI conventions: `execute_tool {name}` (`tool` kept for existing dashboards).
+            with instruments.span(
+                f"execute_tool {tool_.name}",
+                tool=tool_.name,
+                **{
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": tool_.name,
+                    "gen_ai.tool.call.id": part.tool_call_id,
+                    "gen_ai.tool.type": "function",
+                },
+            ):
                 output = await tool_.execute(tool_.validate_input(part.input), context)
             if isinstance(output, BaseModel):
                 output = output.model_dump(mode="json")

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from runtime.mcp.pool import MCPPool
 
 log = logging.getLogger(__name__)
+# Request trace contexts kept for runs not started yet (`Worker._remember_link`).
+MAX_LINKS = 1024
 
 
 class Worker:
@@ -74,6 +76,8 @@ class Worker:
         # episode that ends then polls again at once.
         self._backlog = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # Trace contexts of the requests that started runs (wakeups), by run id.
+        self._links: dict[str, str] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
         # The agent's MCP servers and the deployment's: one session each for all the runs of
@@ -145,6 +149,8 @@ class Worker:
             if envelope.run_id is None:
                 self.wake()
             else:
+                if envelope.traceparent is not None:
+                    self._remember_link(envelope.run_id, envelope.traceparent)
                 self._named.append((envelope.run_id, envelope.thread_id))
                 self._wake.set()
         elif isinstance(envelope, StopEnvelope):
@@ -155,6 +161,13 @@ class Worker:
                 self._starting[envelope.run_id] = True
             else:
                 self.wake()  # a waiting run with a stop request needs a worker
+
+    def _remember_link(self, run_id: str, traceparent: str) -> None:
+        """Keep a run's request trace context for its episode; bounded, oldest dropped (a run
+        another worker took never comes here to collect it)."""
+        self._links[run_id] = traceparent
+        while len(self._links) > MAX_LINKS:
+            self._links.pop(next(iter(self._links)))
 
     async def _poll_loop(self) -> None:
         while not self._closing:
@@ -229,6 +242,7 @@ class Worker:
             start=start,
             history_from=cached,
             tool_source=self.mcp,
+            traceparent=self._links.pop(run_id, None),
         )
         if stopped:
             episode.stop_requested.set()  # seen once the episode has started, as any stop

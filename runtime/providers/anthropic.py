@@ -22,6 +22,7 @@ from runtime.providers.model_api import (
     ModelDelta,
     ModelRequest,
     ProviderError,
+    ResponseDelta,
     TextDelta,
     ToolCallDelta,
     ToolSpec,
@@ -225,8 +226,12 @@ class EventMapper:
     def map(self, event: Any) -> list[ModelDelta]:
         kind = getattr(event, "type", None)
         if kind == "message_start":
-            usage = getattr(event.message, "usage", None)
-            return self._usage(usage)
+            message = event.message
+            deltas = self._usage(getattr(message, "usage", None))
+            response_id, model = getattr(message, "id", None), getattr(message, "model", None)
+            if response_id or model:  # for traces: gen_ai.response.id / .model
+                return [ResponseDelta(id=response_id, model=model), *deltas]
+            return deltas
         if kind == "content_block_start":
             block = event.content_block
             if block.type == "tool_use":

@@ -42,8 +42,18 @@ class FinishDelta(_Delta):
     reason: str  # "stop", "tool_calls", "length", "content_filter", ...
 
 
+class ResponseDelta(_Delta):
+    """Which response this is, as the provider names it (traces: `gen_ai.response.*`). Sent
+    once per response, when the provider says; it changes nothing the step produces."""
+
+    type: Literal["response"] = "response"
+    id: str | None = None
+    model: str | None = None
+
+
 ModelDelta = Annotated[
-    TextDelta | ToolCallDelta | UsageDelta | FinishDelta, Field(discriminator="type")
+    TextDelta | ToolCallDelta | UsageDelta | FinishDelta | ResponseDelta,
+    Field(discriminator="type"),
 ]
 ModelDeltaAdapter: TypeAdapter[ModelDelta] = TypeAdapter(ModelDelta)
 
@@ -79,7 +89,10 @@ class ProviderError(Exception):
 
 
 class Model(Protocol):
-    """A model provider. `stream` yields normalised deltas; errors raise ProviderError."""
+    """A model provider. `stream` yields normalised deltas; errors raise ProviderError.
+
+    Traces also read, when a provider has them, `provider` (`gen_ai.provider.name`), `model`
+    (the model id the provider knows) and `base_url` (`server.address`)."""
 
     name: str
 

@@ -24,6 +24,7 @@ from runtime.providers.model_api import (
     ModelDelta,
     ModelRequest,
     ProviderError,
+    ResponseDelta,
     TextDelta,
     ToolCallDelta,
     ToolSpec,
@@ -97,7 +98,18 @@ class OpenAICompatModel(SdkModel[AsyncOpenAI]):
         return await client.chat.completions.create(**kwargs)
 
     def _event_mapper(self) -> Callable[[Any], Iterable[ModelDelta]]:
-        return chunk_deltas
+        announced = False
+
+        def deltas(chunk: Any) -> list[ModelDelta]:
+            # The response's id and model arrive on every chunk; traces need them once.
+            nonlocal announced
+            if announced or not getattr(chunk, "id", None):
+                return chunk_deltas(chunk)
+            announced = True
+            response = ResponseDelta(id=chunk.id, model=getattr(chunk, "model", None) or None)
+            return [response, *chunk_deltas(chunk)]
+
+        return deltas
 
     def _failure(self, phase: Phase, exc: BaseException) -> ProviderError:
         return _failure(phase, exc)

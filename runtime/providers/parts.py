@@ -10,6 +10,7 @@ from typing import Any
 from runtime.providers.model_api import (
     FinishDelta,
     ModelDelta,
+    ResponseDelta,
     TextDelta,
     ToolCallDelta,
     UsageDelta,
@@ -138,6 +139,8 @@ class StepAssembler:
             # The last reason wins: some servers repeat it on the trailing usage chunk.
             self._finish_reason = delta.reason
             return [FinishReceived(delta.reason)]
+        if isinstance(delta, ResponseDelta):
+            return []  # for traces only
         raise TypeError(f"not a model delta: {delta!r}")
 
     def feed_all(self, deltas: list[ModelDelta]) -> list[StepEvent]:

@@ -61,6 +61,7 @@ class SdkModel(abc.ABC, Generic[ClientT]):
         self.timeout = timeout
         self.settings = settings
         self.name = name or f"{provider}:{model}"
+        self.provider = provider
         self._injected = client
         self._client: ClientT | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None

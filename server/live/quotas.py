@@ -9,12 +9,14 @@ from dataclasses import dataclass
 
 import orjson
 
+from realtime.bus_metrics import safe_add
 from realtime.channels import hash_tag
 from realtime.counters import Counters
 from runtime.domain import Principal
 from runtime.errors import QuotaExceeded, ScopeRateLimited, TokenRateLimited, TooManyConnections
 from runtime.storage.store import AdmissionLimits
 from server.settings import Settings
+from server.tracing import QUOTA_REFUSALS
 
 # Connection set members expire unless refreshed: a gateway that dies frees its slots after
 # this long, without anyone having to clean up after it.
@@ -105,6 +107,7 @@ class Limiter:
         full = await self.counters.join(keys, caps, slot.member, CONNECTION_TTL)
         if full >= 0:
             what = ("token", "subject")[full]
+            safe_add(QUOTA_REFUSALS, 1, {"code": TooManyConnections.code})
             raise TooManyConnections(
                 f"this {what} already has {caps[full]} open connections"
                 " (websockets and event streams together)",

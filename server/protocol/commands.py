@@ -7,8 +7,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
+from realtime.bus_metrics import safe_add
 from runtime.domain import Principal, Role, WaitKind
-from runtime.errors import Forbidden, InvalidInput
+from runtime.errors import Forbidden, InvalidInput, QuotaExceeded
 from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart, act
 from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import ThreadService, require_trusted
@@ -57,6 +58,7 @@ from server.protocol.replies import (
     Subscribed,
     Unsubscribed,
 )
+from server.tracing import QUOTA_REFUSALS
 from threadline_wire import AdmissionAnswer, fields_doc
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
@@ -159,9 +161,13 @@ class Command(Generic[I, R]):
     async def result(self, caller: Caller, data: I) -> R:
         """Check limits and call the service: what it returned, before the answer's shaping."""
         data.check()  # size limits first: cheap, and a refused input costs no rate budget
-        if self.limited and caller.limiter is not None:
-            await caller.limiter.command(caller.principal, caller.token_id)
-        return await self.call(caller, data)
+        try:
+            if self.limited and caller.limiter is not None:
+                await caller.limiter.command(caller.principal, caller.token_id)
+            return await self.call(caller, data)
+        except QuotaExceeded as exc:
+            safe_add(QUOTA_REFUSALS, 1, {"code": exc.code})
+            raise
 
     async def run(self, caller: Caller, data: I) -> dict[str, Any] | None:
         """Check limits, call the service, shape the answer (None: the call answered itself)."""
@@ -180,9 +186,13 @@ async def charge_together(caller: Caller, steps: Sequence[Step]) -> Caller:
         if command.precheck is not None:
             await command.precheck(caller, data)
     if caller.limiter is not None:
-        for command, _ in steps:
-            if command.limited:
-                await caller.limiter.command(caller.principal, caller.token_id)
+        try:
+            for command, _ in steps:
+                if command.limited:
+                    await caller.limiter.command(caller.principal, caller.token_id)
+        except QuotaExceeded as exc:
+            safe_add(QUOTA_REFUSALS, 1, {"code": exc.code})
+            raise
     return replace(caller, limiter=None)
 
 

@@ -14,6 +14,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from runtime import log_context
 from runtime.errors import InvalidInput, TooLarge
 from runtime.service.thread_service import ThreadService
 from server.auth import authenticate, bearer_token, token_key
@@ -21,6 +22,7 @@ from server.protocol.commands import COMMANDS, Caller, Command
 from server.protocol.inputs import Input
 from server.protocol.responses import JSONResponse
 from server.protocol.wire_errors import InvalidJSON, wire_error
+from server.transports.readiness import readyz
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 B = TypeVar("B", bound=BaseModel)
@@ -108,6 +110,7 @@ def command_endpoint(command: Command[Any, Any]) -> Endpoint:
     body = body_model(command)
 
     async def endpoint(request: Request) -> Response:
+        log_context.bind_task(thread_id=request.path_params.get("thread_id"))
         try:
             caller = await request_caller(request)
             if command.authorize is not None:
@@ -159,7 +162,10 @@ def api_routes() -> list[BaseRoute]:
 
 
 def health_routes() -> list[BaseRoute]:
-    return [Route("/healthz", healthz, methods=["GET"], name="healthz")]
+    return [
+        Route("/healthz", healthz, methods=["GET"], name="healthz"),
+        Route("/readyz", readyz, methods=["GET"], name="readyz"),
+    ]
 
 
 def static_routes() -> list[BaseRoute]:

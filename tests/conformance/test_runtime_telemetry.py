@@ -10,7 +10,7 @@ from typing import TypeVar
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel
 
 from runtime.agent import Agent
@@ -84,17 +84,23 @@ async def test_runs_models_and_tools_are_traced_and_counted(runtime_for: Runtime
     [episode] = telemetry.spans_where("threadline.episode", run_id=run_id)
     assert episode.attributes["threadline.run.outcome"] == "completed"
     assert episode.status.status_code is StatusCode.UNSET
-    calls = telemetry.spans_where("threadline.model_call", **{"threadline.run_id": run_id})
+    calls = telemetry.spans_where("chat scripted-7b", **{"threadline.run_id": run_id})
     assert [span.attributes["threadline.step"] for span in calls] == [0, 1]
     last = calls[1].attributes
     assert last["gen_ai.request.model"] == "scripted-7b"
     assert last["gen_ai.operation.name"] == "chat"
+    assert last["gen_ai.provider.name"] == "threadline"  # a scripted model has no provider
+    assert calls[1].kind is SpanKind.CLIENT
     assert (last["gen_ai.usage.input_tokens"], last["gen_ai.usage.output_tokens"]) == (7, 3)
     assert tuple(last["gen_ai.response.finish_reasons"]) == ("stop",)
     assert tuple(calls[0].attributes["gen_ai.response.finish_reasons"]) == ("tool_calls",)
-    assert [s.attributes["tool"] for s in telemetry.spans_where("threadline.tool_call")][-1:] == [
-        "explode"
+    [tool] = [
+        span
+        for span in telemetry.spans_where("execute_tool explode", **{"gen_ai.tool.call.id": "e1"})
+        if span.context.trace_id == episode.context.trace_id
     ]
+    assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert tool.parent is not None and tool.parent.span_id == episode.context.span_id
     assert mark.delta("threadline.runs", event="started") == 1
     assert mark.delta("threadline.runs", event="completed") == 1
     model_attr = {"gen_ai.request.model": "scripted-7b"}
@@ -140,7 +146,7 @@ async def test_the_model_call_span_measures_only_the_provider(runtime_for: Runti
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     assert first_text(done.messages[-1]) == "one two three"
     by_run = {"threadline.run_id": admission.run_id}
-    [span] = telemetry.spans_where("threadline.model_call", **by_run)
+    [span] = telemetry.spans_where("chat slow-7b", **by_run)
     duration = (span.end_time - span.start_time) / 1e9
     attributes = span.attributes
     assert duration == pytest.approx(attributes["threadline.model_call.wait_s"], abs=1e-6)

@@ -145,7 +145,8 @@ def test_route_and_frame_tables_are_covered() -> None:
     assert others == {("WebSocketRoute", "/v1/ws"), ("Mount", "/static")}, others
     assert all(isinstance(r, Route | WebSocketRoute | Mount) for r in routes)
     public = {r.path for r in routes if isinstance(r, Route) and not r.path.startswith("/v1/")}
-    assert public == {"/", "/healthz"}, public
+    # Probes, metrics (no ids in any label) and the API description need no token.
+    assert public == {"/", "/healthz", "/readyz", "/metrics", "/openapi.json"}, public
     for name, _, path in thread_routes():
         assert name in VALID_BODIES, f"add a valid body for route {name}"
         assert set(PATH_PARAM.findall(path)) <= {"thread_id", *SUB_IDS}, path
@@ -153,8 +154,8 @@ def test_route_and_frame_tables_are_covered() -> None:
     assert len(api_routes()) >= 12 and len(frame_models()) >= 11
 
 
-def test_worker_role_serves_only_healthz(tmp_path: Path) -> None:
-    assert [r.path for r in app_routes("worker")] == ["/healthz"]
+def test_worker_role_serves_only_probes_and_metrics(tmp_path: Path) -> None:
+    assert [r.path for r in app_routes("worker")] == ["/healthz", "/readyz", "/metrics"]
     with harness.start("worker", database_url=harness.sqlite_url(tmp_path), log_dir=tmp_path) as w:
         with httpx.Client(base_url=w.url, timeout=TIMEOUT) as client:
             assert client.get("/healthz").json()["role"] == "worker"

@@ -178,6 +178,9 @@ def test_direct_encoders_are_the_envelope_encodings(thread_id: str, version: int
     assert encode_wakeup("run_1", thread_id) == encode(
         WakeupEnvelope(run_id="run_1", thread_id=thread_id)
     )
+    traced = WakeupEnvelope(run_id="run_1", thread_id=thread_id, traceparent="00-ab-cd-01")
+    assert encode_wakeup("run_1", thread_id, "00-ab-cd-01") == encode(traced)
+    assert decode_control(encode(traced)) == traced
     assert encode_stop(thread_id) == encode(StopEnvelope(run_id=thread_id))
     assert decode_control(encode_stop(thread_id)) == StopEnvelope(run_id=thread_id)
 

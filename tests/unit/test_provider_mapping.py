@@ -13,6 +13,7 @@ from runtime.providers.model_api import (
     ContextMessage,
     FinishDelta,
     ModelRequest,
+    ResponseDelta,
     TextDelta,
     ToolCallDelta,
     UsageDelta,
@@ -40,6 +41,17 @@ def test_anthropic_running_usage_totals_become_increments() -> None:
     assert mapper.map(end) == [
         UsageDelta(input_tokens=0, output_tokens=19),
         FinishDelta(reason="length"),
+    ]
+
+
+def test_anthropic_message_start_names_the_response_for_traces() -> None:
+    start = NS(
+        type="message_start",
+        message=NS(id="msg_1", model="claude-x", usage=usage(input_tokens=3, output_tokens=0)),
+    )
+    assert EventMapper().map(start) == [
+        ResponseDelta(id="msg_1", model="claude-x"),
+        UsageDelta(input_tokens=3, output_tokens=0),
     ]
 
 

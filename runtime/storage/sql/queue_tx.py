@@ -370,3 +370,10 @@ async def admit_next(
     )
     _queue_event(conn, "admitted")
     return run_id
+
+
+async def queue_depth(conn: Conn) -> dict[str, int]:
+    """Counts for the queue-depth gauges: queued runs (no worker yet) and queued items."""
+    runs = await conn.fetchval("SELECT COUNT(*) FROM runs WHERE status = 'queued'")
+    items = await conn.fetchval("SELECT COUNT(*) FROM queued_items WHERE status = 'queued'")
+    return {"runs": int(runs or 0), "items": int(items or 0)}

@@ -89,12 +89,15 @@ class SqlStore(SqlTransactions):
 
     # --- lifecycle ----------------------------------------------------------------------
 
+    # The migrations `open` applied (what `threadline migrate` and the server's start report).
+    migrated: tuple[str, ...] = ()
+
     async def open(self) -> None:
         if self.pool.is_open:
             return
         await self._retry(self.pool.open)
         try:
-            await self.migrate()
+            self.migrated = tuple(await self.migrate())
         except BaseException:
             await self.close()
             raise
@@ -112,6 +115,15 @@ class SqlStore(SqlTransactions):
 
     async def applied_migrations(self) -> list[str]:
         return await self._read(applied_migrations)
+
+    async def pending_migrations(self) -> list[str]:
+        """Migrations this code has that the database has not applied (readiness)."""
+        done = set(await self.applied_migrations())
+        return [name for name, _ in migration_scripts(self.dialect) if name not in done]
+
+    async def queue_depth(self) -> dict[str, int]:
+        """Runs waiting for a worker, and queued input waiting behind an active run (metrics)."""
+        return await self._read(queue_tx.queue_depth)
 
     # --- threads and snapshots ----------------------------------------------------------
 

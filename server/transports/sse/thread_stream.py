@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import orjson
@@ -16,14 +16,22 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from realtime.bus_metrics import safe_add
 from realtime.envelopes import MessageKind
 from runtime.domain import RunStatus, Snapshot
+from runtime.errors import Unavailable
 from runtime.service.client_threads import ClientThread
 from server.live.quotas import REFRESH_INTERVAL, ConnectionSlot
 from server.protocol.commands import BY_NAME, Caller, Step
 from server.protocol.inputs import GetSnapshot
+from server.tracing import SSE_STREAMS
 
 log = logging.getLogger(__name__)
+
+
+class ServerDraining(Unavailable):
+    """This gateway is shutting down: a stream's final event (code `unavailable`)."""
+
 
 # Bounded: a stream that cannot keep up resynchronises from the snapshot instead of growing.
 MAX_QUEUED = 4096
@@ -85,11 +93,20 @@ class ThreadFeed:
     caller: Caller
     hub: Listening
     thread_id: str
-    _queue: asyncio.Queue[tuple[bytes, MessageKind]] = field(default_factory=asyncio.Queue)
+    # Bus messages, and "shutdown" from the server's drain.
+    _queue: asyncio.Queue[tuple[bytes, MessageKind | Literal["shutdown"]]] = field(
+        default_factory=asyncio.Queue
+    )
     _overflow: bool = False
     _listening: bool = False
     _slot: ConnectionSlot | None = None
     _refreshed: float = 0.0
+    _stopping: bool = False
+
+    def shutdown(self) -> None:
+        """The server is shutting down: the stream ends with ServerDraining (server/drain.py)."""
+        self._stopping = True  # the queue may be cleared (resync) before the marker is read
+        self._queue.put_nowait((b"", "shutdown"))
 
     def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
         if self._queue.qsize() >= MAX_QUEUED:
@@ -188,6 +205,10 @@ class ThreadFeed:
                 self._drain()
                 yield None
                 return
+            if kind == "shutdown" or self._stopping:
+                raise ServerDraining(
+                    "the server is shutting down; the run goes on: reconnect to follow it"
+                )
             if kind == "invalidate":
                 snapshot = await self.snapshot()
                 if snapshot.thread.version != version:
@@ -286,6 +307,9 @@ async def open_feed(
     except BaseException:
         await feed.__aexit__(None, None, None)
         raise
+    drain = getattr(request.app.state, "drain", None)
+    if drain is not None:
+        drain.track(feed)
     return feed
 
 
@@ -305,15 +329,22 @@ def sse_response(
     """
 
     async def body() -> AsyncIterator[str | bytes]:
-        async with feed:
-            try:
-                async for frame in frames:
-                    yield frame
-            except Exception as exc:
-                log.exception("event stream of thread %s failed", feed.thread_id)
-                yield on_error(exc)
-        if trailer:
-            yield trailer
+        safe_add(SSE_STREAMS, 1)
+        try:
+            async with feed:
+                try:
+                    async for frame in frames:
+                        yield frame
+                except ServerDraining as exc:  # expected: no traceback
+                    log.info("event stream of thread %s drained", feed.thread_id)
+                    yield on_error(exc)
+                except Exception as exc:
+                    log.exception("event stream of thread %s failed", feed.thread_id)
+                    yield on_error(exc)
+            if trailer:
+                yield trailer
+        finally:
+            safe_add(SSE_STREAMS, -1)
 
     return StreamingResponse(
         body(),
