@@ -328,3 +328,18 @@ def test_refusals_answer_json_before_any_stream(
         lines = [line for line in foreign.iter_lines() if line.startswith("data:")]
     assert '"RUN_FINISHED"' in lines[-1]
     assert agui.snapshot() == before
+
+
+def test_cancelling_an_interrupt_ends_the_run_and_the_client_runs_again(agui: Agui) -> None:
+    report = agui.run(
+        text=f"email {ADDRESS} to say hello",
+        then=[{"cancelPending": True}, {"text": "hello again"}],
+    )
+    assert report["outcome"] == "interrupt", report["error"]
+    cancelled, again = report["later"]
+    assert cancelled["error"] is None and cancelled["outcome"] == "cancelled"
+    assert cancelled["pendingInterrupts"] == []
+    assert again["error"] is None and again["outcome"] == "success"
+    snap = agui.snapshot()
+    assert snap["run"]["status"] == "completed" and not snap["pending_actions"]
+    assert last_assistant_text(snap) == "You said: hello again"

@@ -301,7 +301,7 @@ async def events(
             run = item.snapshot.run
             if queued and run is not None and run.id != prior:
                 stream.run_id, queued = run.id, False
-            if not queued and is_settled(item.snapshot, stream.run_id):
+            if not queued and settled(item.snapshot, stream.run_id, ending=request.ending):
                 for event in stream.finish(item.snapshot):
                     yield event
                 return
@@ -315,6 +315,14 @@ async def events(
             for event in stream.chunk(item):
                 yield event
         item = await anext(source)
+
+
+def settled(snapshot: Snapshot, run_id: str, *, ending: bool) -> bool:
+    """`is_settled`, except that a run being stopped (`ending`) is settled only once it ended."""
+    run = snapshot.run
+    if ending and run is not None and run.id == run_id:
+        return run.status.is_terminal
+    return is_settled(snapshot, run_id)
 
 
 def from_reset(stream: RunStream, snapshot: Snapshot) -> list[BaseEvent]:

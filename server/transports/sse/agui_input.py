@@ -30,8 +30,11 @@ def parse_input(raw: bytes) -> RunAgentInput:
 class Plan:
     """What one request does: the commands in the order they run, and the run they lead to.
 
-    `follow` is the run a resume or client result continues (None: a new message's run, known
-    once it is admitted, or a join). `doomed` steps resolve actions that are not pending: the
+    `follow` is the run a resume, client result or cancel continues (None: a new message's run,
+    known once it is admitted, or a join). `ending`: an interrupt was cancelled, so the run
+    followed is over only once it ended (a stop of a waiting run is finalised by a worker: until
+    then the run still reads `waiting`, and finishing on that would hand the client the
+    interrupt it just cancelled). `doomed` steps resolve actions that are not pending: the
     store refuses them (conflict naming the winner, or not_found), so they run first and a
     refusal leaves the rest undone.
     """
@@ -39,6 +42,7 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     follow: str | None = None
     sends: bool = False
+    ending: bool = False
 
 
 def _step(caller: Caller, name: str, **fields: Any) -> Step:
@@ -84,6 +88,7 @@ def plan(caller: Caller, thread_id: str, data: RunAgentInput, snapshot: Snapshot
             result.steps.append(
                 _step(caller, "run.stop", thread_id=thread_id, run_id=action.run_id)
             )
+            result.follow, result.ending = action.run_id, True
             continue
         payload = entry.payload if isinstance(entry.payload, dict) else {}
         step = _step(
