@@ -156,3 +156,31 @@ def test_stream_headers(server: harness.ServerHandle, tokens: dict[str, str]) ->
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
+
+
+def test_stop_through_the_documented_route_stops_the_run(
+    node: str, server: harness.ServerHandle, tokens: dict[str, str]
+) -> None:
+    report = chat(node, server, tokens["alice"], text=long_text(), stopRouteAfterDeltas=3)
+    snap = report["snapshot"]
+    assert snap["run"]["status"] == "cancelled"
+    assert report["stopAnswer"]["run_id"] == snap["run"]["id"]
+    assert report["status"] == "ready"
+    assistant = report["messages"][-1]
+    assert assistant["id"] == snap["run"]["id"]
+    assert "word199" not in ui_text(assistant)
+    # The closed tab of test_reconnect_resumes_the_stream_in_flight (the SDK's stop() alone)
+    # leaves its run going to completion; this one ended it for everyone.
+    later = httpx.get(
+        f"{server.url}/v1/ai-sdk/chat/{report['chatId']}/stream",
+        headers={"Authorization": f"Bearer {tokens['alice']}"},
+        timeout=10.0,
+    )
+    assert later.status_code == 204
+
+
+def test_stop_route_refusals(server: harness.ServerHandle, tokens: dict[str, str]) -> None:
+    url = f"{server.url}/v1/ai-sdk/chat/chat-{uuid.uuid4().hex}/stop"
+    assert httpx.post(url, timeout=10.0).status_code == 401
+    missing = httpx.post(url, headers={"Authorization": f"Bearer {tokens['alice']}"}, timeout=10.0)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
