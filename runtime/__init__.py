@@ -60,10 +60,10 @@ from runtime.tools import (
     TRUSTED_ROLES,
     ResultPayload,
     SuspendStep,
-    denied_unless_approved,
     Tool,
     ToolContext,
     ToolSource,
+    denied_unless_approved,
     manual_tool,
     tool,
 )

@@ -3,6 +3,7 @@ the file THREADLINE_TEST_EFFECTS names, so a test counts what ran (served by tes
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -13,11 +14,15 @@ from runtime.demo.redact import RedactEmails
 EFFECTS_ENV = "THREADLINE_TEST_EFFECTS"
 
 
+def _record(tool_call_id: str) -> None:
+    with open(os.environ[EFFECTS_ENV], "a", encoding="utf-8") as effects:
+        effects.write(f"{tool_call_id}\n")
+
+
 @tool(suspend=SuspendStep(payload=EmailApproval, denial=denied_unless_approved))
 async def send_email(args: EmailInput, ctx: ToolContext) -> dict[str, Any]:
     """Send an e-mail (after a person approves it)."""
-    with open(os.environ[EFFECTS_ENV], "a", encoding="utf-8") as effects:
-        effects.write(f"{ctx.tool_call_id}\n")
+    await asyncio.to_thread(_record, ctx.tool_call_id)
     return {"sent": True, "to": args.to}
 
 

@@ -191,7 +191,9 @@ def test_stop_route_refusals(server: harness.ServerHandle, tokens: dict[str, str
 
 
 @pytest.fixture(scope="module")
-def effects(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.ServerHandle, Path]]:
+def effects(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[harness.ServerHandle, Path]]:
     """A server whose `send_email` records each execution in a file (tests/e2e/effects_agent)."""
     directory = tmp_path_factory.mktemp("effects")
     effects_file = directory / "effects"

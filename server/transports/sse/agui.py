@@ -41,7 +41,6 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from runtime.chunks import StepFinishChunk, StepStartChunk, ToolCallChunk
-from runtime.errors import NotFound
 from runtime.domain import (
     MessageView,
     PendingAction,
@@ -52,6 +51,7 @@ from runtime.domain import (
     ToolState,
     WaitKind,
 )
+from runtime.errors import NotFound
 from server.protocol.commands import Caller, charge_together
 from server.protocol.wire_errors import wire_error
 from server.transports.http_routes import read_body, request_caller

@@ -29,7 +29,9 @@ CAPABILITIES = AgentCapabilities(
     tools=ToolsCapabilities(supported=True, client_provided=True),
     state=StateCapabilities(snapshots=True, deltas=True, persistent_state=True),
     multimodal=MultimodalCapabilities(
-        input=MultimodalInputCapabilities(image=False, audio=False, video=False, pdf=False, file=False)
+        input=MultimodalInputCapabilities(
+            image=False, audio=False, video=False, pdf=False, file=False
+        )
     ),
     human_in_the_loop=HumanInTheLoopCapabilities(supported=True, approvals=True, interrupts=True),
     custom={

@@ -14,7 +14,6 @@ from runtime.errors import InvalidInput, NotFound
 from runtime.service.thread_service import field_errors, validation_field_errors
 from server.protocol.commands import BY_NAME, Caller, Step
 
-
 # The keys of the shared state the server derives (agui.shared_state): a client echoes them back.
 SERVER_STATE_KEYS = frozenset({"run", "pendingActions"})
 
@@ -89,7 +88,7 @@ def sent_text(content: Any) -> str:
             raise InvalidInput(
                 f"content parts of type {', '.join(map(repr, other))} are not supported: "
                 "Threadline messages hold text only (see GET /v1/ag-ui/info)",
-                errors=field_errors(((("messages", "content"), f"unsupported: {t}") for t in other)),
+                errors=field_errors((("messages", "content"), f"unsupported: {t}") for t in other),
             )
     return _text(content)
 
