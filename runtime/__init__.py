@@ -64,6 +64,7 @@ from runtime.tools import (
     Tool,
     ToolContext,
     ToolSource,
+    denied_unless_approved,
     manual_tool,
     tool,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "Worker",
     "as_lifecycle",
     "compose_lifecycle",
+    "denied_unless_approved",
     "manual_tool",
     "message_text",
     "message_turns",

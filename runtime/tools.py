@@ -26,16 +26,36 @@ class ResultPayload(BaseModel):
     error: str | None = None
 
 
+# A denial rule: the reason a validated resume payload refuses the call, or None (it approves).
+DenialRule = Callable[[BaseModel], str | None]
+
+
 @dataclass(frozen=True)
 class SuspendStep:
     """Declares that a tool waits for a human or a trusted actor before it executes.
 
     `payload` is the pydantic model of the resume payload; `allowed_roles` may resolve it.
+    `denial` (approvals only) says which payloads refuse the call: for those the tool never
+    runs and the call ends `rejected` with the reason (what an AI SDK client shows as
+    `output-denied`); without it, every valid payload runs the tool, which decides itself.
     """
 
     payload: type[BaseModel]
     allowed_roles: tuple[Role, ...] = ALL_ROLES
     kind: WaitKind = WaitKind.APPROVAL
+    denial: DenialRule | None = None
+
+
+DENIED = "denied"
+
+
+def denied_unless_approved(payload: BaseModel) -> str | None:
+    """The denial rule of a payload with an `approved` flag: `approved: false` is a denial,
+    its reason "denied", or "denied: <note>" when the payload has a `note` or `reason`."""
+    if getattr(payload, "approved", None) is not False:
+        return None
+    note = getattr(payload, "note", None) or getattr(payload, "reason", None)
+    return f"{DENIED}: {note}" if note else DENIED
 
 
 # Reports a running tool's progress: (progress, total or None, message or None).

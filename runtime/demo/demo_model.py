@@ -25,6 +25,7 @@ from runtime.providers.model_api import (
 )
 from runtime.providers.model_context import message_text, message_turns, render_output
 from runtime.providers.parts import generate_tool_call_id
+from runtime.tools import DENIED
 
 DELAY_ENV = "THREADLINE_DEMO_DELAY_MS"
 DEFAULT_DELAY_MS = 30.0
@@ -120,11 +121,19 @@ def _answer(call: ToolCallPart) -> str:
         if done and output.get("sent") is True:
             to = output.get("to") or call.input.get("to") or "the recipient"
             return f"Done: I sent the email to {to}."
-        note = output.get("note")
+        note = output.get("note") or _denial_note(call)
         return "I did not send the email." + (f" Note: {note}" if note else "")
     if done:
         return f"The tool {call.name} returned: {render_output(call.output)}"
     return f"The tool {call.name} did not succeed: {call.error or call.state.value}."
+
+
+def _denial_note(call: ToolCallPart) -> str | None:
+    """The note of a denial (runtime.tools.denied_unless_approved's "denied: <note>")."""
+    prefix = f"{DENIED}: "
+    if call.state is ToolState.REJECTED and call.error and call.error.startswith(prefix):
+        return call.error[len(prefix) :]
+    return None
 
 
 def _words(text: str) -> int:

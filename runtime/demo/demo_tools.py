@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.demo.redact import EMAIL
-from runtime.tools import ALL_ROLES, SuspendStep, ToolContext, tool
+from runtime.tools import ALL_ROLES, SuspendStep, ToolContext, denied_unless_approved, tool
 
 _COLD = ("snowy", "foggy", "cloudy", "sunny")
 _MILD = ("sunny", "cloudy", "rainy", "windy", "partly cloudy", "stormy")
@@ -52,9 +52,13 @@ class EmailApproval(BaseModel):
     note: str | None = Field(default=None, max_length=2_000)
 
 
-@tool(suspend=SuspendStep(payload=EmailApproval, allowed_roles=ALL_ROLES))
+@tool(
+    suspend=SuspendStep(
+        payload=EmailApproval, allowed_roles=ALL_ROLES, denial=denied_unless_approved
+    )
+)
 async def send_email(args: EmailInput, ctx: ToolContext) -> dict[str, Any]:
-    """Send an e-mail (after a person approves it)."""
+    """Send an e-mail (after a person approves it; a denial never runs it)."""
     # Nothing is sent: the demo only shows the approval round trip.
     approval = ctx.payload
     if approval is not None and not isinstance(approval, EmailApproval):

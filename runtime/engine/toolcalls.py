@@ -33,6 +33,7 @@ from runtime.tools import (
     ClientToolDef,
     ProgressFn,
     ResultPayload,
+    SuspendStep,
     Tool,
     ToolContext,
 )
@@ -181,6 +182,12 @@ class ToolPhase:
             tool_ = self._tool(part.name)
             if tool_ is None or tool_.suspend is None:
                 finals.append((index, ToolResult(ToolState.OUTPUT_ERROR, error="tool is gone")))
+                continue
+            denied = _denial(tool_.suspend, payload)
+            if denied is not None:
+                # A denial is not execution continuing: the tool never runs (before_tool_call
+                # neither), and after_tool_result sees the rejection like any other.
+                finals.append((index, ToolResult(ToolState.REJECTED, error=denied)))
                 continue
             # Spec: before_tool_call runs again on resume, before execution continues.
             ctx = self._ctx(part, resumed=True)
@@ -369,6 +376,18 @@ def _decided(part: ToolCallPart, decision: object) -> tuple[ToolCallPart, ToolRe
     if isinstance(decision, Reject):
         return part, ToolResult(ToolState.REJECTED, error=decision.reason)
     return part, None
+
+
+def _denial(suspend: SuspendStep, payload: Mapping[str, Any]) -> str | None:
+    """The reason `payload` denies the call under the tool's `denial` rule (None: it does not,
+    or the payload is invalid, which the execution path reports)."""
+    if suspend.denial is None:
+        return None
+    try:
+        typed = suspend.payload.model_validate(dict(payload))
+    except ValidationError:
+        return None
+    return suspend.denial(typed)
 
 
 def overlay_parts(parts: Sequence[Any], updated: Sequence[ToolCallPart]) -> list[Any]:

@@ -133,7 +133,8 @@ def test_deny_with_a_note_from_the_other_tab(
         expect_matches_snapshot(tab, api.snapshot(thread))
     snapshot = api.snapshot(thread)
     tool = snapshot["messages"][1]["parts"][0]
-    assert tool["output"]["sent"] is False, tool
+    # A denial never runs the tool (send_email's denial rule): the call ends rejected.
+    assert tool["state"] == "rejected" and tool["error"] == f"denied: {note}", tool
     shot(tab_a, "denied")
 
 

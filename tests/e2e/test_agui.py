@@ -328,3 +328,91 @@ def test_refusals_answer_json_before_any_stream(
         lines = [line for line in foreign.iter_lines() if line.startswith("data:")]
     assert '"RUN_FINISHED"' in lines[-1]
     assert agui.snapshot() == before
+
+
+def test_cancelling_an_interrupt_ends_the_run_and_the_client_runs_again(agui: Agui) -> None:
+    report = agui.run(
+        text=f"email {ADDRESS} to say hello",
+        then=[{"cancelPending": True}, {"text": "hello again"}],
+    )
+    assert report["outcome"] == "interrupt", report["error"]
+    cancelled, again = report["later"]
+    assert cancelled["error"] is None and cancelled["outcome"] == "cancelled"
+    assert cancelled["pendingInterrupts"] == []
+    assert again["error"] is None and again["outcome"] == "success"
+    snap = agui.snapshot()
+    assert snap["run"]["status"] == "completed" and not snap["pending_actions"]
+    assert last_assistant_text(snap) == "You said: hello again"
+
+
+def test_connect_agent_mid_run_receives_the_rest_of_the_run(
+    agui: Agui, node: str, tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready"
+    streaming = start_driver(
+        node, "agui_driver.mjs", agui.options(text=long_text(400), readyFile=str(ready))
+    )
+    wait_for(ready)
+    # A fresh page of the same thread: connectAgent(), no messages and nothing to send.
+    connected = agui.run(connect=True)
+    first = finish_driver(streaming)
+    validate(first)
+    snap = agui.snapshot()
+    assert snap["run"]["status"] == "completed"
+    assert connected["error"] is None and connected["outcome"] == "success"
+    assert connected["runId"] == first["runId"] == snap["run"]["id"]
+    assert connected["events"][2]["snapshot"]["run"]["status"] == "running"  # joined mid-run
+    assert streamed_text(connected) == last_assistant_text(snap)
+    assert_converged(connected, snap)
+
+
+def test_connect_never_writes(agui: Agui) -> None:
+    agui.run(text="hello")
+    before = agui.snapshot()
+    # A local message the page never sent: connect does not send it.
+    connected = agui.run(connect=True, text="not to be sent")
+    assert connected["error"] is None and connected["outcome"] == "success"
+    assert agui.snapshot() == before
+
+
+def test_image_content_parts_are_refused_before_anything_changes(agui: Agui) -> None:
+    agui.run(text="hello")
+    before = agui.snapshot()
+    image = {"type": "image", "source": {"type": "url", "value": "https://example.com/cat.png"}}
+    report = drive(
+        agui.node,
+        "agui_driver.mjs",
+        agui.options(content=[{"type": "text", "text": "what is this?"}, image]),
+    )
+    assert report["error"] is not None and "HTTP 422" in report["error"]
+    assert "'image'" in report["error"] and "invalid_input" in report["error"]
+    assert agui.snapshot() == before
+    # Text parts alone are a message like any other.
+    sent = agui.run(content=[{"type": "text", "text": "plain "}, {"type": "text", "text": "words"}])
+    assert sent["outcome"] == "success"
+    assert last_assistant_text(agui.snapshot()) == "You said: plain words"
+
+
+def test_client_state_is_echoed_or_refused_never_dropped(agui: Agui) -> None:
+    first = agui.run(text="hello")
+    # The state the library holds (the server's keys) goes back with the next run: accepted.
+    again = agui.run(state=first["state"], text="hello again")
+    assert again["error"] is None and again["outcome"] == "success"
+    before = agui.snapshot()
+    refused = drive(
+        agui.node, "agui_driver.mjs", agui.options(state={"theme": "dark"}, text="and again")
+    )
+    assert refused["error"] is not None and "HTTP 422" in refused["error"]
+    assert "'theme'" in refused["error"] and "read-only" in refused["error"]
+    assert agui.snapshot() == before
+
+
+def test_capabilities_say_what_is_supported(agui: Agui, server: harness.ServerHandle) -> None:
+    report = agui.run(capabilities=True)
+    caps = report["capabilities"]
+    assert caps["multimodal"]["input"]["image"] is False
+    assert caps["humanInTheLoop"]["interrupts"] is True
+    assert caps["transport"]["resumable"] is True
+    assert caps["custom"]["threadline"]["clientState"]["writable"] is False
+    assert caps["custom"]["threadline"]["inputContent"] == ["text"]
+    assert httpx.get(f"{server.url}/v1/ag-ui/info", timeout=10.0).status_code == 401

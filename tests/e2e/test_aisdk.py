@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e import harness, jsclients
+from tests.e2e.effects_agent import EFFECTS_ENV
 from tests.e2e.jsclients import drive, long_text, snapshot
 
 ADDRESS = "erin.roe@example.com"
@@ -156,3 +160,86 @@ def test_stream_headers(server: harness.ServerHandle, tokens: dict[str, str]) ->
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
+
+
+def test_stop_through_the_documented_route_stops_the_run(
+    node: str, server: harness.ServerHandle, tokens: dict[str, str]
+) -> None:
+    report = chat(node, server, tokens["alice"], text=long_text(), stopRouteAfterDeltas=3)
+    snap = report["snapshot"]
+    assert snap["run"]["status"] == "cancelled"
+    assert report["stopAnswer"]["run_id"] == snap["run"]["id"]
+    assert report["status"] == "ready"
+    assistant = report["messages"][-1]
+    assert assistant["id"] == snap["run"]["id"]
+    assert "word199" not in ui_text(assistant)
+    # The closed tab of test_reconnect_resumes_the_stream_in_flight (the SDK's stop() alone)
+    # leaves its run going to completion; this one ended it for everyone.
+    later = httpx.get(
+        f"{server.url}/v1/ai-sdk/chat/{report['chatId']}/stream",
+        headers={"Authorization": f"Bearer {tokens['alice']}"},
+        timeout=10.0,
+    )
+    assert later.status_code == 204
+
+
+def test_stop_route_refusals(server: harness.ServerHandle, tokens: dict[str, str]) -> None:
+    url = f"{server.url}/v1/ai-sdk/chat/chat-{uuid.uuid4().hex}/stop"
+    assert httpx.post(url, timeout=10.0).status_code == 401
+    missing = httpx.post(url, headers={"Authorization": f"Bearer {tokens['alice']}"}, timeout=10.0)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+@pytest.fixture(scope="module")
+def effects(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[harness.ServerHandle, Path]]:
+    """A server whose `send_email` records each execution in a file (tests/e2e/effects_agent)."""
+    directory = tmp_path_factory.mktemp("effects")
+    effects_file = directory / "effects"
+    effects_file.touch()
+    env = harness.server_env(
+        harness.sqlite_url(directory),
+        {
+            "PYTHONPATH": str(harness.ROOT),
+            "THREADLINE_AGENT": "tests.e2e.effects_agent:agent",
+            EFFECTS_ENV: str(effects_file),
+        },
+    )
+    with harness.start("all", env, log_dir=directory) as handle:
+        yield handle, effects_file
+
+
+@pytest.mark.parametrize("approved", [False, True])
+def test_denial_ends_output_denied_without_running_the_tool(
+    node: str, effects: tuple[harness.ServerHandle, Path], approved: bool
+) -> None:
+    server, effects_file = effects
+    token = server.token("alpha", "user", "alice")
+    before = effects_file.read_text().splitlines()
+    report = chat(
+        node,
+        server,
+        token,
+        text=f"email {ADDRESS} about lunch",
+        approve={"approved": approved, "reason": "not today"},
+    )
+    snap = report["snapshot"]
+    assert snap["run"]["status"] == "completed" and not snap["pending_actions"]
+    [tool] = [p for p in report["messages"][-1]["parts"] if p["type"] == "tool-send_email"]
+    ran = effects_file.read_text().splitlines()[len(before) :]
+    if approved:
+        # The same round trip approved: the tool ran once (the counter can count).
+        assert tool["state"] == "output-available" and ran == [tool["toolCallId"]]
+        return
+    assert tool["state"] == "output-denied"
+    assert tool["approval"] == {
+        "id": report["approvalId"],
+        "approved": False,
+        "reason": "not today",
+    }
+    assert ran == []  # never executed
+    [committed] = [p for m in snap["messages"] for p in m["parts"] if p["type"] == "tool-call"]
+    assert committed["state"] == "rejected" and committed["error"] == "denied: not today"
+    assert "tool-output-denied" in [c["type"] for c in chunks(report)]
+    assert ui_text(report["messages"][-1]) == "I did not send the email. Note: not today"

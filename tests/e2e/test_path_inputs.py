@@ -18,7 +18,8 @@ from server.protocol.commands import COMMANDS
 from tests.e2e import cluster, harness
 
 ROUTES = [(c.http.method, c.http.path) for c in COMMANDS if c.http is not None] + [
-    ("GET", "/v1/ai-sdk/chat/{thread_id}/stream")
+    ("GET", "/v1/ai-sdk/chat/{thread_id}/stream"),
+    ("POST", "/v1/ai-sdk/chat/{thread_id}/stop"),
 ]
 QUERY = ("limit", "before", "cursor", "include_hidden", "status")
 # Ids as a client may mangle them: any text, NUL and superscript digits included.

@@ -1,11 +1,15 @@
 // Drives one AG-UI run with the official @ag-ui/client HttpAgent; prints a JSON report.
-// Input (argv[2], JSON): {url, token, threadId, threadlineId?, text?, messages?, resume?, stopAfterDeltas?,
-// abortAfterDeltas?, readyFile?}. The report holds the events the client library saw, the raw
-// SSE data lines it was sent (for validation against ag-ui-protocol's pydantic models), and
-// the messages and shared state the library reconstructed.
+// Input (argv[2], JSON): {url, token, threadId, threadlineId?, text?, content?, messages?, state?,
+// resume?, connect?, capabilities?, stopAfterDeltas?, abortAfterDeltas?, readyFile?, then?}. The
+// report holds the events the client library saw, the raw SSE data lines it was sent (for
+// validation against ag-ui-protocol's pydantic models), and the messages and shared state the
+// library reconstructed. `connect` calls connectAgent() instead of runAgent(); `content` is the
+// user message's content parts; `then` is more runs of the same agent ({text?, resume?,
+// cancelPending?}), each reported in `later` (outcome, pendingInterrupts, error, events).
 import { writeFileSync } from "node:fs";
 import { randomUUID } from "node:crypto";
-import { HttpAgent } from "@ag-ui/client";
+import * as agui from "@ag-ui/client";
+import { withThreadline } from "../../examples/js/threadline_agui.mjs";
 
 const options = JSON.parse(process.argv[2]);
 const raw = [];
@@ -38,15 +42,17 @@ async function recordingFetch(url, init) {
   return new Response(forAgent, { status: response.status, headers: response.headers });
 }
 
-const agent = new HttpAgent({
+const ThreadlineAgent = withThreadline(agui);
+const agent = new ThreadlineAgent({
   url: `${options.url}/v1/ag-ui`,
   headers: { Authorization: `Bearer ${options.token}` },
   threadId: options.threadId,
   initialMessages: options.messages ?? [],
+  initialState: options.state ?? {},
   fetch: recordingFetch,
 });
-if (options.text) {
-  agent.addMessage({ id: randomUUID(), role: "user", content: options.text });
+if (options.text || options.content) {
+  agent.addMessage({ id: randomUUID(), role: "user", content: options.content ?? options.text });
 }
 
 const events = [];
@@ -86,10 +92,43 @@ const subscriber = {
   },
 };
 
+let capabilities = null;
+if (options.capabilities) capabilities = await agent.getCapabilities();
 try {
-  await agent.runAgent({ runId: randomUUID(), resume: options.resume }, subscriber);
+  const parameters = { runId: randomUUID(), resume: options.resume };
+  if (options.connect) await agent.connectAgent(parameters, subscriber);
+  else await agent.runAgent(parameters, subscriber);
 } catch (exc) {
   error = String(exc?.message ?? exc);
+}
+// Later runs of the same agent: what the library keeps between runs (pending interrupts) holds.
+const later = [];
+for (const next of options.then ?? []) {
+  const seen = [];
+  let nextOutcome = null;
+  let nextError = null;
+  // `cancelPending`: answer every interrupt the library holds with status "cancelled".
+  const resume = next.cancelPending
+    ? agent.pendingInterrupts.map((i) => ({ interruptId: i.id, status: "cancelled" }))
+    : next.resume;
+  if (next.text) agent.addMessage({ id: randomUUID(), role: "user", content: next.text });
+  try {
+    await agent.runAgent(
+      { runId: randomUUID(), resume },
+      {
+        onEvent: ({ event }) => void seen.push(event),
+        onRunFinishedEvent: (params) => void (nextOutcome = params.outcome),
+      },
+    );
+  } catch (exc) {
+    nextError = String(exc?.message ?? exc);
+  }
+  later.push({
+    outcome: nextOutcome,
+    error: nextError,
+    pendingInterrupts: agent.pendingInterrupts,
+    events: seen,
+  });
 }
 // Let the recorder drain what the server sent (an aborted stream ends it at once).
 await Promise.race([
@@ -108,5 +147,7 @@ process.stdout.write(
     raw,
     messages: agent.messages,
     state: agent.state,
+    capabilities,
+    later,
   }),
 );

@@ -2,12 +2,14 @@
 // DefaultChatTransport; prints a JSON report (messages as the SDK built them, raw SSE lines).
 // Input (argv[2], JSON): {url, token, chatId, text, approve?: {approved, reason?},
 // stopAfterDeltas?: n (the SDK's stop(), then a fresh chat holding only the user message
-// resumes the stream with resumeStream(), as a reloaded page does)}.
+// resumes the stream with resumeStream(), as a reloaded page does), stopRouteAfterDeltas?: n
+// (the documented stop: examples/js/threadline_aisdk.mjs's stopChat, then the SDK's stop())}.
 import {
   AbstractChat,
   DefaultChatTransport,
   lastAssistantMessageIsCompleteWithApprovalResponses,
 } from "ai";
+import { stopChat } from "../../examples/js/threadline_aisdk.mjs";
 
 const options = JSON.parse(process.argv[2]);
 const raw = [];
@@ -99,7 +101,22 @@ async function settled(target) {
 const first = chat();
 let resumed = null;
 let approvalId = null;
-if (options.stopAfterDeltas) {
+let stopAnswer = null;
+if (options.stopRouteAfterDeltas) {
+  const api = `${options.url}/v1/ai-sdk/chat`;
+  const headers = { Authorization: `Bearer ${options.token}` };
+  let stopping = null;
+  onDelta = (count) => {
+    if (count !== options.stopRouteAfterDeltas) return;
+    stopping = stopChat({ api, chatId: options.chatId, headers }).then((answer) => {
+      stopAnswer = answer;
+      return first.stop();
+    });
+  };
+  await first.sendMessage({ text: options.text });
+  await stopping;
+  await settled(first);
+} else if (options.stopAfterDeltas) {
   let stopping = null;
   onDelta = (count) => {
     if (count === options.stopAfterDeltas) stopping = first.stop();
@@ -132,6 +149,7 @@ process.stdout.write(
     messages: first.messages,
     status: first.status,
     approvalId,
+    stopAnswer,
     resumed,
     errors,
     raw,

@@ -166,6 +166,12 @@ def test_sent_email_is_confirmed_with_the_address() -> None:
             "I did not send the email. Note: not now",
         ),
         (ToolState.REJECTED, {"error": "blocked"}, "I did not send the email."),
+        (ToolState.REJECTED, {"error": "denied"}, "I did not send the email."),
+        (
+            ToolState.REJECTED,
+            {"error": "denied: not now"},
+            "I did not send the email. Note: not now",
+        ),
         (ToolState.CANCELLED, {"error": "run stopped"}, "I did not send the email."),
     ],
 )

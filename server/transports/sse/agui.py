@@ -51,9 +51,11 @@ from runtime.domain import (
     ToolState,
     WaitKind,
 )
+from runtime.errors import NotFound
 from server.protocol.commands import Caller, charge_together
 from server.protocol.wire_errors import wire_error
 from server.transports.http_routes import read_body, request_caller
+from server.transports.sse.agui_info import info_endpoint
 from server.transports.sse.agui_input import Plan, parse_input, plan, run_plan
 from server.transports.sse.thread_stream import (
     Chunk,
@@ -128,7 +130,8 @@ def interrupt_of(action: PendingAction) -> Interrupt:
 def shared_state(snapshot: Snapshot) -> dict[str, Any]:
     """What AG-UI's shared state reports of a thread: its last run and its pending actions.
 
-    Read-only: the server derives it from committed state (a client's `state` input is ignored).
+    Read-only: the server derives it from committed state (a client may send these keys back,
+    re-derived on every run, and no other: agui_input.check_state).
     Tool inputs are left out (they are the tool call's, in the messages).
     """
     run = snapshot.run
@@ -301,7 +304,7 @@ async def events(
             run = item.snapshot.run
             if queued and run is not None and run.id != prior:
                 stream.run_id, queued = run.id, False
-            if not queued and is_settled(item.snapshot, stream.run_id):
+            if not queued and settled(item.snapshot, stream.run_id, ending=request.ending):
                 for event in stream.finish(item.snapshot):
                     yield event
                 return
@@ -315,6 +318,14 @@ async def events(
             for event in stream.chunk(item):
                 yield event
         item = await anext(source)
+
+
+def settled(snapshot: Snapshot, run_id: str, *, ending: bool) -> bool:
+    """`is_settled`, except that a run being stopped (`ending`) is settled only once it ended."""
+    run = snapshot.run
+    if ending and run is not None and run.id == run_id:
+        return run.status.is_terminal
+    return is_settled(snapshot, run_id)
 
 
 def from_reset(stream: RunStream, snapshot: Snapshot) -> list[BaseEvent]:
@@ -345,8 +356,37 @@ async def agui_endpoint(request: Request) -> Response:
     )
 
 
+async def connect_endpoint(request: Request) -> Response:
+    """`POST /v1/ag-ui/connect` (`connectAgent()`): the join of `agui_endpoint` and nothing
+    else. It never writes, so the messages and resumes of the input are not acted on: a page
+    that reconnects cannot send again what it sent before the connection dropped."""
+    try:
+        caller = await request_caller(request)
+        data = parse_input(await read_body(request))
+        thread = await open_thread(caller, data.thread_id, create=False)
+        if thread.snapshot is None:
+            raise NotFound(f"thread {data.thread_id} not found")
+        feed = await open_feed(request, caller, thread.thread_id)
+    except Exception as exc:
+        return wire_error(exc).response()
+    encoder = EventEncoder(accept=request.headers.get("accept", ""))
+    frames = (
+        encoder.encode(event) async for event in events(feed, caller, data, Plan(thread.thread_id))
+    )
+    return sse_response(
+        feed,
+        frames,
+        on_error=lambda exc: encoder.encode(error_event(exc)),
+        media_type=encoder.get_content_type(),
+    )
+
+
 def agui_routes() -> list[BaseRoute]:
-    return [Route("/v1/ag-ui", agui_endpoint, methods=["POST"], name="ag_ui")]
+    return [
+        Route("/v1/ag-ui", agui_endpoint, methods=["POST"], name="ag_ui"),
+        Route("/v1/ag-ui/connect", connect_endpoint, methods=["POST"], name="ag_ui_connect"),
+        Route("/v1/ag-ui/info", info_endpoint, methods=["GET"], name="ag_ui_info"),
+    ]
 
 
 __all__ = ["EventType", "agui_routes"]

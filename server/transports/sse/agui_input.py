@@ -11,19 +11,41 @@ from pydantic import ValidationError
 
 from runtime.domain import InputPolicy, Snapshot, WaitKind
 from runtime.errors import InvalidInput, NotFound
-from runtime.service.thread_service import validation_field_errors
+from runtime.service.thread_service import field_errors, validation_field_errors
 from server.protocol.commands import BY_NAME, Caller, Step, run_together
+
+# The keys of the shared state the server derives (agui.shared_state): a client echoes them back.
+SERVER_STATE_KEYS = frozenset({"run", "pendingActions"})
 
 
 def parse_input(raw: bytes) -> RunAgentInput:
     try:
-        return RunAgentInput.model_validate_json(raw or b"{}")
+        data = RunAgentInput.model_validate_json(raw or b"{}")
     except ValidationError as exc:
         raise InvalidInput(
             "the body is not an AG-UI RunAgentInput", errors=validation_field_errors(exc)
         ) from exc
     except RecursionError as exc:
         raise InvalidInput("the body is nested too deeply") from exc
+    check_state(data.state)
+    return data
+
+
+def check_state(state: Any) -> None:
+    """The shared state is the server's, derived from committed state: a client may send it
+    back (its keys are re-derived on every run, whatever they hold) but not add to it, since
+    nothing would apply what it adds. Refused, not ignored, so no write is lost unseen."""
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        raise InvalidInput("state must be an object: the shared state is read-only here")
+    foreign = sorted(key for key in state if key not in SERVER_STATE_KEYS)
+    if foreign:
+        raise InvalidInput(
+            f"state key(s) {', '.join(map(repr, foreign[:5]))} cannot be set: the shared state "
+            "is derived from the thread and read-only (see GET /v1/ag-ui/info)",
+            errors=field_errors((("state", key), "read-only") for key in foreign[:20]),
+        )
 
 
 @dataclass
@@ -31,15 +53,19 @@ class Plan:
     """What one request does: the commands in the order they run, as one act on `thread_id`
     (`run_together`: all of them commit, or none), and the run they lead to.
 
-    `follow` is the run a resume or client result continues (None: a new message's run, known
-    once it is admitted, or a join). Steps that resolve actions which are not pending go first:
-    the store refuses them (conflict naming the winner, or not_found), and the act with them.
+    `follow` is the run a resume, client result or cancel continues (None: a new message's run,
+    known once it is admitted, or a join). `ending`: an interrupt was cancelled, so the run
+    followed is over only once it ended (a stop of a waiting run is finalised by a worker: until
+    then the run still reads `waiting`, and finishing on that would hand the client the
+    interrupt it just cancelled). Steps that resolve actions which are not pending go first: the
+    store refuses them (conflict naming the winner, or not_found), and the act with them.
     """
 
     thread_id: str
     steps: list[Step] = field(default_factory=list)
     follow: str | None = None
     sends: bool = False
+    ending: bool = False
 
 
 def _step(caller: Caller, name: str, **fields: Any) -> Step:
@@ -51,6 +77,21 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "".join(getattr(part, "text", "") or "" for part in content or ())
+
+
+def sent_text(content: Any) -> str:
+    """The text of a user message the request sends; refuses content parts other than text
+    (images, audio, documents): a Threadline message holds text, and dropping a part would
+    answer a question the user did not ask."""
+    if not isinstance(content, str):
+        other = sorted({str(getattr(part, "type", "?")) for part in content or ()} - {"text"})
+        if other:
+            raise InvalidInput(
+                f"content parts of type {', '.join(map(repr, other))} are not supported: "
+                "Threadline messages hold text only (see GET /v1/ag-ui/info)",
+                errors=field_errors((("messages", "content"), f"unsupported: {t}") for t in other),
+            )
+    return _text(content)
 
 
 def _tool_output(text: str) -> Any:
@@ -91,6 +132,7 @@ def plan(caller: Caller, thread_id: str, data: RunAgentInput, snapshot: Snapshot
             result.steps.append(
                 _step(caller, "run.stop", thread_id=thread_id, run_id=action.run_id)
             )
+            result.follow, result.ending = action.run_id, True
             continue
         payload = entry.payload if isinstance(entry.payload, dict) else {}
         result_command = _RESULT_COMMANDS.get(action.kind) if action is not None else None
@@ -149,7 +191,7 @@ def plan(caller: Caller, thread_id: str, data: RunAgentInput, snapshot: Snapshot
                 caller,
                 "message.send",
                 thread_id=thread_id,
-                text=_text(last.content),
+                text=sent_text(last.content),
                 client_request_id=last.id[:200],
                 policy=_policy(data, snapshot),
                 client_tools=tools,

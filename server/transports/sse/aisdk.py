@@ -8,7 +8,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from runtime.chunks import StepFinishChunk, StepStartChunk, ToolCallChunk
@@ -359,6 +359,25 @@ async def resume_endpoint(request: Request) -> Response:
     return respond(feed, stream_run(feed, run.id, set()), thread.thread_id)
 
 
+async def stop_endpoint(request: Request) -> Response:
+    """`POST /v1/ai-sdk/chat/{id}/stop`: the table's `run.stop` of the chat's last run. The
+    SDK's `stop()` only aborts its fetch, which looks like a closed tab (the run goes on, for a
+    reload to resume): this is the route a `useChat` app posts to stop it for everyone."""
+    try:
+        caller = await request_caller(request)
+        chat_id = request.path_params["thread_id"]
+        thread = await open_thread(caller, chat_id, create=False)
+        run = thread.snapshot.run if thread.snapshot is not None else None
+        if run is None:
+            raise NotFound(f"chat {chat_id} has no run to stop")
+        command = BY_NAME["run.stop"]
+        data = command.parse(caller, {"thread_id": thread.thread_id, "run_id": run.id})
+        answer = await command.run(caller, data)
+    except Exception as exc:
+        return wire_error(exc).response()
+    return JSONResponse(answer, status_code=202)
+
+
 def aisdk_routes() -> list[BaseRoute]:
     return [
         Route("/v1/ai-sdk/chat", chat_endpoint, methods=["POST"], name="ai_sdk_chat"),
@@ -367,5 +386,8 @@ def aisdk_routes() -> list[BaseRoute]:
             resume_endpoint,
             methods=["GET"],
             name="ai_sdk_resume",
+        ),
+        Route(
+            "/v1/ai-sdk/chat/{thread_id}/stop", stop_endpoint, methods=["POST"], name="ai_sdk_stop"
         ),
     ]
