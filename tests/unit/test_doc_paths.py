@@ -23,8 +23,12 @@ def named_paths(text: str) -> set[str]:
     return {n.rstrip(".,:;") for n in names if PATH.match(n.rstrip(".,:;"))}
 
 
+# OpenTelemetry semantic-convention attributes that read like module names of `server`.
+ATTRIBUTES = frozenset({"server.address", "server.port"})
+
+
 def named_modules(text: str) -> set[str]:
-    return {n for n in CODE.findall(text) if MODULE.match(n)}
+    return {n for n in CODE.findall(text) if MODULE.match(n) and n not in ATTRIBUTES}
 
 
 def module_exists(dotted: str) -> bool:
