@@ -21,6 +21,7 @@ from server.protocol.answers import (
     threads_answer,
     version_answer,
 )
+from server.protocol.hooks_commands import rows as hooks_rows
 from server.protocol.inputs import (
     CancelQueued,
     CreateThread,
@@ -464,5 +465,7 @@ PRESENCE_COMMANDS: tuple[Command[Any, Any], ...] = (
         note="presence belongs to a websocket connection subscribed to the thread",
     ),
 )
-COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS
+# Schedules and webhooks (docs/protocol.md, "Schedules", "Webhooks"), in a module of their own.
+HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = hooks_rows(Command, Http)
+COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + HOOKS_COMMANDS
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}
