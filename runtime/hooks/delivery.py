@@ -188,7 +188,7 @@ class DeliveryWorker:
         assert self._client is not None
         # The lease outlives the longest attempt (timeout plus resolving and recording).
         claims = await self.store.claim_deliveries(
-            self.owner, self.policy.timeout + 10.0, self.policy.concurrency
+            self.owner, self.policy.timeout * 2 + 1.0, self.policy.concurrency
         )
         await asyncio.gather(*(self._deliver(claimed) for claimed in claims))
         return bool(claims)
