@@ -3,6 +3,7 @@ and with every worker down the missed-fire policy decides (run once on recovery,
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -48,7 +49,7 @@ def user_messages(http: httpx.Client, thread_id: str) -> int:
 
 
 def gaps(times: list[float]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:], strict=False) if b - a != 1.0]
+    return [b - a for a, b in itertools.pairwise(times) if b - a != 1.0]
 
 
 def test_every_fire_runs_once_and_missed_fires_follow_the_policy(
