@@ -24,15 +24,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DeliveryPolicy:
-    """Retries: exponential backoff from `initial_backoff` doubling to `max_backoff`, full
-    jitter on the upper half, a `Retry-After` honoured up to `max_backoff`; a delivery still
-    failing `max_age` seconds after its event (or its redelivery) is dead-lettered."""
+    """Retries: exponential backoff from `initial_backoff` doubling to `max_backoff`, jittered
+    over its upper half; a longer `Retry-After` wins (up to `max_retry_after`); a delivery
+    that would still be retried `max_age` seconds after its event (or its redelivery) is
+    dead-lettered instead."""
 
     timeout: float = 10.0
     initial_backoff: float = 1.0
     max_backoff: float = 300.0
     max_age: float = 24 * 3600.0
     max_response_bytes: int = 64 * 1024
+    max_retry_after: float = 3600.0
     allow: tuple[Network, ...] = ()
     concurrency: int = 8
 
@@ -40,7 +42,7 @@ class DeliveryPolicy:
         base = min(self.max_backoff, self.initial_backoff * 2 ** max(attempt - 1, 0))
         wait = random.uniform(base / 2, base)  # jitter: retries of one outage spread out
         if retry_after is not None:
-            wait = max(wait, min(retry_after, self.max_backoff))
+            wait = max(wait, min(retry_after, self.max_retry_after))
         return wait
 
 
