@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, token create and revoke, migrate."""
+"""The `threadline` command: serve, token create and revoke, migrate, schedules and webhooks."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import click
 
 from runtime.domain import Role
 from runtime.errors import InvalidInput
+from server.hooks_cli import schedule, webhook
 from server.logs import setup_logging, uvicorn_log_config
 from server.settings import Settings
 
@@ -201,6 +202,9 @@ def migrate() -> None:
     asyncio.run(_migrate(settings))
     log.info("storage is up to date")
 
+
+main.add_command(schedule)
+main.add_command(webhook)
 
 if __name__ == "__main__":
     main()

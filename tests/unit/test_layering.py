@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("server.protocol_catalog", "server.composition"),
     ("server.app", "server.composition"),
     ("server.cli", "server.composition"),
+    ("server.hooks_cli", "server.composition"),
     ("server.protocol", "server.protocol"),  # the command table and wire models
     ("server.transports", "server.transports"),  # http, ws, sse
     ("server.live", "server.live"),  # inbox, presence, revocation, quotas
