@@ -35,10 +35,13 @@ def parse_networks(text: str) -> tuple[Network, ...]:
 
 def refusal(address: Address, allow: Sequence[Network]) -> str | None:
     """Why `address` is refused, or None when it may be reached."""
+    if address in METADATA:
+        # Only an allow-list entry naming the address itself lets it through: allowing a
+        # private range must not open the credentials endpoint inside it.
+        exact = any(n.num_addresses == 1 and address in n for n in allow)
+        return None if exact else "a cloud metadata address"
     if any(address in network for network in allow):
         return None
-    if address in METADATA:
-        return "a cloud metadata address"
     mapped = getattr(address, "ipv4_mapped", None)
     if mapped is not None:
         return refusal(mapped, allow)
