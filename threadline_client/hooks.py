@@ -94,7 +94,8 @@ class HooksCalls:
             **fields,
         }
         body = {name: value for name, value in body.items() if value is not None}
-        return Schedule.model_validate(await self.request("POST", "/v1/schedules", json=body))
+        answer = await self.request("POST", "/v1/schedules", json=body)
+        return Schedule.model_validate(answer["schedule"])
 
     async def list_schedules(self, limit: int = 100) -> list[Schedule]:
         answer = await self.request("GET", "/v1/schedules", params={"limit": limit})
@@ -102,11 +103,11 @@ class HooksCalls:
 
     async def pause_schedule(self, schedule_id: str) -> Schedule:
         answer = await self.request("POST", f"/v1/schedules/{schedule_id}/pause")
-        return Schedule.model_validate(answer)
+        return Schedule.model_validate(answer["schedule"])
 
     async def resume_schedule(self, schedule_id: str) -> Schedule:
         answer = await self.request("POST", f"/v1/schedules/{schedule_id}/resume")
-        return Schedule.model_validate(answer)
+        return Schedule.model_validate(answer["schedule"])
 
     async def delete_schedule(self, schedule_id: str) -> None:
         await self.request("DELETE", f"/v1/schedules/{schedule_id}")
@@ -128,7 +129,8 @@ class HooksCalls:
     ) -> Webhook:
         body = {"url": url, "events": events, "secret": secret, "enabled": enabled, "scope": scope}
         body = {name: value for name, value in body.items() if value is not None}
-        return Webhook.model_validate(await self.request("POST", "/v1/webhooks", json=body))
+        answer = await self.request("POST", "/v1/webhooks", json=body)
+        return Webhook.model_validate(answer["webhook"])
 
     async def list_webhooks(self, limit: int = 100) -> list[Webhook]:
         answer = await self.request("GET", "/v1/webhooks", params={"limit": limit})
@@ -136,7 +138,7 @@ class HooksCalls:
 
     async def set_webhook_enabled(self, webhook_id: str, enabled: bool) -> Webhook:
         answer = await self.request("POST", f"/v1/webhooks/{webhook_id}", json={"enabled": enabled})
-        return Webhook.model_validate(answer)
+        return Webhook.model_validate(answer["webhook"])
 
     async def delete_webhook(self, webhook_id: str) -> None:
         await self.request("DELETE", f"/v1/webhooks/{webhook_id}")
@@ -156,7 +158,7 @@ class HooksCalls:
 
     async def redeliver(self, delivery_id: str) -> Delivery:
         answer = await self.request("POST", f"/v1/deliveries/{delivery_id}/redeliver")
-        return Delivery.model_validate(answer)
+        return Delivery.model_validate(answer["delivery"])
 
 
 __all__ = [

@@ -35,6 +35,7 @@ SCHEDULE = (
     '"policy", "missed", "misfire_grace", "status", "next_fire_at", "last_fire_at", ...}`'
 )
 WEBHOOK = '`{"id", "scope", "url", "events", "enabled", "created_by", "created_at", ...}`'
+ONE_SCHEDULE = f'`{{"schedule": {SCHEDULE.strip("`")}}}`'
 DELIVERY = (
     '`{"id" (the webhook-id), "event_type", "state", "attempts", "next_attempt_at", '
     '"last_status", "last_error", "payload"}`'
@@ -76,6 +77,16 @@ def webhook_answer(subscription: WebhookSubscription) -> dict[str, Any]:
     return subscription.model_dump(mode="json")
 
 
+# Single objects are answered under their name: a websocket `ack` carries the frame's own `id`.
+def one_schedule(schedule: Schedule) -> dict[str, Any]:
+    return {"schedule": schedule_answer(schedule)}
+
+
+def one_webhook(subscription: WebhookSubscription, secret: str | None = None) -> dict[str, Any]:
+    answer = webhook_answer(subscription)
+    return {"webhook": answer if secret is None else {**answer, "secret": secret}}
+
+
 def delivery_answer(delivery: Delivery) -> dict[str, Any]:
     return {**delivery.model_dump(mode="json"), "payload": delivery.payload()}
 
@@ -92,11 +103,12 @@ def rows(command: type, http: type) -> tuple[Any, ...]:
         C(
             name="schedule.create",
             input=CreateSchedule,
+            # Only the input's own fields: a websocket frame also carries `type` and `id`.
             call=lambda c, i: hooks(c).create_schedule(
-                c.principal, **i.model_dump(exclude_none=False)
+                c.principal, **i.model_dump(include=set(CreateSchedule.model_fields))
             ),
-            answer=lambda i, s: schedule_answer(s),
-            answer_doc=SCHEDULE,
+            answer=lambda i, s: one_schedule(s),
+            answer_doc=ONE_SCHEDULE,
             http=H("POST", "/v1/schedules", "create_schedule", status=201),
         ),
         C(
@@ -114,8 +126,8 @@ def rows(command: type, http: type) -> tuple[Any, ...]:
             name="schedule.get",
             input=ScheduleRef,
             call=lambda c, i: hooks(c).get_schedule(c.principal, i.schedule_id),
-            answer=lambda i, s: schedule_answer(s),
-            answer_doc=SCHEDULE,
+            answer=lambda i, s: one_schedule(s),
+            answer_doc=ONE_SCHEDULE,
             reply=None,
             http=H("GET", S, "get_schedule", body=False),
             note=READ,
@@ -137,24 +149,24 @@ def rows(command: type, http: type) -> tuple[Any, ...]:
             name="schedule.pause",
             input=ScheduleRef,
             call=lambda c, i: hooks(c).pause_schedule(c.principal, i.schedule_id, True),
-            answer=lambda i, s: schedule_answer(s),
-            answer_doc=SCHEDULE,
+            answer=lambda i, s: one_schedule(s),
+            answer_doc=ONE_SCHEDULE,
             http=H("POST", f"{S}/pause", "pause_schedule", body=False),
         ),
         C(
             name="schedule.resume",
             input=ScheduleRef,
             call=lambda c, i: hooks(c).pause_schedule(c.principal, i.schedule_id, False),
-            answer=lambda i, s: schedule_answer(s),
-            answer_doc=f"{SCHEDULE}; the next fire is the next one after now",
+            answer=lambda i, s: one_schedule(s),
+            answer_doc=f"{ONE_SCHEDULE}; the next fire is the next one after now",
             http=H("POST", f"{S}/resume", "resume_schedule", body=False),
         ),
         C(
             name="schedule.delete",
             input=ScheduleRef,
             call=lambda c, i: hooks(c).delete_schedule(c.principal, i.schedule_id),
-            answer=lambda i, r: {"id": i.schedule_id, "deleted": True},
-            answer_doc='`{"id", "deleted": true}`',
+            answer=lambda i, r: {"schedule_id": i.schedule_id, "deleted": True},
+            answer_doc='`{"schedule_id", "deleted": true}`',
             http=H("DELETE", S, "delete_schedule", body=False),
         ),
         C(
@@ -168,8 +180,9 @@ def rows(command: type, http: type) -> tuple[Any, ...]:
                 enabled=i.enabled,
                 scope=i.scope,
             ),
-            answer=lambda i, made: {**webhook_answer(made[0]), "secret": made[1]},
-            answer_doc=f"{WEBHOOK} plus `secret`, answered this once; refused URLs are "
+            answer=lambda i, made: one_webhook(*made),
+            answer_doc='`{"webhook": {"id", "scope", "url", "events", "enabled", "secret", ...}}`: '
+            "the secret is answered this once; refused URLs are "
             "`invalid_input`",
             reply=None,
             http=H("POST", "/v1/webhooks", "create_webhook", status=201),
@@ -194,8 +207,9 @@ def rows(command: type, http: type) -> tuple[Any, ...]:
             call=lambda c, i: hooks(c).update_webhook(
                 c.principal, i.webhook_id, enabled=i.enabled, url=i.url, events=i.events
             ),
-            answer=lambda i, s: webhook_answer(s),
-            answer_doc=f"{WEBHOOK}; `enabled`, `url` and `events` change what is given",
+            answer=lambda i, s: one_webhook(s),
+            answer_doc=f'`{{"webhook": {WEBHOOK.strip("`")}}}`; changes the fields given '
+            "(`enabled`, `url`, `events`)",
             http=H("POST", W, "update_webhook"),
             authorize=trusted,
         ),
@@ -203,8 +217,8 @@ def rows(command: type, http: type) -> tuple[Any, ...]:
             name="webhook.delete",
             input=WebhookRef,
             call=lambda c, i: hooks(c).delete_webhook(c.principal, i.webhook_id),
-            answer=lambda i, r: {"id": i.webhook_id, "deleted": True},
-            answer_doc='`{"id", "deleted": true}`; its deliveries go with it',
+            answer=lambda i, r: {"webhook_id": i.webhook_id, "deleted": True},
+            answer_doc='`{"webhook_id", "deleted": true}`; its deliveries go with it',
             http=H("DELETE", W, "delete_webhook", body=False),
             authorize=trusted,
         ),
@@ -240,8 +254,9 @@ def rows(command: type, http: type) -> tuple[Any, ...]:
             name="delivery.redeliver",
             input=DeliveryRef,
             call=lambda c, i: hooks(c).redeliver(c.principal, i.delivery_id),
-            answer=lambda i, d: delivery_answer(d),
-            answer_doc=f"{DELIVERY}: pending again, same id; `conflict` (409) if pending",
+            answer=lambda i, d: {"delivery": delivery_answer(d)},
+            answer_doc=f'`{{"delivery": {DELIVERY.strip("`")}}}`: pending again, same id; '
+            "`conflict` (409) if pending",
             http=H("POST", "/v1/deliveries/{delivery_id}/redeliver", "redeliver", body=False),
             authorize=trusted,
         ),

@@ -74,7 +74,7 @@ def test_every_fire_runs_once_and_missed_fires_follow_the_policy(
                 },
             )
             assert made.status_code == 201, made.text
-            schedules[missed] = (made.json()["id"], thread)
+            schedules[missed] = (made.json()["schedule"]["id"], thread)
         time.sleep(FIRST_PHASE)
         workers = [p for p in running.processes if p.role == "worker"]
         for worker in workers:

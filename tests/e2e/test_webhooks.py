@@ -76,8 +76,9 @@ def receiver() -> Iterator[Receiver]:
 def subscribe(svc: httpx.Client, url: str, **body: Any) -> str:
     made = svc.post("/v1/webhooks", json={"url": url, "secret": SECRET, **body})
     assert made.status_code == 201, made.text
-    assert made.json()["secret"] == SECRET and "secret" not in svc.get("/v1/webhooks").text
-    return str(made.json()["id"])
+    assert made.json()["webhook"]["secret"] == SECRET
+    assert "secret" not in svc.get("/v1/webhooks").text
+    return str(made.json()["webhook"]["id"])
 
 
 def deliveries(svc: httpx.Client, webhook_id: str) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from runtime.storage.hooks_store import (
 from runtime.storage.input_checks import check_owner, check_ttl
 from runtime.storage.schedule_rules import check_spec, next_cron_time
 from runtime.storage.sql import schedules_tx, timers_tx, webhooks_tx
-from runtime.storage.sql.core import Conn
+from runtime.storage.sql.core import Conn, thread_row
 from runtime.storage.sql.sql_store import SqlStore
 from runtime.storage.sql.transactions import SqlTransactions
 from runtime.storage.store import AdmissionLimits
@@ -68,6 +68,9 @@ class SqlHooks(SqlTransactions):
 
     async def create_schedule(self, spec: ScheduleSpec, created_by: str) -> Schedule:
         async def create(conn: Conn) -> Schedule:
+            if spec.thread_id is not None:
+                # Scope first: a thread of another scope is not found, whatever else is wrong.
+                await thread_row(conn, spec.thread_id, [spec.scope])
             first = check_spec(spec, await conn.now())
             return await schedules_tx.create(
                 conn, spec, created_by, first, self.schedules_per_scope

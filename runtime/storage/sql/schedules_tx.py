@@ -16,7 +16,7 @@ from runtime.storage.hooks_store import (
 )
 from runtime.storage.schedule_rules import plan_fire
 from runtime.storage.sql import queue_tx, threads_tx
-from runtime.storage.sql.core import Conn, scope_clause, thread_row
+from runtime.storage.sql.core import Conn, scope_clause
 from runtime.storage.sql.rows import Row, encode_client_tools, encode_metadata, new_id
 from runtime.storage.sql.timers_tx import TimerOutcome, delete_timer, register_timer_kind, set_timer
 from runtime.storage.store import AdmissionLimits
@@ -50,8 +50,6 @@ def schedule_from_row(row: Row) -> Schedule:
 async def create(
     conn: Conn, spec: ScheduleSpec, created_by: str, first: float, per_scope: int | None
 ) -> Schedule:
-    if spec.thread_id is not None:
-        await thread_row(conn, spec.thread_id, [spec.scope])  # NotFound outside the scope
     if per_scope is not None:
         count = await conn.fetchval("SELECT COUNT(*) FROM schedules WHERE scope = $1", spec.scope)
         if int(count) >= per_scope:
