@@ -27,11 +27,13 @@ test: $(VENV)/.installed
 	bash scripts/ensure-services.sh
 	$(MAKE) tests/js/node_modules/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/python bench/runtime.py
+	$(VENV)/bin/python bench/runtime_bench.py
 	$(VENV)/bin/python bench/fanout.py

@@ -4,14 +4,12 @@ a deployment of `threadline serve` processes."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import signal
 import sys
 import tempfile
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,22 +40,7 @@ def run(main: Coroutine[Any, Any, T], *, loop: str = "asyncio") -> T:
     return asyncio.run(cancellable())
 
 
-def runtime_bench() -> Any:
-    """bench/runtime.py as a module (`bench_runtime`: the name `runtime` is the package), loaded
-    by path once, for the benchmarks that reuse its drivers."""
-    loaded: ModuleType | None = sys.modules.get("bench_runtime")
-    if loaded is None:
-        spec = importlib.util.spec_from_file_location(
-            "bench_runtime", Path(__file__).resolve().parent / "runtime.py"
-        )
-        assert spec is not None and spec.loader is not None
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules["bench_runtime"] = loaded
-        spec.loader.exec_module(loaded)
-    return loaded
-
-
-def pct(values: list[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     """The q-quantile (0..1) of `values` by rank."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ["THREADLINE_DEMO_DELAY_MS"] = "0"
 
 import common  # bench/common.py, next to this script
+import runtime_bench  # bench/runtime_bench.py, next to this script
 
 from realtime import open_bus
 from runtime.demo import demo_agent
@@ -156,7 +157,7 @@ async def measure(
             async with open_store(database_url) as store, open_bus(redis_url) as bus:
                 service = ThreadService(store, Publisher(bus), demo_agent())
                 thread_id = (await service.create_thread(PRINCIPAL, title="ir")).thread.id
-                await common.runtime_bench().prefill(store, thread_id, length)
+                await runtime_bench.prefill(store, thread_id, length)
                 env = harness.server_env(
                     database_url,
                     {

@@ -1,5 +1,5 @@
 """Round trips per demo run on Postgres + Redis: sequential one-step demo runs on a thread of
-200 messages (like bench/runtime.py's sequential runs), counting what this process writes to
+200 messages (like bench/runtime_bench.py's sequential runs), counting what this process writes to
 each server's socket (one write per request: a round trip) and naming the statements and
 commands sent. Prints its counts; asserts nothing.
 
@@ -7,7 +7,7 @@ commands sent. Prints its counts; asserts nothing.
                                [--detail]
 
 The counts include the driving client's own requests (its read of the run when an
-invalidation says it may have ended; its subscription), as bench/runtime.py's CPU does.
+invalidation says it may have ended; its subscription), as bench/runtime_bench.py's CPU does.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ os.environ["THREADLINE_DEMO_DELAY_MS"] = "0"
 
 import asyncpg
 import common  # bench/common.py, next to this script
+import runtime_bench as bench  # bench/runtime_bench.py, next to this script
 from redis.asyncio.connection import AbstractConnection
 
-bench = common.runtime_bench()
-
-from realtime import open_bus  # noqa: E402
-from runtime.demo import demo_agent  # noqa: E402
-from runtime.engine.publisher import Publisher  # noqa: E402
-from runtime.engine.worker import Worker  # noqa: E402
-from runtime.service.thread_service import ThreadService  # noqa: E402
-from runtime.storage import open_store  # noqa: E402
+from realtime import open_bus
+from runtime.demo import demo_agent
+from runtime.engine.publisher import Publisher
+from runtime.engine.worker import Worker
+from runtime.service.thread_service import ThreadService
+from runtime.storage import open_store
 
 
 class Counter:
@@ -52,7 +51,9 @@ class Counter:
 
     def install(self) -> None:
         counter = self
-        write = selector_events._SelectorSocketTransport.write
+        # The private transport class behind every asyncio socket (typeshed leaves it out).
+        transport_class: Any = selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+        write = transport_class.write
 
         def counting_write(transport: Any, data: Any) -> None:
             if counter.on:
@@ -62,7 +63,7 @@ class Counter:
                     counter.writes[name] += 1
             write(transport, data)
 
-        selector_events._SelectorSocketTransport.write = counting_write  # type: ignore[method-assign]
+        transport_class.write = counting_write
 
         for method in ("execute", "fetch", "fetchrow", "fetchval"):
             original = getattr(asyncpg.Connection, method)

@@ -226,6 +226,9 @@ def _city(raw: str) -> str:
     return _CITY_END.sub("", raw).strip()
 
 
+LOCAL_TIME = re.compile(r"\btime in ([A-Za-z_]+/[A-Za-z_]+|UTC)\b")
+
+
 def plan(request: ModelRequest) -> list[ModelDelta]:
     """What the example model answers: a tool call for a recognised request, a summary once the
     last step's tool calls have results, otherwise a short help text."""
@@ -243,6 +246,12 @@ def plan(request: ModelRequest) -> list[ModelDelta]:
             contact, kind, city = alert.group(1), alert.group(2).lower(), _city(alert.group(3))
             args = {"city": city, "contact": contact, "kind": kind}
             return tool_call_response("subscribe_alerts", args)
+        local_time = LOCAL_TIME.search(text)
+        offered = {spec.name for spec in request.tools}
+        if local_time and "time__get_current_time" in offered:
+            # An MCP tool (the reference time server, when the deployment declares it as
+            # "time"; examples/README.md): offered like the agent's own tools.
+            return tool_call_response("time__get_current_time", {"timezone": local_time.group(1)})
         forecast = FORECAST.search(text)
         if forecast:
             days = DAYS.search(text)
@@ -258,6 +267,8 @@ def summarise(call: ToolCallPart) -> str:
     output = call.output if isinstance(call.output, dict) else {}
     if call.state is not ToolState.OUTPUT_AVAILABLE:
         return f"I could not run {call.name}: {call.error or call.state.value}."
+    if call.name == "time__get_current_time":
+        return f"In {output.get('timezone')} it is {output.get('datetime')}."
     if call.name == "get_forecast":
         unit = "°F" if output.get("units") == "imperial" else "°C"
         days = "; ".join(

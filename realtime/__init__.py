@@ -17,6 +17,7 @@ from realtime.bus_errors import BusClosedError, BusError, BusUnavailableError
 from realtime.hub import Hub
 from realtime.memory import MemoryBus
 from realtime.outbox import CLOSE_SLOW_CONSUMER, Outbox, SlowConsumerError
+from realtime.publish_options import PublishOptions, Replay
 from realtime.redis_urls import check_redis_url, is_cluster_url
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "Hub",
     "MemoryBus",
     "Outbox",
+    "PublishOptions",
+    "Replay",
     "SlowConsumerError",
     "Subscription",
     "connect_bus",

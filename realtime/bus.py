@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from types import TracebackType
+from typing import Protocol, Self
+
+from realtime.bus_support import ReconnectListener
+from realtime.publish_options import PublishOptions
 
 
 class Subscription(Protocol):
     """Messages of one channel in publish order. Iteration ends when the bus closes."""
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    @property
+    def dropped(self) -> int:
+        """Messages lost so far because this subscriber fell behind (oldest first): a consumer
+        that sees it grow tells its clients to resync."""
+        ...
 
 
 class Bus(Protocol):
@@ -23,7 +33,26 @@ class Bus(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
 
-    async def publish(self, channel: str, data: bytes) -> None: ...
+    # `async with open_bus(url) as bus` opens and closes it (every backend is an AsyncResource).
+    async def __aenter__(self) -> Self: ...
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    async def publish(
+        self, channel: str, data: bytes | Sequence[bytes], options: PublishOptions | None = None
+    ) -> None:
+        """Publish `data` (one message, or several in order) on `channel`; with `options`, keep
+        each in `options.replay`'s buffer too (appended before it is published: a late joiner
+        that subscribes and then reads the buffer misses nothing), then publish `options.then`
+        and clear the buffer when `options.clear_replay` (`PublishOptions`), as one operation:
+        one round trip on Redis (on a Redis Cluster, whose `then` channels may live on other
+        shards, one per step). What subscribers and the buffer see is what one message at a
+        time would leave. Every message is checked before the first is published."""
+        ...
 
     def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]: ...
 
@@ -45,35 +74,12 @@ class Bus(Protocol):
         as one operation (one round trip on Redis)."""
         ...
 
-    async def publish_replayed(
-        self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
-    ) -> None:
-        """`append_replay(key, data, limit, max_bytes)`, then `publish(channel, data)`, as one
-        operation (one round trip on Redis). Appended first: a late joiner that subscribes and
-        then reads the replay buffer misses nothing."""
-        ...
-
-    async def publish_replayed_many(
-        self,
-        channel: str,
-        key: str,
-        items: Sequence[bytes],
-        limit: int,
-        max_bytes: int | None = None,
-        *,
-        then: Sequence[tuple[str, bytes]] = (),
-        clear: bool = False,
-    ) -> None:
-        """`publish_replayed` of each of `items` in turn, then, when `then` or `clear` is given,
-        `publish_all(then, key if clear else None)`, as one operation (one round trip on Redis;
-        on a Redis Cluster, whose `then` channels may live on other shards, one per step):
-        what subscribers and the replay buffer see is exactly what those calls, one after the
-        other, would leave. Every message is checked before the first is published. (A commit
-        sends the chunks it holds that are still unpublished, its invalidations and the clear
-        of the replay buffer this way.)"""
-        ...
-
     @property
     def healthy(self) -> bool:
         """False while the connection to the bus is lost (gateways then poll versions)."""
         ...
+
+    # Called after the bus reconnected (messages may have been lost meanwhile): the hub and the
+    # inbox resync their clients. A bus that never loses its connection accepts and keeps them.
+    def add_reconnect_listener(self, callback: ReconnectListener) -> None: ...
+    def remove_reconnect_listener(self, callback: ReconnectListener) -> None: ...

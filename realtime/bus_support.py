@@ -8,9 +8,9 @@ import enum
 import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Generic, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from realtime.bus_metrics import DROPPED, safe_add
@@ -249,27 +249,3 @@ async def cancel_and_wait(task: asyncio.Task[None], *, recancel_every: float = 0
         await asyncio.wait({task}, timeout=recancel_every)
     if not task.cancelled() and task.exception() is not None:
         log.warning("background task %s had failed", task.get_name(), exc_info=task.exception())
-
-
-async def publish_each_replayed(
-    bus: Any,
-    channel: str,
-    key: str,
-    items: Sequence[bytes],
-    limit: int,
-    max_bytes: int | None,
-    then: Sequence[tuple[str, bytes]] = (),
-    clear: bool = False,
-) -> None:
-    """`Bus.publish_replayed_many` as one `publish_replayed` per item, then one `publish_all`
-    (for buses with no batch of their own): every message is checked before the first is
-    published."""
-    for data in items:
-        check_message(data)
-    for _, data in then:
-        check_message(data)
-    check_replay_bounds(limit, max_bytes)
-    for data in items:
-        await bus.publish_replayed(channel, key, data, limit, max_bytes)
-    if then or clear:
-        await bus.publish_all(then, key if clear else None)

@@ -152,9 +152,7 @@ class Hub(AsyncResource):
         if self._open:
             return
         self._open = True
-        add_listener = getattr(self._bus, "add_reconnect_listener", None)
-        if add_listener is not None:
-            add_listener(self._on_reconnect)
+        self._bus.add_reconnect_listener(self._on_reconnect)
         self._poll_task = asyncio.create_task(self._poll_forever(), name="hub-version-poll")
 
     async def close(self) -> None:
@@ -162,9 +160,7 @@ class Hub(AsyncResource):
         if not self._open:
             return
         self._open = False
-        remove_listener = getattr(self._bus, "remove_reconnect_listener", None)
-        if remove_listener is not None:
-            remove_listener(self._on_reconnect)
+        self._bus.remove_reconnect_listener(self._on_reconnect)
         if self._poll_task is not None:
             await cancel_and_wait(self._poll_task)
             self._poll_task = None
@@ -227,7 +223,7 @@ class Hub(AsyncResource):
                 if not watch.ready.done():
                     watch.ready.set_result(None)
                 async for data in subscription:
-                    dropped = getattr(subscription, "dropped", 0)
+                    dropped = subscription.dropped
                     if dropped != watch.dropped:
                         watch.dropped = dropped
                         self._resync(watch)

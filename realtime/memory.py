@@ -18,8 +18,8 @@ from realtime.bus_support import (
     ReconnectListeners,
     check_message,
     check_replay_bounds,
-    publish_each_replayed,
 )
+from realtime.publish_options import PublishOptions, Replay, publish_batch, publish_stepwise
 
 DEFAULT_REPLAY_TTL = 3600.0
 _SWEEP_EVERY = 1024
@@ -85,9 +85,21 @@ class MemoryBus(AsyncResource):
         if self._state is not BusState.OPEN:
             raise BusClosedError(f"MemoryBus is {self._state.value}, not open")
 
-    async def publish(self, channel: str, data: bytes) -> None:
+    async def publish(
+        self, channel: str, data: bytes | Sequence[bytes], options: PublishOptions | None = None
+    ) -> None:
         self._require_open()
-        check_message(data)
+        if options is None and isinstance(data, bytes):  # one plain message: the common case
+            self._subscriptions.push(channel, data)
+            return
+        batch = publish_batch(channel, data, options)
+        if batch is not None:
+            await publish_stepwise(self, batch)
+
+    async def publish_entry(self, channel: str, data: bytes, replay: Replay | None) -> None:
+        if replay is not None:
+            await self.append_replay(replay.key, data, replay.limit, replay.max_bytes)
+        self._require_open()
         self._subscriptions.push(channel, data)
 
     @asynccontextmanager
@@ -112,26 +124,6 @@ class MemoryBus(AsyncResource):
             await self.publish(channel, data)
         if clear_key is not None:
             await self.clear_replay(clear_key)
-
-    async def publish_replayed(
-        self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
-    ) -> None:
-        check_message(data)
-        await self.append_replay(key, data, limit, max_bytes)
-        await self.publish(channel, data)
-
-    async def publish_replayed_many(
-        self,
-        channel: str,
-        key: str,
-        items: Sequence[bytes],
-        limit: int,
-        max_bytes: int | None = None,
-        *,
-        then: Sequence[tuple[str, bytes]] = (),
-        clear: bool = False,
-    ) -> None:
-        await publish_each_replayed(self, channel, key, items, limit, max_bytes, then, clear)
 
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None

@@ -64,6 +64,11 @@ class Outbox:
       the hard limit on its own, so it is sent instead of overflowing every subscriber at once
       (each of which would resubscribe, get it replayed and overflow again). A few of them
       queued together still make a slow consumer.
+    - Version floors are bounded: `discard_thread` (unsubscribe) forgets the thread's floor,
+      and at most `max_floors` threads keep one (the least recently used is forgotten
+      first), so subscribe/unsubscribe churn cannot grow the connection's state. Forgetting is
+      safe because a resubscription starts from the `subscribed` version, read from storage
+      after the listener was added, and the session drops invalidations not newer than it.
     """
 
     def __init__(
@@ -75,9 +80,13 @@ class Outbox:
         grace: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         on_overflow: Callable[[], None] | None = None,
+        max_floors: int = 1024,
     ) -> None:
         if max_bytes < 1:
             raise ValueError("max_bytes must be positive")
+        if max_floors < 1:
+            raise ValueError("max_floors must be positive")
+        self.max_floors = max_floors
         self.max_bytes = max_bytes
         self.low_water = max_bytes // 2 if low_water is None else low_water
         self.hard_limit = 2 * max_bytes if hard_limit is None else hard_limit
@@ -113,6 +122,11 @@ class Outbox:
         return self._closed
 
     @property
+    def floors(self) -> int:
+        """How many threads have a version floor (bounded by `max_floors`)."""
+        return len(self._versions)
+
+    @property
     def over_high_water(self) -> bool:
         return self._over_since is not None
 
@@ -128,10 +142,13 @@ class Outbox:
         if kind == "invalidate":
             if version is None:
                 raise ValueError("an invalidation needs its version")
-            last = self._versions.get(thread_id)
+            last = self._versions.pop(thread_id, None)
             if last is not None and version <= last:
+                self._versions[thread_id] = last  # back in, as the most recently used
                 return True
             self._versions[thread_id] = version
+            if len(self._versions) > self.max_floors:
+                del self._versions[next(iter(self._versions))]  # the least recently used
         if not self._live and self.direct is not None and self.direct(data):
             return True  # nothing queued ahead of it and the socket took it as is
         entry = _Entry(data, kind, thread_id, weight=min(len(data), self.max_bytes + 1))
@@ -209,7 +226,8 @@ class Outbox:
         return self._evaluate()
 
     def discard_thread(self, thread_id: str) -> None:
-        """Drop queued frames of a thread (unsubscribed). Its version floor is kept."""
+        """Drop queued frames of a thread (unsubscribed), and its version floor."""
+        self._versions.pop(thread_id, None)
         for entry in self._entries or ():
             if entry.live and entry.thread_id == thread_id:
                 self._kill(entry)

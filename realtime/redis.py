@@ -17,15 +17,16 @@ from redis.exceptions import NoScriptError, RedisError
 
 from realtime.bus_errors import BusClosedError, BusUnavailableError
 from realtime.bus_support import BusState, check_message, check_replay_bounds, redact_url
+from realtime.publish_options import PublishBatch, PublishOptions, publish_batch
 from realtime.redis_common import DEFAULT_REPLAY_TTL as DEFAULT_REPLAY_TTL
 from realtime.redis_common import RedisBusCommon, RedisBusOptions
 
 log = logging.getLogger(__name__)
 
 # KEYS: the replay list, its byte total. ARGV: entry, max entries, max bytes (0: none), TTL
-# (and, for `publish_replayed`, the channel). A list of one entry is new (or was cleared or
-# expired): its total restarts from that entry, so a stale total never outlives its list. The
-# newest entry is never trimmed.
+# (and, for a publish of one message with replay, the channel). A list of one entry is new (or
+# was cleared or expired): its total restarts from that entry, so a stale total never outlives
+# its list. The newest entry is never trimmed.
 _APPEND = """
 local count = redis.call('RPUSH', KEYS[1], ARGV[1])
 local size
@@ -47,14 +48,14 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 APPEND_REPLAY = _APPEND + "return size\n"
 _APPEND_REPLAY = APPEND_REPLAY
 _APPEND_REPLAY_SHA = hashlib.sha1(_APPEND_REPLAY.encode()).hexdigest()
-# `publish_replayed`: the append above, then the publish, in one script (one round trip; its
-# commands run in order, so the append precedes the publish).
+# A publish of one message with replay: the append above, then the publish, in one script (one
+# round trip; its commands run in order, so the append precedes the publish).
 _PUBLISH_REPLAYED = _APPEND + "return redis.call('PUBLISH', ARGV[5], ARGV[1])\n"
 # The same on a cluster: a sharded publish, to the channel on the replay's slot (hash tag).
 SPUBLISH_REPLAYED = _APPEND + "return redis.call('SPUBLISH', ARGV[5], ARGV[1])\n"
 _PUBLISH_REPLAYED_SHA = hashlib.sha1(_PUBLISH_REPLAYED.encode()).hexdigest()
-# `publish_replayed_many`: the append and the publish above for each entry in turn, then the
-# `then` messages published and the buffer cleared, in one script. ARGV: max entries, max bytes
+# Any other publish with replay: the append and the publish above for each entry in turn, then
+# the `then` messages published and the buffer cleared, in one script. ARGV: max entries, max bytes
 # (0: none), TTL, channel, the number of entries n, clear ('1' or '0'), the n entries, then
 # channel, data pairs. When the buffer is cleared at the end the appends are skipped: a DEL
 # after them leaves what it leaves without them (no reader sees inside a script).
@@ -216,10 +217,22 @@ class RedisBus(RedisBusCommon[Redis]):
 
     # -- publishing and replay -------------------------------------------------------------
 
-    async def publish(self, channel: str, data: bytes) -> None:
-        check_message(data)
-        async with self._command("publish to %r", channel) as client:
-            await client.publish(self.prefix + channel, data)
+    async def publish(
+        self, channel: str, data: bytes | Sequence[bytes], options: PublishOptions | None = None
+    ) -> None:
+        if options is None and isinstance(data, bytes):  # one plain message: the common case
+            async with self._command("publish to %r", channel) as client:
+                await client.publish(self.prefix + channel, data)
+            return
+        batch = publish_batch(channel, data, options)
+        if batch is None:
+            return
+        if batch.replay is None:  # plain messages, several: the `publish_all` script
+            await self.publish_all([(channel, item) for item in batch.items] + [*batch.then])
+        elif batch.single:
+            await self._publish_replayed(batch)
+        else:
+            await self._publish_replayed_many(batch)
 
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None
@@ -257,47 +270,41 @@ class RedisBus(RedisBusCommon[Redis]):
             await client.script_load(script)
             await _round_trip(client, command)
 
-    async def publish_replayed(
-        self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
-    ) -> None:
-        check_message(data)
-        check_replay_bounds(limit, max_bytes)
-        args = [*self._append_args(data, limit, max_bytes), self.prefix + channel]
-        async with self._command("publish to %r with replay %r", channel, key) as client:
+    async def _publish_replayed(self, batch: PublishBatch) -> None:
+        assert batch.replay is not None
+        replay, data = batch.replay, batch.items[0]
+        args = [
+            *self._append_args(data, replay.limit, replay.max_bytes),
+            self.prefix + batch.channel,
+        ]
+        async with self._command(
+            "publish to %r with replay %r", batch.channel, replay.key
+        ) as client:
             await self._script(
-                client, _PUBLISH_REPLAYED, _PUBLISH_REPLAYED_SHA, self._replay_keys(key), args
+                client,
+                _PUBLISH_REPLAYED,
+                _PUBLISH_REPLAYED_SHA,
+                self._replay_keys(replay.key),
+                args,
             )
 
-    async def publish_replayed_many(
-        self,
-        channel: str,
-        key: str,
-        items: Sequence[bytes],
-        limit: int,
-        max_bytes: int | None = None,
-        *,
-        then: Sequence[tuple[str, bytes]] = (),
-        clear: bool = False,
-    ) -> None:
-        for data in items:
-            check_message(data)
+    async def _publish_replayed_many(self, batch: PublishBatch) -> None:
+        assert batch.replay is not None
+        replay, items = batch.replay, batch.items
         following: list[Any] = []
-        for then_channel, data in then:
-            check_message(data)
+        for then_channel, data in batch.then:
             following += (self.prefix + then_channel, data)
-        check_replay_bounds(limit, max_bytes)
-        if not items and not then and not clear:
-            return
-        limits = self._append_args(b"", limit, max_bytes)[1:]
-        args = [*limits, self.prefix + channel, len(items), 1 if clear else 0, *items, *following]
+        limits = self._append_args(b"", replay.limit, replay.max_bytes)[1:]
+        clear = 1 if batch.clear_key is not None else 0
+        args = [*limits, self.prefix + batch.channel, len(items), clear, *items, *following]
         async with self._command(
-            "publish of %s messages with replay %r", len(items) + len(then), key
+            "publish of %s messages with replay %r", len(items) + len(batch.then), replay.key
         ) as client:
             await self._script(
                 client,
                 _PUBLISH_REPLAYED_MANY,
                 _PUBLISH_REPLAYED_MANY_SHA,
-                self._replay_keys(key),
+                self._replay_keys(replay.key),
                 args,
             )
 

@@ -24,8 +24,8 @@ from realtime.bus_support import (
     cancel_and_wait,
     check_message,
     check_replay_bounds,
-    publish_each_replayed,
 )
+from realtime.publish_options import PublishOptions, Replay, publish_batch, publish_stepwise
 from realtime.redis import APPEND_REPLAY, SPUBLISH_REPLAYED
 from realtime.redis_common import RedisBusCommon, RedisBusOptions
 from realtime.redis_urls import cluster_client, describe, parse_cluster_url
@@ -128,10 +128,26 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
 
     # -- publishing and replay -------------------------------------------------------------
 
-    async def publish(self, channel: str, data: bytes) -> None:
-        check_message(data)
-        async with self._command("publish to %r", channel) as client:
-            await client.spublish(self.prefix + channel, data)
+    async def publish(
+        self, channel: str, data: bytes | Sequence[bytes], options: PublishOptions | None = None
+    ) -> None:
+        """One sharded publish (with its append, in one script) per message, in order, then
+        `publish_all`: the `then` channels may live on other shards than the replay's."""
+        if options is None and isinstance(data, bytes):  # one plain message: the common case
+            await self.publish_entry(channel, data, None)
+            return
+        batch = publish_batch(channel, data, options)
+        if batch is not None:
+            await publish_stepwise(self, batch)
+
+    async def publish_entry(self, channel: str, data: bytes, replay: Replay | None) -> None:
+        if replay is None:
+            async with self._command("publish to %r", channel) as client:
+                await client.spublish(self.prefix + channel, data)
+            return
+        args = [*self._append_args(data, replay.limit, replay.max_bytes), self.prefix + channel]
+        async with self._command("publish to %r with replay %r", channel, replay.key):
+            await self._publish_replayed(keys=self._replay_keys(replay.key), args=args)
 
     async def append_replay(
         self, key: str, data: bytes, limit: int, max_bytes: int | None = None
@@ -142,30 +158,6 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
                 keys=self._replay_keys(key), args=self._append_args(data, limit, max_bytes)
             )
 
-    async def publish_replayed(
-        self, channel: str, key: str, data: bytes, limit: int, max_bytes: int | None = None
-    ) -> None:
-        check_message(data)
-        check_replay_bounds(limit, max_bytes)
-        args = [*self._append_args(data, limit, max_bytes), self.prefix + channel]
-        async with self._command("publish to %r with replay %r", channel, key):
-            await self._publish_replayed(keys=self._replay_keys(key), args=args)
-
-    async def publish_replayed_many(
-        self,
-        channel: str,
-        key: str,
-        items: Sequence[bytes],
-        limit: int,
-        max_bytes: int | None = None,
-        *,
-        then: Sequence[tuple[str, bytes]] = (),
-        clear: bool = False,
-    ) -> None:
-        """One `publish_replayed` each, in order, then `publish_all` (the `then` channels may
-        live on other shards than the replay's)."""
-        await publish_each_replayed(self, channel, key, items, limit, max_bytes, then, clear)
-
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
     ) -> None:
@@ -174,7 +166,7 @@ class RedisClusterBus(RedisBusCommon[RedisCluster]):
         for _, data in messages:
             check_message(data)
         for channel, data in messages:
-            await self.publish(channel, data)
+            await self.publish_entry(channel, data, None)
         if clear_key is not None:
             await self.clear_replay(clear_key)
 

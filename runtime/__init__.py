@@ -14,6 +14,7 @@ from runtime.chunks import (
     StreamChunk,
     TextDeltaChunk,
     ToolCallChunk,
+    ToolProgressChunk,
     ToolStateChunk,
 )
 from runtime.compose import HistoryRewrittenErrors, as_lifecycle, compose_lifecycle
@@ -32,6 +33,7 @@ from runtime.domain import (
     WaitKind,
 )
 from runtime.lifecycle import *  # noqa: F403 (its __all__ is part of the public API)
+from runtime.mcp import MCPHttp, MCPStdio, ToolRule
 from runtime.providers.model_api import (
     ContextMessage,
     FinishDelta,
@@ -60,6 +62,7 @@ from runtime.tools import (
     SuspendStep,
     Tool,
     ToolContext,
+    ToolSource,
     manual_tool,
     tool,
 )
@@ -81,6 +84,8 @@ __all__ = [
     "FinishDelta",
     "FunctionModel",
     "HistoryRewrittenErrors",
+    "MCPHttp",
+    "MCPStdio",
     "MessageRole",
     "Model",
     "ModelDelta",
@@ -113,6 +118,9 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallPart",
     "ToolContext",
+    "ToolProgressChunk",
+    "ToolRule",
+    "ToolSource",
     "ToolSpec",
     "ToolState",
     "ToolStateChunk",

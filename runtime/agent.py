@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.lifecycle import AgentLifecycle
+from runtime.mcp.config import MCPHttp, MCPStdio
 from runtime.providers.model_api import Model
 from runtime.tools import Tool
 
@@ -20,6 +21,8 @@ class Agent:
     lifecycle: Any = field(default_factory=AgentLifecycle)
     max_steps: int = 8
     name: str = "agent"
+    # MCP servers whose tools join every step's tools as `server__tool` (runtime/mcp/).
+    mcp_servers: Sequence[MCPStdio | MCPHttp] = ()
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)

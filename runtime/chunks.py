@@ -35,6 +35,17 @@ class ToolStateChunk(_Chunk):
     error: str | None = None
 
 
+class ToolProgressChunk(_Chunk):
+    """A running tool reported progress (an MCP progress notification, `ctx.report_progress`).
+    Live only: the tool part's final state is what a snapshot shows."""
+
+    type: Literal["tool-progress"] = "tool-progress"
+    tool_call_id: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
 class StepStartChunk(_Chunk):
     type: Literal["step-start"] = "step-start"
     step: int
@@ -57,6 +68,7 @@ StreamChunk = Annotated[
     TextDeltaChunk
     | ToolCallChunk
     | ToolStateChunk
+    | ToolProgressChunk
     | StepStartChunk
     | StepFinishChunk
     | RunTakeoverChunk,

@@ -7,7 +7,7 @@ import inspect
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints, overload
+from typing import Any, Protocol, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,22 +38,34 @@ class SuspendStep:
     kind: WaitKind = WaitKind.APPROVAL
 
 
+# Reports a running tool's progress: (progress, total or None, message or None).
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a tool sees: its call id, the run, and the validated resume payload if it waited.
 
     `idempotency_key` is stable for this call across episodes (a takeover that re-runs an
-    idempotent tool passes the same key): hand it to external APIs that deduplicate."""
+    idempotent tool passes the same key): hand it to external APIs that deduplicate.
+    `report_progress` streams a `tool-progress` chunk to every client watching the thread."""
 
     tool_call_id: str
     run_id: str
     thread_id: str
     payload: BaseModel | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
+    progress: ProgressFn | None = None
 
     @property
     def idempotency_key(self) -> str:
         return f"{self.run_id}:{self.tool_call_id}"
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        if self.progress is not None:
+            await self.progress(progress, total, message)
 
 
 ToolFn = Callable[..., Awaitable[Any]]
@@ -93,6 +105,13 @@ class Tool:
         if self.takes_context:
             return await self.fn(args, ctx)
         return await self.fn(args)
+
+
+class ToolSource(Protocol):
+    """Tools that are not known when the agent is declared (an MCP server's): the episode
+    asks before each step and offers them next to the agent's own."""
+
+    async def tools(self) -> Sequence[Tool]: ...
 
 
 @overload

@@ -66,7 +66,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
         state.store = await open_storage(settings.database_url, stack)
 
-        bus = open_bus(settings.redis_url)
+        bus = open_bus(settings.redis_url, prefix=settings.redis_prefix)
         await connect_bus(bus, timeout=settings.bus_connect_timeout)
         stack.push_async_callback(bus.close)
         state.bus = bus
@@ -90,7 +90,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         )
         allow = parse_networks(settings.webhook_allow_networks)
         register_hooks(state.service, HooksService(state.hooks_store, allow=allow))
-        counters = open_counters(settings.redis_url, settings.limits_prefix)
+        counters = open_counters(settings.redis_url, settings.counters_prefix)
         stack.push_async_callback(counters.close)
         state.limiter = Limiter(settings, counters)
         state.revoker = TokenRevoker(state.store, bus)
@@ -110,7 +110,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             presence = await stack.enter_async_context(
                 PresenceHub(
                     bus,
-                    open_presence(settings.redis_url),
+                    open_presence(settings.redis_url, prefix=settings.redis_prefix),
                     refresh_interval=settings.presence_refresh,
                 )
             )
@@ -132,6 +132,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                 poll_interval=settings.poll_interval,
                 max_concurrent_runs=settings.max_concurrent_runs,
                 replay_max_bytes=settings.replay_max_bytes,
+                mcp_servers=settings.mcp_servers,
             )
             await stack.enter_async_context(worker)
             state.worker = worker

@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping
 
 from runtime.domain import Principal, Role
 from runtime.errors import ThreadlineError
-from runtime.storage.store import Store
+from runtime.storage.store import TokenStore
 
 
 class Unauthorized(ThreadlineError):
@@ -31,7 +31,7 @@ def hash_token(token: str) -> str:
 
 
 async def create_token(
-    store: Store,
+    store: TokenStore,
     *,
     subject: str,
     role: Role,
@@ -60,6 +60,25 @@ def token_key_of_hash(token_hash: str) -> str:
     return token_hash[:24]
 
 
+# Websockets: the client offers `threadline.v1` and `bearer.<token>` as subprotocols and the
+# server answers `threadline.v1`, so the token is in neither the URL nor an echoed header
+# (docs/protocol.md, "Authentication"). Tokens are URL-safe, so always a valid subprotocol.
+SUBPROTOCOL = "threadline.v1"
+BEARER_SUBPROTOCOL = "bearer."
+
+
+def websocket_credentials(
+    subprotocols: Collection[str], headers: Mapping[str, str], query_token: str | None
+) -> tuple[str | None, str | None]:
+    """(token, subprotocol to answer) of a websocket upgrade: a `bearer.` subprotocol first,
+    then an `Authorization: Bearer` header, then `?token=` (older clients)."""
+    answer = SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
+    for offered in subprotocols:
+        if offered.startswith(BEARER_SUBPROTOCOL):
+            return offered[len(BEARER_SUBPROTOCOL) :] or None, answer
+    return bearer_token(headers) or query_token, answer
+
+
 def bearer_token(headers: Mapping[str, str]) -> str | None:
     value = headers.get("authorization")
     if not value:
@@ -70,7 +89,7 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
     return token.strip() or None
 
 
-async def authenticate(store: Store, token: str | None) -> Principal:
+async def authenticate(store: TokenStore, token: str | None) -> Principal:
     """The principal of `token`; `Unauthorized` for a missing, malformed or unknown token."""
     if not token:
         raise Unauthorized("a bearer token is required")

@@ -60,7 +60,7 @@ async def _revoke_token(settings: Settings, token: str) -> tuple[bool, bool]:
             return False, False
     if not settings.redis_url:
         return True, False  # an embedded server's gateway notices on its periodic check
-    bus = open_bus(settings.redis_url)
+    bus = open_bus(settings.redis_url, prefix=settings.redis_prefix)
     try:
         await connect_bus(bus, timeout=min(settings.bus_connect_timeout, 5.0))
         return True, await publish_revoked(bus, token_key_of_hash(token_hash))
@@ -101,6 +101,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
     import uvicorn
 
     from server.app import create_app
+    from server.transports.uvicorn_http import connection_limit, http_protocol
     from server.transports.ws.uvicorn_ws import WebSocketProtocol
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
@@ -113,7 +114,8 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         )
     if settings.dev_token and settings.runs_gateway:
         token = asyncio.run(_create_token(settings, "dev", Role.USER, [settings.dev_scope]))
-        url = f"http://{_browser_host(settings.host)}:{settings.port}/?token={token}"
+        # In the fragment, which browsers never send: the token is in no request line.
+        url = f"http://{_browser_host(settings.host)}:{settings.port}/#token={token}"
         click.echo(f"Threadline is starting. Open {url}")
     uvicorn.run(
         create_app(settings),
@@ -131,6 +133,10 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         # uvicorn's sans-I/O websockets protocol plus a synchronous send
         # (server/transports/ws/uvicorn_ws.py).
         ws=WebSocketProtocol,
+        # Idle, slow and too many connections (server/transports/uvicorn_http.py).
+        http=http_protocol(settings.http_header_timeout),
+        timeout_keep_alive=settings.http_keep_alive_timeout,  # type: ignore[arg-type]
+        limit_concurrency=connection_limit(settings.max_connections),
         timeout_graceful_shutdown=10,
     )
 

@@ -129,7 +129,8 @@ def frame_table() -> str:
 def command_table() -> str:
     rows = ["| command | HTTP | websocket | why one transport only |", "| --- | --- | --- | --- |"]
     for command in COMMANDS:
-        http = f"`{command.http.method} {command.http.path}`" if command.http else "—"
+        http = f"`{command.http.method} {command.http.path}`" if command.http else command.sse
+        http = http or "—"
         ws = f'`"{command.name}"`' if command.reply is not None else "—"
         rows.append(f"| {command.name} | {http} | {ws} | {command.note} |")
     return "\n".join(rows)

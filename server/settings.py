@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.mcp.config import MCPServer
 from runtime.service.permissions import PermissionPolicy, Who
 
 ServerRole = Literal["all", "gateway", "worker"]
@@ -39,8 +40,12 @@ class Settings(BaseSettings):
 
     # Larger websocket frames close the connection with 1009 (docs/protocol.md).
     ws_max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
-    # A connection whose unsent frames stay above this bound is closed as a slow consumer.
+    # A connection whose unsent frames stay above this bound for ws_slow_consumer_grace seconds
+    # (or exceed twice it at once) is closed as a slow consumer (4408); a socket still open
+    # ws_close_grace seconds after its close frame is aborted (docs/protocol.md, "Close codes").
     ws_outbox_max_bytes: int = Field(default=1024 * 1024, ge=4096)
+    ws_slow_consumer_grace: float = Field(default=5.0, gt=0)
+    ws_close_grace: float = Field(default=2.0, gt=0)
     # Protocol-level pings (uvicorn); a peer missing a pong for ws_ping_timeout is dropped.
     ws_ping_interval: float = Field(default=20.0, gt=0)
     ws_ping_timeout: float = Field(default=20.0, gt=0)
@@ -50,6 +55,14 @@ class Settings(BaseSettings):
     # from the other gateways within twice this (docs/protocol.md, "Presence").
     presence_refresh: float = Field(default=5.0, ge=0.2)
     http_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # --- connections (docs/operations.md, "Connections and timeouts"): a request's line and
+    # headers must be complete this many seconds after the connection opened or the previous
+    # response ended; an idle keep-alive connection is closed after http_keep_alive_timeout;
+    # beyond max_connections open connections (HTTP and websockets) new requests and upgrades
+    # get 503 (lowered to what `ulimit -n` holds).
+    http_header_timeout: float = Field(default=10.0, gt=0)
+    http_keep_alive_timeout: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=10_000, ge=1)
 
     # --- quotas (docs/operations.md, "Limits"); every default is meant for a public deployment
     # Items waiting in one thread's queue, and the UTF-8 size of their texts together.
@@ -73,8 +86,13 @@ class Settings(BaseSettings):
     # Websocket upgrades whose Origin header is not in this list are refused (HTTP 403).
     # Empty (the default): no check. JSON list, e.g. '["https://chat.example.com"]'.
     ws_allowed_origins: list[str] = Field(default_factory=list)
-    # Namespace of the quota counters in Redis (several deployments may share one Redis).
-    limits_prefix: str = "threadline:limits:"
+    # Namespace of this deployment in Redis: every channel, presence hash, replay buffer and
+    # control message is named under it, so deployments sharing a Redis (or a Redis Cluster)
+    # never see each other's (docs/operations.md, "Several deployments on one Redis"). No
+    # braces: the `{thread}` hash tag after it is what a Redis Cluster shards by.
+    redis_prefix: str = Field(default="threadline:", min_length=1, pattern=r"^[^{}\s]+$")
+    # Namespace of the quota counters; unset, `<redis_prefix>limits:`.
+    limits_prefix: str | None = Field(default=None, min_length=1, pattern=r"^[^{}\s]+$")
 
     # --- who may take destructive actions (runtime.service.permissions.Who): scope, author,
     # trusted, admin. `scope` everywhere keeps the behaviour of earlier versions; see
@@ -83,6 +101,12 @@ class Settings(BaseSettings):
     permission_visibility: Who = Who.SCOPE
     permission_stop: Who = Who.SCOPE
     permission_cancel_queued: Who = Who.SCOPE
+
+    # MCP servers whose tools every run of this deployment's agent gets, besides the agent's
+    # own `mcp_servers`: a JSON list of {"type": "stdio", "name", "command", "args"} and
+    # {"type": "http", "name", "url", "secret_headers"} objects (docs/operations.md, "MCP
+    # servers"). Secrets are references (env:NAME, file:/path), never values.
+    mcp_servers: list[MCPServer] = Field(default_factory=list)
 
     dev_scope: str = "demo"
     # `threadline serve` mints a development token and prints a browser URL carrying it.
@@ -110,6 +134,11 @@ class Settings(BaseSettings):
             stop=self.permission_stop,
             cancel_queued=self.permission_cancel_queued,
         )
+
+    @property
+    def counters_prefix(self) -> str:
+        """Where the quota counters live in Redis: their own prefix, else under the bus's."""
+        return self.limits_prefix or f"{self.redis_prefix}limits:"
 
     @property
     def runs_gateway(self) -> bool:

@@ -13,6 +13,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
+def _point_value(point: object, otherwise: str) -> float:
+    """A counter point's `value`, else a histogram point's `otherwise` (`sum` or `count`)."""
+    value = getattr(point, "value", None)
+    return float(value if value is not None else getattr(point, otherwise, 0))
+
+
 @dataclass
 class Telemetry:
     spans: InMemorySpanExporter
@@ -42,9 +48,7 @@ class Telemetry:
                 for metric in scope.metrics:
                     if metric.name == name:
                         for point in metric.data.data_points:
-                            value = getattr(point, "value", None)
-                            if value is None:
-                                value = getattr(point, "sum", 0)
+                            value = _point_value(point, "sum")
                             key = frozenset(_hashable(dict(point.attributes or {})).items())
                             totals[key] = totals.get(key, 0) + value
         return totals
@@ -63,9 +67,7 @@ class Telemetry:
                 for metric in scope.metrics:
                     if metric.name == name:
                         for point in metric.data.data_points:
-                            value = getattr(point, "value", None)
-                            if value is None:
-                                value = getattr(point, "count", 0)
+                            value = _point_value(point, "count")
                             points.append((dict(point.attributes or {}), value))
         return points
 

@@ -372,9 +372,10 @@ class RedisClusterServer:
 
     def __init__(self, masters: int = 3) -> None:
         self.program = redis_server_program()
-        self.cli = shutil.which("redis-cli")
-        if self.cli is None:
+        cli = shutil.which("redis-cli")
+        if cli is None:
             raise ServiceUnavailable("redis-cli is not installed (apt-get install redis-tools)")
+        self.cli = cli
         self.masters = masters
         self.directory = _make_dir("threadline-redis-", None)
         self.ports: list[int] = []
@@ -484,7 +485,6 @@ class RedisClusterServer:
 
     def command(self, port: int, *args: str) -> str:
         """One command through redis-cli to the node on `port`; its output ('' on failure)."""
-        assert self.cli is not None
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             done = subprocess.run(
                 [self.cli, "-p", str(port), *args], capture_output=True, timeout=5, check=False

@@ -137,8 +137,8 @@ class SyncThreadlineClient:
                     lambda w: w.settled and w.snapshot is not None and predicate(w.snapshot),
                     timeout,
                 )
-                snapshot: Snapshot = view.snapshot
-                return snapshot
+                assert view.snapshot is not None  # the predicate saw it
+                return view.snapshot
 
         return self._call(watch())
 

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.typing import Subprotocol
 
 from threadline_client.base import AsyncClosing
 from threadline_client.convergence import Refetch, ThreadState
 from threadline_client.exceptions import ThreadlineError, Unauthorized, error_from
-from threadline_client.models import PendingAction
+from threadline_client.models import PendingAction, Snapshot
 
 if TYPE_CHECKING:
     from threadline_client.client import ThreadlineClient
@@ -166,7 +167,10 @@ class _LiveView(AsyncClosing):
 
     async def _run(self) -> None:
         try:
-            while not self._closed:
+            # Started by `_enter`, so never closed before its first connection; `aclose` sets
+            # `_closed` and then cancels this task, so only the end of a connection can find it
+            # closed (the check that made it `while not self._closed` could never fail).
+            while True:
                 try:
                     await self._connection()
                 except (OSError, ConnectionClosed, TimeoutError, InvalidStatus) as exc:
@@ -186,8 +190,16 @@ class _LiveView(AsyncClosing):
             self._changed.set()
 
     async def _connection(self) -> None:
-        url = f"{self.client.ws_url}?token={self.client.token}"
-        async with connect(url, open_timeout=10, close_timeout=2, max_size=2**24) as ws:
+        # The token goes as a subprotocol, not in the URL (which proxies and logs keep); the
+        # server answers `threadline.v1` (docs/protocol.md, "Authentication").
+        subprotocols = [Subprotocol("threadline.v1"), Subprotocol(f"bearer.{self.client.token}")]
+        async with connect(
+            self.client.ws_url,
+            subprotocols=subprotocols,
+            open_timeout=10,
+            close_timeout=2,
+            max_size=2**24,
+        ) as ws:
             socket = _Socket(ws)
             self._socket = socket
             reader = asyncio.create_task(self._read(socket), name="threadline-ws-reader")
@@ -259,7 +271,7 @@ class ThreadWatch(_LiveView):
         self._force = False
 
     @property
-    def snapshot(self) -> Any:
+    def snapshot(self) -> Snapshot | None:
         return self.state.snapshot
 
     @property

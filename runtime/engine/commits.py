@@ -26,8 +26,6 @@ from runtime.storage.store import (
     RunChange,
     StepCommit,
     TailUpdate,
-    commit_admitted,
-    commit_released,
 )
 
 
@@ -66,15 +64,15 @@ async def _commit(
         # The batch already on the wire first: seq order.
         await state.sink.settle()
         committed = await deps.store.commit(deps.lease, change)
-        version = int(committed)
+        version = committed.version
         # Recorded in the same uninterrupted task as the write, before anything can observe it.
         state.anchor += len(change.append)
         state.tools = None
         if change.run is not None:
             state.phase = Phase.ENDED
             state.outcome = change.run.status
-            state.admitted = commit_admitted(committed)
-            state.released = commit_released(committed)
+            state.admitted = committed.admitted
+            state.released = committed.released
             instruments.safe_add(instruments.RUNS, 1, {"event": change.run.status.value})
         elif then is not None:
             state.enter(then)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from runtime.domain import Message, MessageRole
 from runtime.engine.message_cache import HistoryCache, context_of
 from runtime.providers.model_api import ContextMessage
-from runtime.storage.store import Store
+from runtime.storage.store import MessageStore
 
 
 def to_context(messages: Sequence[Message]) -> list[ContextMessage]:
@@ -23,7 +23,7 @@ class DurableContext:
 
     def __init__(
         self,
-        store: Store,
+        store: MessageStore,
         thread_id: str,
         anchor: int,
         history: HistoryCache | None = None,

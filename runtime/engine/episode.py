@@ -39,13 +39,13 @@ from runtime.engine.streaming import ChunkSink
 from runtime.errors import LeaseLost, Unavailable
 from runtime.lifecycle import AgentLifecycle, StepContext
 from runtime.storage.store import (
+    EngineStore,
     EpisodeStart,
     RunChange,
     RunStart,
     StepCommit,
-    Store,
-    commit_released,
 )
+from runtime.tools import ToolSource
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Episode:
 
     def __init__(
         self,
-        store: Store,
+        store: EngineStore,
         publisher: Publisher,
         agent: Agent,
         lifecycle: AgentLifecycle,
@@ -69,9 +69,10 @@ class Episode:
         *,
         start: RunStart | None = None,
         history_from: int | None = None,
+        tool_source: ToolSource | None = None,
     ) -> None:
         self.deps = EpisodeDeps(
-            store, publisher, agent, lifecycle, lease, history or HistoryCache()
+            store, publisher, agent, lifecycle, lease, history or HistoryCache(), tool_source
         )
         # What `Store.start_run` did with the lease (None, or `started` None: `_begin` makes the
         # start), and where its read of the thread's messages started (`HistoryCache.read_from`
@@ -224,14 +225,14 @@ class Episode:
     async def _fail_unstarted(self, exc: Exception) -> None:
         failed = RunChange(status=RunStatus.FAILED, error=str(exc) or type(exc).__name__)
         try:
-            version = await self.deps.store.commit(self.deps.lease, StepCommit(run=failed))
+            committed = await self.deps.store.commit(self.deps.lease, StepCommit(run=failed))
         except Exception:
             log.exception("run %s: could not record failure", self.run_id)
             return
-        self._released_unstarted = commit_released(version)
+        self._released_unstarted = committed.released
         # Not through `commits.commit` (no episode state yet), which counts every other end.
         instruments.safe_add(instruments.RUNS, 1, {"event": RunStatus.FAILED.value})
-        await self.deps.publisher.invalidate(self.thread_id, version)
+        await self.deps.publisher.invalidate(self.thread_id, committed.version)
 
     async def _guarded(self, work: Coroutine[Any, Any, None], state: EpisodeState) -> None:
         try:

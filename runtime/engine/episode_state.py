@@ -16,7 +16,8 @@ from runtime.engine.publisher import Publisher
 from runtime.engine.streaming import ChunkSink, StepOutput
 from runtime.engine.toolcalls import ToolPhase
 from runtime.lifecycle import AgentLifecycle, StepContext
-from runtime.storage.store import Store
+from runtime.storage.store import EngineStore
+from runtime.tools import Tool, ToolSource
 
 
 class Phase(enum.Enum):
@@ -101,13 +102,15 @@ class EpisodeDeps:
     """What an episode works with; none of it changes while it runs, except the lease's expiry,
     which the worker's heartbeat renews (same owner and fencing token)."""
 
-    store: Store
+    store: EngineStore
     publisher: Publisher
     agent: Agent
     lifecycle: AgentLifecycle
     lease: Lease
     # Parsed messages of the thread, shared by the worker's episodes: reads are tail reads.
     history: HistoryCache = field(default_factory=HistoryCache)
+    # Tools besides the agent's own (the worker's MCP servers), asked before each step.
+    tool_source: ToolSource | None = None
 
     @functools.cached_property
     def transition_with_step(self) -> bool:
@@ -184,13 +187,15 @@ class EpisodeState:
     # The tool phase of the open step, or of a resume: the latest state of each tool part, in
     # the model's order. None when no tool phase has started since the last commit.
     tools: ToolPhase | None = None
+    # The tool source's tools as of the latest step or resume (`phases.load_tools`).
+    source_tools: tuple[Tool, ...] = ()
     # The id of the open step's message once committed with its tools started (EXECUTING).
     started_message: str | None = None
     # The run status this episode committed last (waiting or terminal); None while the run is
     # still this episode's to finish.
     outcome: RunStatus | None = None
-    # Whether the commit that ended the run admitted queued input as a new run (True when the
-    # store cannot tell): the worker then wakes workers to run it.
+    # Whether the commit that ended the run admitted queued input as a new run: the worker
+    # then wakes workers to run it.
     admitted: bool = False
     # Whether that commit released the run lease too (a terminal one does): the worker then
     # has none left to release.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from runtime.domain import Message, Visibility
 from runtime.providers.model_api import ContextMessage
-from runtime.storage.store import HistoryRead, Store
+from runtime.storage.store import HistoryRead, MessageStore
 
 # Bounds of one cache (per worker): threads kept, and messages kept over all of them.
 MAX_THREADS = 256
@@ -69,7 +69,7 @@ class HistoryCache:
         self.reloads = 0
 
     async def messages(
-        self, store: Store, thread_id: str, up_to_position: int | None = None
+        self, store: MessageStore, thread_id: str, up_to_position: int | None = None
     ) -> list[Message]:
         """The thread's committed messages (hidden ones included), at or before
         `up_to_position` when given: what `Store.list_messages` returns."""
@@ -77,7 +77,7 @@ class HistoryCache:
         return entry.messages[: entry.count(up_to_position)]
 
     async def context(
-        self, store: Store, thread_id: str, up_to_position: int
+        self, store: MessageStore, thread_id: str, up_to_position: int
     ) -> list[ContextMessage]:
         """Visible messages at or before `up_to_position`, as model context."""
         entry = await self._refresh(store, thread_id)
@@ -108,7 +108,7 @@ class HistoryCache:
         entry = self._update(thread_id, from_position, read)
         return None if entry is None else list(entry.messages)
 
-    async def _refresh(self, store: Store, thread_id: str) -> _Thread:
+    async def _refresh(self, store: MessageStore, thread_id: str) -> _Thread:
         start = self.read_from(thread_id)
         entry = self._update(thread_id, start, await store.read_history(thread_id, start or 0))
         if entry is None:

@@ -127,6 +127,7 @@ async def close_tail(
     included) end cancelled through after_tool_result, committed before the response, so the
     terminal run leaves no call waiting and later steps see every call finished."""
     state.enter(Phase.RESUMING)
+    await load_tools(deps, state)
     phase = _open_tool_phase(deps, state, ctx)
     parts = await phase.cancel_open(tail.parts, error="prepare_run responded instead")
     update = TailUpdate(message_id=tail.id, parts=tuple(parts))
@@ -137,6 +138,7 @@ async def resume(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, tail:
     """Continue the resolved actions of the tail (`ToolPhase.resume`) in one commit; back to
     waiting if some are still pending, else the steps follow."""
     state.enter(Phase.RESUMING)
+    await load_tools(deps, state)
 
     async def started(parts: list[Any]) -> None:
         # The resumed tools are committed `running` before they execute; still RESUMING.
@@ -159,6 +161,7 @@ async def run_step(deps: EpisodeDeps, state: EpisodeState, ctx: StepContext) -> 
     """One model step up to its commit; the caller runs after_step and the run transition."""
     state.step = ctx
     messages = await resolve_context(deps, state, ctx)
+    await load_tools(deps, state)
     request = assemble_tools(deps, state, ctx, messages)
     prepared = await prepare(deps, state, ctx, request)
     await call_model(deps, state, ctx, prepared)
@@ -179,14 +182,23 @@ async def resolve_context(
     return list(await deps.lifecycle.resolve_model_context(ctx.run, leaf))
 
 
+async def load_tools(deps: EpisodeDeps, state: EpisodeState) -> None:
+    """The tool source's tools (MCP servers) for what follows: the source caches them and
+    lists again only when a server says its list changed, or reconnected."""
+    if deps.tool_source is not None:
+        state.source_tools = tuple(await deps.tool_source.tools())
+
+
 def assemble_tools(
     deps: EpisodeDeps, state: EpisodeState, ctx: StepContext, messages: Sequence[ContextMessage]
 ) -> ModelRequest:
-    """Tool assembly: the agent's tools plus the client tools captured with the run's request.
-    The request is what the step offers: the tool phase refuses calls to any other tool."""
+    """Tool assembly: the agent's tools, the tool source's (MCP servers) and the client tools
+    captured with the run's request. The request is what the step offers: the tool phase
+    refuses calls to any other tool."""
     state.enter(Phase.TOOLS)
     client_tools = client_tools_from(state.run.client_tools)
-    clashes = sorted({t.name for t in client_tools} & {t.name for t in deps.agent.tools})
+    server_tools = (*deps.agent.tools, *state.source_tools)
+    clashes = sorted({t.name for t in client_tools} & {t.name for t in server_tools})
     if clashes:
         # Refused at admission; a run stored before that check must not run the server tool
         # for a call the model meant for the client (or the reverse).
@@ -194,7 +206,7 @@ def assemble_tools(
     return ModelRequest(
         instructions=deps.agent.instructions,
         messages=(*messages, *ctx.extra_messages),
-        tools=(*(t.spec for t in deps.agent.tools), *(t.spec for t in client_tools)),
+        tools=(*(t.spec for t in server_tools), *(t.spec for t in client_tools)),
     )
 
 
@@ -323,7 +335,14 @@ def _open_tool_phase(
     failure finalises the latest state of its parts."""
     client_tools = client_tools_from(state.run.client_tools)
     state.tools = ToolPhase(
-        deps.agent, deps.lifecycle, state.sink, ctx, client_tools, offered, on_started=started
+        deps.agent,
+        deps.lifecycle,
+        state.sink,
+        ctx,
+        client_tools,
+        offered,
+        on_started=started,
+        source_tools=state.source_tools,
     )
     return state.tools
 

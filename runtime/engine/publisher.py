@@ -14,6 +14,7 @@ from realtime.envelopes import (
     encode_invalidate,
     encode_scope_invalidate,
 )
+from realtime.publish_options import PublishOptions, Replay
 from runtime.engine.control import CONTROL_CHANNEL, encode_stop, encode_wakeup
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,8 @@ class Publisher:
         one bus operation (one round trip on Redis); ordering across calls holds because each
         call finishes before the runtime publishes the next chunk."""
         data = encode_chunk(thread_id, run_id, seq, episode, chunk)
-        operation = self._bus.publish_replayed(
-            thread_channel(thread_id),
-            replay_key(thread_id),
-            data,
-            self._replay_limit,
-            self._replay_max_bytes,
+        operation = self._bus.publish(
+            thread_channel(thread_id), data, PublishOptions(replay=self._replay(thread_id))
         )
         return await self._attempt(operation, [("chunk", 1), ("replay", 1)])
 
@@ -80,12 +77,8 @@ class Publisher:
         per chunk, as `chunk` counts them."""
         if not chunks:
             return True
-        operation = self._bus.publish_replayed_many(
-            thread_channel(thread_id),
-            replay_key(thread_id),
-            chunks,
-            self._replay_limit,
-            self._replay_max_bytes,
+        operation = self._bus.publish(
+            thread_channel(thread_id), chunks, PublishOptions(replay=self._replay(thread_id))
         )
         count = len(chunks)
         return await self._attempt(operation, [("chunk", count), ("replay", count)])
@@ -136,26 +129,22 @@ class Publisher:
         a replay), as one bus operation (one round trip on Redis). Subscribers see what
         `chunks` then `invalidate` then `clear_replay` would show them."""
         messages, kinds, known = await self._invalidation(thread_id, version)
-        key = replay_key(thread_id)
+        replay = self._replay(thread_id)
         if chunks:
-            operation = self._bus.publish_replayed_many(
-                thread_channel(thread_id),
-                key,
-                chunks,
-                self._replay_limit,
-                self._replay_max_bytes,
-                then=messages,
-                clear=True,
-            )
+            options = PublishOptions(replay=replay, then=messages, clear_replay=True)
+            operation = self._bus.publish(thread_channel(thread_id), chunks, options)
             count = len(chunks)
             kinds = [("chunk", count), ("replay", count), *kinds]
             # A failure counts as the chunks' and the invalidation's, as two operations would.
             failed = [("chunk", count), ("invalidate", 1)]
         else:
-            operation = self._bus.publish_all(messages, key)
+            operation = self._bus.publish_all(messages, replay.key)
             failed = None
         kinds.append(("clear_replay", 1))
         return await self._attempt(operation, kinds, failed) and known
+
+    def _replay(self, thread_id: str) -> Replay:
+        return Replay(replay_key(thread_id), self._replay_limit, self._replay_max_bytes)
 
     async def _scope(self, thread_id: str) -> tuple[str | None, bool]:
         """(the scope to announce an invalidation on, or None; False when it is unknown)."""

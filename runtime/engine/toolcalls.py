@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime import instruments
 from runtime.agent import Agent
-from runtime.chunks import ToolCallChunk, ToolStateChunk
+from runtime.chunks import ToolCallChunk, ToolProgressChunk, ToolStateChunk
 from runtime.domain import ToolCallPart, ToolState, Waiting, WaitKind
 from runtime.engine.shielding import runtime_cancelled, stray
 from runtime.engine.streaming import ChunkSink
@@ -28,7 +28,14 @@ from runtime.lifecycle import (
     ToolCallContext,
     ToolResult,
 )
-from runtime.tools import ALL_ROLES, ClientToolDef, ResultPayload, Tool, ToolContext
+from runtime.tools import (
+    ALL_ROLES,
+    ClientToolDef,
+    ProgressFn,
+    ResultPayload,
+    Tool,
+    ToolContext,
+)
 
 # The model-visible result of a tool that a takeover found started without a committed result
 # and that does not declare itself idempotent: it may or may not have had its effect.
@@ -51,8 +58,11 @@ class ToolPhase:
         client_tools: Sequence[ClientToolDef],
         offered: frozenset[str] | None = None,
         on_started: OnStarted | None = None,
+        source_tools: Sequence[Tool] = (),
     ) -> None:
         self.agent = agent
+        # Tools of the episode's tool source (MCP servers), looked up after the agent's own.
+        self.source_tools = {t.name: t for t in source_tools}
         self.on_started = on_started
         self.lifecycle = lifecycle
         self.sink = sink
@@ -104,7 +114,7 @@ class ToolPhase:
                 ToolState.OUTPUT_ERROR, error=f"tool {part.name!r} was not offered in this step"
             )
         client = self.client_tools.get(part.name)
-        tool_ = self.agent.tool(part.name)
+        tool_ = self._tool(part.name)
         if tool_ is None and client is None:
             return ToolResult(ToolState.OUTPUT_ERROR, error=f"unknown tool {part.name!r}")
         if tool_ is not None:
@@ -168,7 +178,7 @@ class ToolPhase:
             if waiting.kind is not WaitKind.APPROVAL:
                 finals.append((index, _submitted_result(payload)))
                 continue
-            tool_ = self.agent.tool(part.name)
+            tool_ = self._tool(part.name)
             if tool_ is None or tool_.suspend is None:
                 finals.append((index, ToolResult(ToolState.OUTPUT_ERROR, error="tool is gone")))
                 continue
@@ -196,7 +206,7 @@ class ToolPhase:
         """A tool an earlier episode committed as started but not finished: re-run it only if
         it declares itself idempotent, else a model-visible error (it may have had its
         effect, e.g. an e-mail sent, before that episode died)."""
-        tool_ = self.agent.tool(part.name)
+        tool_ = self._tool(part.name)
         if tool_ is None or not tool_.idempotent or tool_.fn is None:
             return ToolResult(ToolState.OUTPUT_ERROR, error=INTERRUPTED)
         typed: BaseModel | None = None
@@ -247,12 +257,14 @@ class ToolPhase:
     async def _execute(self, index: int, tool_: Tool, payload: BaseModel | None) -> None:
         part = self.parts[index]
         started = time.perf_counter()
+        report, close = self._progress(part.tool_call_id)
         context = ToolContext(
             tool_call_id=part.tool_call_id,
             run_id=self.step.run.run_id,
             thread_id=self.step.run.thread_id,
             payload=payload,
             state=self.step.run.state,
+            progress=report,
         )
         try:
             with instruments.span("threadline.tool_call", tool=tool_.name):
@@ -271,6 +283,7 @@ class ToolPhase:
             instruments.safe_add(instruments.TOOL_ERRORS, 1, {"tool": tool_.name})
             result = ToolResult(ToolState.OUTPUT_ERROR, error=f"{type(exc).__name__}: {exc}")
         finally:
+            close()
             instruments.safe_record(
                 instruments.TOOL_CALL_DURATION, time.perf_counter() - started, {"tool": tool_.name}
             )
@@ -278,13 +291,13 @@ class ToolPhase:
 
     async def _finish(self, index: int, result: ToolResult) -> None:
         part = self.parts[index]
-        result = _validated(result, self.agent.tool(part.name))
+        result = _validated(result, self._tool(part.name))
         self.hooked.add(part.tool_call_id)
         changed = await self.lifecycle.after_tool_result(
             self._ctx(part, resumed=part.waiting is not None), result
         )
         if changed is not None:
-            result = _validated(changed, self.agent.tool(part.name))
+            result = _validated(changed, self._tool(part.name))
         if not result.state.is_final:
             raise ValueError(f"after_tool_result returned non-final state {result.state}")
         self.parts[index] = part = part.transition(
@@ -298,6 +311,27 @@ class ToolPhase:
                 error=part.error,
             )
         )
+
+    def _tool(self, name: str) -> Tool | None:
+        return self.agent.tool(name) or self.source_tools.get(name)
+
+    def _progress(self, tool_call_id: str) -> tuple[ProgressFn, Callable[[], None]]:
+        """A progress reporter for one execution, and what closes it: a notification that
+        arrives after the call ended is dropped (its part is final, maybe committed)."""
+        open_ = True
+
+        async def report(progress: float, total: float | None, message: str | None) -> None:
+            if open_:
+                chunk = ToolProgressChunk(
+                    tool_call_id=tool_call_id, progress=progress, total=total, message=message
+                )
+                await self.sink.emit(chunk)
+
+        def close() -> None:
+            nonlocal open_
+            open_ = False
+
+        return report, close
 
     def _ctx(
         self, part: ToolCallPart, *, resumed: bool = False, takeover: bool = False

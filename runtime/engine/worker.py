@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Sequence
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from realtime.bus import Bus
 from runtime.agent import Agent
@@ -17,8 +19,12 @@ from runtime.engine.episode import Episode
 from runtime.engine.message_cache import HistoryCache
 from runtime.engine.publisher import DEFAULT_REPLAY_MAX_BYTES, Publisher
 from runtime.errors import LeaseLost, NotFound
+from runtime.mcp.config import MCPHttp, MCPStdio
 from runtime.storage.scope_cache import ScopeCache
-from runtime.storage.store import Store
+from runtime.storage.store import EngineStore
+
+if TYPE_CHECKING:
+    from runtime.mcp.pool import MCPPool
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +35,7 @@ class Worker:
 
     def __init__(
         self,
-        store: Store,
+        store: EngineStore,
         bus: Bus,
         agent: Agent,
         *,
@@ -38,11 +44,12 @@ class Worker:
         poll_interval: float = 1.0,
         max_concurrent_runs: int = 16,
         replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
+        mcp_servers: Sequence[MCPStdio | MCPHttp] = (),
     ) -> None:
         self.store = store
         self.bus = bus
-        # Announce commits per scope too (the action inbox), when the store can say the scope.
-        scope_of = ScopeCache(store).scope_of if hasattr(store, "thread_scopes") else None
+        # Announce commits per scope too (the action inbox).
+        scope_of = ScopeCache(store).scope_of
         self.publisher = Publisher(bus, replay_max_bytes=replay_max_bytes, scope_of=scope_of)
         self.agent = agent
         self.lifecycle = compose_lifecycle(agent.lifecycle)
@@ -69,6 +76,14 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
+        # The agent's MCP servers and the deployment's: one session each for all the runs of
+        # this worker, opened with it and closed after its episodes (runtime/mcp/pool.py).
+        self.mcp: MCPPool | None = None
+        servers = [*agent.mcp_servers, *mcp_servers]
+        if servers:
+            from runtime.mcp.pool import MCPPool  # the MCP SDK loads only when it is used
+
+            self.mcp = MCPPool(servers, reserved=[t.name for t in agent.tools])
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -80,6 +95,8 @@ class Worker:
         await self.stop()
 
     async def start(self) -> None:
+        if self.mcp is not None:
+            self.mcp.start()
         self._loops = [
             asyncio.create_task(self._control_loop(), name="worker-control"),
             asyncio.create_task(self._poll_loop(), name="worker-poll"),
@@ -97,6 +114,8 @@ class Worker:
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.mcp is not None:
+            await self.mcp.aclose()  # after the episodes: none is left calling a tool
 
     def wake(self) -> None:
         self._poll_due = True
@@ -209,6 +228,7 @@ class Worker:
             self.history,
             start=start,
             history_from=cached,
+            tool_source=self.mcp,
         )
         if stopped:
             episode.stop_requested.set()  # seen once the episode has started, as any stop

@@ -1,10 +1,10 @@
-"""History rewrites (regenerate, retry, visibility): both rewrite phases around one versioned
-transaction under the thread's admin lease."""
+"""History rewrites (regenerate, retry, visibility): the permission check and both rewrite phases
+around one versioned transaction under the thread's admin lease, then the new run's wakeup."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from runtime import instruments
@@ -41,19 +41,23 @@ async def rewrite(
     thread_id: str,
     make_op: Callable[[int], RewriteOp],
     *,
+    authorize: Callable[[], Awaitable[None]],
     kind: RewriteKind,
     message_id: str,
     visibility: Visibility | None = None,
     expected_version: int | None = None,
     retried_run_id: str | None = None,
 ) -> RewriteResult:
-    """prepare_history_rewrite, the rewrite and its metadata patches in one transaction, then
-    history_rewritten.
+    """`authorize`, prepare_history_rewrite, the rewrite and its metadata patches in one
+    transaction, then history_rewritten and the wakeup of the run the rewrite started.
 
     The thread is read under the admin lease and `make_op(version)` builds the op with the
     version read: the hook's patch is computed from metadata nobody can change before the
     commit, and the commit refuses if the thread moved on anyway (VersionMismatch, 409).
-    `expected_version` is the caller's own precondition, checked against the same read."""
+    `expected_version` is the caller's own precondition, checked against the same read.
+    `authorize` (the permission policy over what the op deletes, hides or re-answers) runs on
+    that same read, before any hook: the commit's version check makes what it allowed exactly
+    what is rewritten, and a refusal changes nothing."""
     store, publisher, lifecycle, owner = host.store, host.publisher, host.lifecycle, host.owner
     with instruments.span(
         "threadline.history_rewrite", **{"threadline.rewrite.kind": kind, "thread_id": thread_id}
@@ -69,6 +73,7 @@ async def rewrite(
             # rewrite commits over (`before` may be stale by now).
             thread = await store.get_thread(before.id, principal.scopes)
             check_expected_version(thread_id, thread.version, expected_version)
+            await authorize()
             ctx = RewriteContext(
                 thread_id=thread_id,
                 scope=thread.scope,
@@ -123,4 +128,7 @@ async def rewrite(
                 len(errors.exceptions),
                 {"threadline.rewrite.kind": kind},
             )
+        if result.run_id:
+            # Woken after the observers ran: they see the rewrite before the new run starts.
+            await publisher.wakeup(result.run_id, thread_id)
         return result

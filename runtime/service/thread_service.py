@@ -28,7 +28,7 @@ from runtime.engine.publisher import Publisher
 from runtime.errors import Forbidden, InvalidInput, NotFound
 from runtime.service.access import AccessControl, last_assistant_reply_start
 from runtime.service.payloads import check_payload
-from runtime.service.permissions import Destructive, PermissionPolicy
+from runtime.service.permissions import PermissionPolicy
 from runtime.service.rewrites import rewrite
 from runtime.storage.decisions import check_retryable
 from runtime.storage.store import (
@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 # Roles that may post manual tool results (and other operations for trusted backends).
 TRUSTED_ROLES = frozenset({Role.BACKEND, Role.ADMIN})
+
+
+# Where each kind of action is resolved (the generic resume takes approvals only).
+_RESULT_ROUTES = {WaitKind.CLIENT_TOOL: "client-result", WaitKind.MANUAL_RESULT: "manual-result"}
 
 
 def require_trusted(principal: Principal) -> None:
@@ -187,6 +191,7 @@ class ThreadService:
             errors = validation_field_errors(exc)
             raise InvalidInput("invalid client tool definition", errors=errors) from exc
         _check_client_tool_names(self.agent, [t["name"] for t in tools])
+        policy = await self.access.admit_policy(principal, thread_id, policy)
         admission = await self.store.submit_input(
             thread_id,
             principal.scopes,
@@ -228,20 +233,11 @@ class ThreadService:
         """Validate `payload` once, with the tool's own payload model (and a submitted result's
         output with the tool's output model), then compare-and-set its resolution.
 
-        `kind` restricts which kind of action the route may resolve (client/manual results);
-        manual results are for trusted roles only, refused before any lookup.
+        `kind` is the kind of action the route resolves: client and manual results have routes
+        of their own (manual results for trusted roles only, refused before any lookup), so the
+        generic resume (`kind` None) resolves approvals only and cannot walk around them.
         """
-        if kind is WaitKind.MANUAL_RESULT:
-            require_trusted(principal)
-        part = await self._pending_part(principal, thread_id, action_id)
-        if part is not None and part.waiting is not None:
-            if kind is not None and part.waiting.kind is not kind:
-                raise InvalidInput(
-                    f"action {action_id} is a {part.waiting.kind} action, not {kind}"
-                )
-            if principal.role not in part.waiting.allowed_roles:
-                raise Forbidden(f"role {principal.role} may not resolve this action")
-            check_payload(self.agent, part, payload)
+        await self.check_resume(principal, thread_id, action_id, payload, kind=kind)
         resolution = Resolution(
             subject=principal.subject,
             role=principal.role,
@@ -258,6 +254,36 @@ class ThreadService:
             wakeup=result.run_id if result.run_resumed and result.run_id else None,
         )
         return result
+
+    async def check_resume(
+        self,
+        principal: Principal,
+        thread_id: str,
+        action_id: str,
+        payload: Mapping[str, Any],
+        *,
+        kind: WaitKind | None = None,
+    ) -> None:
+        """Everything `resume_action` checks before its compare-and-set, changing nothing: a
+        request of several commands checks each before the first commits. An action that is
+        not pending passes: its resolution is refused by the store (conflict, naming who won)."""
+        if kind is WaitKind.MANUAL_RESULT:
+            require_trusted(principal)
+        part = await self._pending_part(principal, thread_id, action_id)
+        if part is not None and part.waiting is not None:
+            if principal.role not in part.waiting.allowed_roles:
+                raise Forbidden(f"role {principal.role} may not resolve this action")
+            # The generic resume (`kind` None) resolves approvals only: client and manual
+            # results have routes (and rules) of their own that it must not walk around.
+            wanted = kind or WaitKind.APPROVAL
+            if part.waiting.kind is not wanted:
+                route = _RESULT_ROUTES.get(part.waiting.kind, "resume")
+                raise InvalidInput(
+                    f"action {action_id} is a {part.waiting.kind} action, not {wanted}:"
+                    f" post it to …/actions/{action_id}/{route}",
+                    kind=part.waiting.kind.value,
+                )
+            check_payload(self.agent, part, payload)
 
     async def _pending_part(
         self, principal: Principal, thread_id: str, action_id: str
@@ -302,6 +328,8 @@ class ThreadService:
         *,
         expected_version: int | None = None,
     ) -> RewriteResult:
+        """Delete `message_id` (default: the latest assistant reply) and what follows, and answer
+        the user message before it again, as a new run of `principal`'s."""
         messages = await self._messages(principal, thread_id)
         if message_id is None:
             target = last_assistant_reply_start(messages)
@@ -310,24 +338,19 @@ class ThreadService:
             message_id = target
         elif not any(m.id == message_id for m in messages):
             raise NotFound(f"message {message_id} not found")
-        await self.access.require(
-            principal, Destructive.REGENERATE, thread_id, message_id=message_id
-        )
         start = message_id
-        result = await rewrite(
+        return await rewrite(
             self,
             principal,
             thread_id,
             lambda version: Truncate(
                 from_message_id=start, started_by=principal.subject, expected_version=version
             ),
+            authorize=lambda: self.access.require_regenerate(principal, thread_id, start),
             kind="regenerate",
             message_id=message_id,
             expected_version=expected_version,
         )
-        if result.run_id:
-            await self.publisher.wakeup(result.run_id, thread_id)
-        return result
 
     async def retry(
         self,
@@ -347,21 +370,19 @@ class ThreadService:
         target = run_id or latest.id
         check_retryable(target, latest.id, latest.status)
         run = await self.store.get_run(target)
-        result = await rewrite(
+        return await rewrite(
             self,
             principal,
             thread_id,
             lambda version: RetryRun(
                 run_id=target, started_by=principal.subject, expected_version=version
             ),
+            authorize=lambda: self.access.require_retry(principal, thread_id, run),
             kind="retry",
             message_id=run.input_message_id or "",
             expected_version=expected_version,
             retried_run_id=target,
         )
-        if result.run_id:
-            await self.publisher.wakeup(result.run_id, thread_id)
-        return result
 
     async def set_visibility(
         self,
@@ -372,13 +393,6 @@ class ThreadService:
         *,
         expected_version: int | None = None,
     ) -> RewriteResult:
-        if not self.access.open_to(principal, Destructive.VISIBILITY):
-            messages = await self._messages(principal, thread_id)
-            if not any(m.id == message_id for m in messages):
-                raise NotFound(f"message {message_id} not found")
-            await self.access.require(
-                principal, Destructive.VISIBILITY, thread_id, message_id=message_id
-            )
         return await rewrite(
             self,
             principal,
@@ -386,6 +400,7 @@ class ThreadService:
             lambda version: SetVisibility(
                 message_id=message_id, visibility=visibility, expected_version=version
             ),
+            authorize=lambda: self.access.require_visibility(principal, thread_id, message_id),
             kind="visibility",
             message_id=message_id,
             visibility=visibility,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -14,6 +14,7 @@ from realtime.bus import Bus
 from realtime.bus_support import cancel_and_wait
 from realtime.channels import scope_channel
 from runtime.domain import InboxEntry
+from runtime.storage.store import ActionStore, ThreadIndex
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +27,8 @@ Deliver = Callable[[bytes], None]
 Known = dict[str, tuple[int, dict[str, dict[str, Any]]]]
 
 
-class InboxStore(Protocol):
-    async def pending_actions(
-        self,
-        scopes: Collection[str],
-        *,
-        limit: int = 100,
-        after: str | None = None,
-        thread_ids: Sequence[str] | None = None,
-    ) -> list[InboxEntry]: ...
+class InboxStore(ActionStore, ThreadIndex, Protocol):
+    """What the inbox reads: pending actions by scope, and versions of threads left without."""
 
 
 def entry_actions(entry: InboxEntry) -> dict[str, dict[str, Any]]:
@@ -98,9 +92,7 @@ class ActionInbox:
         self._bus = bus
         self._store = store
         self._scopes: dict[str, _Scope] = {}
-        add_listener = getattr(bus, "add_reconnect_listener", None)
-        if add_listener is not None:
-            add_listener(self._on_reconnect)
+        bus.add_reconnect_listener(self._on_reconnect)
 
     def listener_count(self, scope: str) -> int:
         watch = self._scopes.get(scope)
@@ -128,9 +120,7 @@ class ActionInbox:
             await self._stop(watch)
 
     async def close(self) -> None:
-        remove_listener = getattr(self._bus, "remove_reconnect_listener", None)
-        if remove_listener is not None:
-            remove_listener(self._on_reconnect)
+        self._bus.remove_reconnect_listener(self._on_reconnect)
         watches, self._scopes = list(self._scopes.values()), {}
         for watch in watches:
             await self._stop(watch)
@@ -149,7 +139,7 @@ class ActionInbox:
                 watch.known = await self._seed(watch.scope)
                 watch.ready.set()
                 async for data in subscription:
-                    dropped = getattr(subscription, "dropped", 0)
+                    dropped = subscription.dropped
                     if dropped != watch.dropped:
                         watch.dropped = dropped
                         await self._resync(watch)
@@ -206,9 +196,8 @@ class ActionInbox:
     async def _versions(self, dirty: list[str], found: dict[str, InboxEntry]) -> dict[str, int]:
         versions = {thread_id: entry.thread_version for thread_id, entry in found.items()}
         missing = [thread_id for thread_id in dirty if thread_id not in versions]
-        reader = getattr(self._store, "thread_versions", None)
-        if missing and reader is not None:
-            versions.update(await reader(missing))
+        if missing:
+            versions.update(await self._store.thread_versions(missing))
         return versions
 
     async def _seed(self, scope: str) -> Known:

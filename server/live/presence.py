@@ -40,10 +40,10 @@ MIN_UPDATE_INTERVAL = 0.2
 MIN_REREAD_INTERVAL = 0.05
 
 
-def open_presence(redis_url: str | None) -> PresenceStore:
+def open_presence(redis_url: str | None, *, prefix: str = "threadline:") -> PresenceStore:
     """Redis when the bus is Redis (several gateways share it), else in process."""
     if redis_url:
-        return RedisPresence(redis_url)
+        return RedisPresence(redis_url, prefix=prefix)
     return MemoryPresence()
 
 

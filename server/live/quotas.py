@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
+
+import orjson
 
 from realtime.channels import hash_tag
 from realtime.counters import Counters
@@ -29,6 +32,14 @@ def admission_limits(settings: Settings) -> AdmissionLimits:
         scope_max_active_runs=settings.scope_max_active_runs,
         retry_after=ADMISSION_RETRY_AFTER,
     )
+
+
+def subject_key(principal: Principal) -> str:
+    """Who a subject cap counts: the subject *within its token's scopes*. Subjects are names a
+    scope's issuer chooses, so `shared` of scope a and `shared` of scope b are different
+    callers and never share a cap. A digest of both, unambiguous whatever the names hold."""
+    named = orjson.dumps([sorted(principal.scopes), principal.subject])
+    return hashlib.sha256(named).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -83,9 +94,9 @@ class Limiter:
         full (the gateway closes the websocket with 4429)."""
         s = self.settings
         # One hash tag for both sets: the join checks and adds to them in one script, which a
-        # Redis Cluster only runs on keys of one slot. A token has one subject, so its set is
-        # still one key.
-        tag = hash_tag(principal.subject)
+        # Redis Cluster only runs on keys of one slot. A token has one subject and one set of
+        # scopes, so its set is still one key.
+        tag = hash_tag(subject_key(principal))
         keys = (f"ws:token:{tag}:{token_id}", f"ws:subject:{tag}")
         caps = (s.ws_max_connections_per_token, s.ws_max_connections_per_subject)
         slot = ConnectionSlot(keys, uuid.uuid4().hex)
@@ -111,4 +122,5 @@ __all__ = [
     "ConnectionSlot",
     "Limiter",
     "admission_limits",
+    "subject_key",
 ]

@@ -12,7 +12,7 @@ import orjson
 from realtime.bus import Bus
 from runtime.domain import Principal, Role
 from runtime.errors import Forbidden, NotFound
-from runtime.storage.store import Store
+from runtime.storage.store import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ async def publish_revoked(bus: Bus, token_key: str) -> bool:
 class TokenRevoker:
     """Revokes tokens in storage, then tells every gateway (the admin route and the CLI)."""
 
-    def __init__(self, store: Store, bus: Bus | None) -> None:
+    def __init__(self, store: TokenStore, bus: Bus | None) -> None:
         self.store = store
         self.bus = bus
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from runtime.domain import Principal, Role, WaitKind
 from runtime.errors import Forbidden, InvalidInput
+from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import ThreadService, require_trusted
 from server.live.quotas import Limiter
 from server.live.revocation import TokenRevoker
@@ -31,6 +32,7 @@ from server.protocol.inputs import (
     ListActions,
     ListThreads,
     NoInput,
+    OpenThread,
     PresenceUpdate,
     Regenerate,
     ResumeAction,
@@ -131,13 +133,51 @@ class Command(Generic[I, R]):
     authorize: Callable[[Principal], None] | None = None
     note: str = ""
     limited: bool = True
+    # The event-stream routes (AG-UI, AI SDK) that run it, for a command offered only there.
+    sse: str = ""
+    # What `call` checks before its effect, with none: run first for every command of a
+    # request made of several, so one refused command leaves all of them undone.
+    precheck: Callable[[Caller, I], Awaitable[None]] | None = None
 
-    async def run(self, caller: Caller, data: I) -> dict[str, Any] | None:
-        """Check limits, call the service, shape the answer (None: the call answered itself)."""
+    def parse(self, caller: Caller, fields: Mapping[str, Any]) -> I:
+        """Authorize the caller, then validate `fields` (path, query, body or frame, or what an
+        adapter translated) into the input: the same refusals on every transport."""
+        if self.authorize is not None:
+            self.authorize(caller.principal)
+        try:
+            return self.input.model_validate(dict(fields))
+        except RecursionError as exc:
+            # Validating JSON nested this deep exhausts Python's stack before the depth check.
+            raise InvalidInput("the input is nested too deeply") from exc
+
+    async def result(self, caller: Caller, data: I) -> R:
+        """Check limits and call the service: what it returned, before the answer's shaping."""
         data.check()  # size limits first: cheap, and a refused input costs no rate budget
         if self.limited and caller.limiter is not None:
             await caller.limiter.command(caller.principal, caller.token_id)
-        return self.answer(data, await self.call(caller, data))
+        return await self.call(caller, data)
+
+    async def run(self, caller: Caller, data: I) -> dict[str, Any] | None:
+        """Check limits, call the service, shape the answer (None: the call answered itself)."""
+        return self.answer(data, await self.result(caller, data))
+
+
+Step = tuple[Command[Any, Any], Input]
+
+
+async def charge_together(caller: Caller, steps: Sequence[Step]) -> Caller:
+    """Check and charge every step of one request before any runs (an adapter's request that
+    is several commands is refused whole or not at all); the caller to run them with, whose
+    budget is spent already."""
+    for command, data in steps:
+        data.check()
+        if command.precheck is not None:
+            await command.precheck(caller, data)
+    if caller.limiter is not None:
+        for command, _ in steps:
+            if command.limited:
+                await caller.limiter.command(caller.principal, caller.token_id)
+    return replace(caller, limiter=None)
 
 
 def require_admin(principal: Principal) -> None:
@@ -147,7 +187,7 @@ def require_admin(principal: Principal) -> None:
 
 def _limit(query: Mapping[str, str]) -> dict[str, Any]:
     raw = query.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= 500:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 500:
         raise InvalidInput("query parameter 'limit' must be an integer from 1 to 500")
     return {"limit": int(raw)}
 
@@ -175,7 +215,7 @@ def _snapshot_query(query: Mapping[str, str]) -> dict[str, Any]:
         raw = query.get(name)
         if raw is None:
             continue
-        if not raw.isdigit() or not low <= int(raw) <= high:
+        if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
             raise InvalidInput(f"query parameter {name!r} must be an integer from {low} to {high}")
         fields[name] = int(raw)
     return fields
@@ -196,6 +236,13 @@ async def _nothing(caller: Caller, data: Input) -> None:
 
 async def _principal(caller: Caller, data: Input) -> Principal:
     return caller.principal
+
+
+def _check_result(kind: WaitKind) -> Callable[[Caller, ToolResult], Awaitable[None]]:
+    def check(c: Caller, i: ToolResult) -> Awaitable[None]:
+        return c.service.check_resume(c.principal, i.thread_id, i.action_id, i.payload(), kind=kind)
+
+    return check
 
 
 def _tool_result(kind: WaitKind) -> Callable[[Caller, ToolResult], Awaitable[Any]]:
@@ -325,11 +372,15 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer=lambda i, result: version_answer(result),
         answer_doc=f"{THREAD_VERSION}; errors `conflict` (409), `invalid_payload` (422)",
         http=Http("POST", f"{T}/actions/{{action_id}}/resume", "resume"),
+        precheck=lambda c, i: c.service.check_resume(
+            c.principal, i.thread_id, i.action_id, i.payload
+        ),
     ),
     Command(
         name="action.client_result",
         input=ToolResult,
         call=_tool_result(WaitKind.CLIENT_TOOL),
+        precheck=_check_result(WaitKind.CLIENT_TOOL),
         answer=lambda i, result: version_answer(result),
         answer_doc=f"{THREAD_VERSION} (actions of kind `client-tool`)",
         http=Http("POST", f"{T}/actions/{{action_id}}/client-result", "client_result"),
@@ -338,6 +389,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         name="action.manual_result",
         input=ToolResult,
         call=_tool_result(WaitKind.MANUAL_RESULT),
+        precheck=_check_result(WaitKind.MANUAL_RESULT),
         answer=lambda i, result: version_answer(result),
         answer_doc=f"{THREAD_VERSION} (kind `manual-result`; role `backend` or `admin`)",
         http=Http("POST", f"{T}/actions/{{action_id}}/manual-result", "manual_result"),
@@ -350,6 +402,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer=lambda i, result: stop_answer(result),
         answer_doc='`{"thread_id", "version", "run_id", "status"}`',
         http=Http("POST", f"{T}/runs/{{run_id}}/stop", "stop_run", status=202),
+        precheck=lambda c, i: c.service.access.require_stop(c.principal, i.thread_id, i.run_id),
     ),
     Command(
         name="regenerate",
@@ -465,7 +518,21 @@ PRESENCE_COMMANDS: tuple[Command[Any, Any], ...] = (
         note="presence belongs to a websocket connection subscribed to the thread",
     ),
 )
+# Threads named by the client, as the event-stream protocols do (docs/protocol.md, "Thread ids").
+SSE_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="thread.open",
+        input=OpenThread,
+        call=lambda c, i: open_client_thread(c.service, c.principal, i.thread_id, create=i.create),
+        answer=lambda i, opened: {"thread_id": opened.thread_id},
+        answer_doc='`{"thread_id"}`: the Threadline id of the client\'s thread',
+        reply=None,
+        sse="`POST /v1/ag-ui`, `POST /v1/ai-sdk/chat`, `GET /v1/ai-sdk/chat/{thread_id}/stream`",
+        note="a thread by the id an AG-UI or AI SDK client chose; every request of those routes "
+        "opens one (and is charged for it)",
+    ),
+)
 # Schedules and webhooks (docs/protocol.md, "Schedules", "Webhooks"), in a module of their own.
 HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = hooks_rows(Command, Http)
-COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + HOOKS_COMMANDS
+COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + SSE_COMMANDS + HOOKS_COMMANDS
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

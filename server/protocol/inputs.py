@@ -85,6 +85,19 @@ class NoInput(Input):
     pass
 
 
+# A thread id a client chose (AG-UI `threadId`, AI SDK chat `id`): no dot, which stored ids of
+# client threads use to add their scope's digest (runtime/service/client_threads.py).
+ClientThreadId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,100}$")]
+
+
+class OpenThread(Input):
+    """A thread by the id a client chose, inside the caller's scope; created on first use when
+    `create` (a foreign id is a free one: the caller's own thread of that id)."""
+
+    thread_id: ClientThreadId
+    create: bool = True
+
+
 class ThreadRef(Input):
     thread_id: ThreadId
 

@@ -32,6 +32,20 @@ def service_of(request: Request) -> ThreadService:
     return service
 
 
+async def request_caller(request: Request) -> Caller:
+    """The authenticated caller of an HTTP request (raises `Unauthorized`), with the quotas and
+    token administration of the app: every HTTP transport (routes, event streams) builds it so."""
+    token = bearer_token(request.headers)
+    principal = await authenticate(request.app.state.store, token)
+    return Caller(
+        principal,
+        service_of(request),
+        limiter=getattr(request.app.state, "limiter", None),
+        token_id=token_key(token or ""),
+        revoker=getattr(request.app.state, "revoker", None),
+    )
+
+
 async def read_body(request: Request) -> bytes:
     """The request body, refused with `too_large` beyond the configured limit."""
     limit: int = request.app.state.settings.http_max_body_bytes
@@ -95,31 +109,24 @@ def command_endpoint(command: Command[Any, Any]) -> Endpoint:
 
     async def endpoint(request: Request) -> Response:
         try:
-            token = bearer_token(request.headers)
-            principal = await authenticate(request.app.state.store, token)
+            caller = await request_caller(request)
             if command.authorize is not None:
-                command.authorize(principal)
+                command.authorize(caller.principal)
             fields: dict[str, Any] = dict(request.path_params)
             if http.query is not None:
                 fields.update(http.query(request.query_params))
             if body is not None:
                 parsed = await parse_body(request, body)
-                fields.update((name, getattr(parsed, name)) for name in type(parsed).model_fields)
-            # Everything is validated already (path parameters are routed strings).
-            data = command.input.model_construct(**fields)
-            caller = Caller(
-                principal,
-                service_of(request),
-                limiter=getattr(request.app.state, "limiter", None),
-                token_id=token_key(token or ""),
-                revoker=getattr(request.app.state, "revoker", None),
-            )
+                fields.update((name, getattr(parsed, name)) for name in parsed.model_fields_set)
+            # Path and query fields are validated like the body: one answer for one bad id on
+            # every transport (a NUL in a path id is `invalid_input`, as in a frame).
+            data = command.parse(caller, fields)
             answer = await command.run(caller, data)
             return JSONResponse(answer, status_code=http.status)
         except HTTPException:
             raise  # Starlette's own HTTP errors: rendered as JSON by the app's handler
         except Exception as exc:
-            return wire_error(exc).response()
+            return wire_error(exc, invalid="the request is invalid").response()
 
     endpoint.__name__ = http.route
     # Read by the protocol tests: what this route really runs and validates.

@@ -6,7 +6,7 @@ import { OlderMessages } from './history.js';
 import { renderConnection, renderRunBar, renderThread, renderThreadList } from './render.js';
 import { mapServerErrors } from './schema-form.js';
 import { readSession, threadUrl } from './session.js';
-import { ThreadSocket, socketUrl } from './socket.js';
+import { ThreadSocket, socketProtocols, socketUrl } from './socket.js';
 import { ThreadSync, activeRun } from './sync.js';
 import { TypingSignal, applyPresence, presenceView, reviewingText, typingText } from './presence.js';
 
@@ -496,13 +496,14 @@ function boot() {
   if (session.url !== location.href) history.replaceState(null, '', session.url);
   if (!state.token) {
     state.socketState = 'unauthorized';
-    showBanner('No access token. Open the URL printed by `threadline serve` (it ends with ?token=…).');
+    showBanner('No access token. Open the URL printed by `threadline serve` (it ends with #token=…).');
     render();
     return;
   }
   state.api = createApi(state.token);
   state.socket = new ThreadSocket({
-    url: socketUrl(location, state.token),
+    url: socketUrl(location),
+    protocols: socketProtocols(state.token),
     onFrame,
     onStateChange: onSocketState,
   });

@@ -84,11 +84,13 @@ export function renderThread(els, model, on) {
  */
 export function permissionsOf(snapshot) {
   const p = snapshot && snapshot.permissions;
-  if (!p) return { regenerate: true, stop: true, visibility: () => true, cancelQueued: () => true };
+  if (!p) return { regenerate: true, retry: true, stop: true, visibility: () => true, cancelQueued: () => true };
   const visible = new Set(p.visibility || []);
   const cancellable = new Set(p.cancel_queued || []);
   return {
     regenerate: Boolean(p.regenerate),
+    // Servers before `retry` was reported left it to the refusal.
+    retry: p.retry === undefined ? true : Boolean(p.retry),
     stop: Boolean(p.stop),
     visibility: (id) => visible.has(id),
     cancelQueued: (id) => cancellable.has(id),
@@ -253,7 +255,8 @@ export function renderRunBar(els, snapshot, activeRun, stopBusy, retryBusy = fal
   // Retry answers the latest run's input again; the server accepts it only for a failed or
   // cancelled run with nothing queued after it, so the button is offered exactly then.
   const queued = snapshot ? snapshot.queue.length : 0;
-  const canRetry = Boolean(!activeRun && run && RETRYABLE_RUN_STATUSES.has(run.status) && !queued);
+  const canRetry = Boolean(!activeRun && run && RETRYABLE_RUN_STATUSES.has(run.status) && !queued)
+    && permissionsOf(snapshot).retry;
   els.retryButton.hidden = !canRetry;
   els.retryButton.disabled = !canRetry || retryBusy;
 }

@@ -1,8 +1,9 @@
 // Where the token and the open thread live: the page URL and the tab's sessionStorage.
 //
-// The server prints `http://host:port/?token=...`. On load the token moves out of the query
-// (the query reaches server logs, proxies and Referer headers) into the URL fragment, which
-// browsers never send anywhere, and into sessionStorage for this tab. The fragment is kept
+// The server prints `http://host:port/#token=...`: the fragment, which browsers never send
+// anywhere. A link with `?token=` (older servers printed one) still works: on load the token
+// moves out of the query (it reaches server logs, proxies and Referer headers) into the
+// fragment, and into sessionStorage for this tab. The fragment is kept
 // because a new tab does not share sessionStorage: a URL copied into another tab, e.g.
 // `/?thread=<id>#token=<token>`, must open the same thread. Precedence: query, fragment, storage.
 // A tab that already holds a token keeps it when a link carries another one unless the reader

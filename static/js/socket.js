@@ -9,10 +9,18 @@ export function backoffDelay(attempt, { base = 500, max = 15000, random = Math.r
   return Math.round(ceiling / 2 + random() * (ceiling / 2));
 }
 
-/** ws:// or wss:// matching the page, token in the query (browsers cannot set headers). */
-export function socketUrl(location, token) {
+/** ws:// or wss:// matching the page. No token in it: URLs reach logs and proxies. */
+export function socketUrl(location) {
   const proto = location.protocol === 'https:' ? 'wss:' : 'ws:';
-  return `${proto}//${location.host}/v1/ws?token=${encodeURIComponent(token)}`;
+  return `${proto}//${location.host}/v1/ws`;
+}
+
+/**
+ * The subprotocols that authenticate the websocket (browsers cannot set its headers): the
+ * server answers `threadline.v1` and reads the token from `bearer.<token>` (docs/protocol.md).
+ */
+export function socketProtocols(token) {
+  return ['threadline.v1', `bearer.${token}`];
 }
 
 // Connection states: idle -> connecting -> open -> (reconnecting -> connecting -> open)*;
@@ -29,6 +37,7 @@ const TRANSITIONS = {
 export class ThreadSocket {
   constructor({
     url,
+    protocols = [],
     onFrame,
     onStateChange,
     WebSocketImpl = globalThis.WebSocket,
@@ -38,6 +47,7 @@ export class ThreadSocket {
     clock = { setTimeout: (fn, ms) => setTimeout(fn, ms), clearTimeout: (id) => clearTimeout(id) },
   }) {
     this.url = url;
+    this.protocols = protocols;
     this.onFrame = onFrame || (() => {});
     this.onStateChange = onStateChange || (() => {});
     this.WebSocketImpl = WebSocketImpl;
@@ -65,7 +75,7 @@ export class ThreadSocket {
     this.setState('connecting');
     let ws;
     try {
-      ws = new this.WebSocketImpl(this.url);
+      ws = this.protocols.length ? new this.WebSocketImpl(this.url, this.protocols) : new this.WebSocketImpl(this.url);
     } catch {
       this.scheduleReconnect();
       return;

@@ -74,14 +74,14 @@ def test_printed_url_moves_the_token_to_the_fragment(
     server: harness.ServerHandle, open_page: OpenPage, shot: Shot
 ) -> None:
     """The URL `threadline serve` prints opens the app; thread URLs are shareable."""
-    printed = re.search(r"(http://\S+/\?token=(\S+))", server.log())
+    printed = re.search(r"(http://\S+/#token=(\S+))", server.log())
     assert printed, server.log()[-2000:]
     url, token = printed.group(1), printed.group(2)
     assert url.startswith(server.url)
     tab = open_page(token, label="printed")
     tab.goto(url)
     wait_loaded(tab, None)
-    # The token left the query (logs, proxies, Referer) for the fragment.
+    # The token is in the fragment (never sent: no log, proxy or Referer sees it).
     expect(tab).to_have_url(f"{server.url}/#token={token}")
     expect(tab.locator("#empty-state")).to_be_visible()
 

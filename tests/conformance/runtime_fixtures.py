@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from runtime.agent import Agent
+from runtime.storage import SqlStore
 from runtime.storage.sql.rows import loads
 from tests.conformance.runtime_harness import Runtime
 
@@ -18,11 +19,11 @@ OPEN_TOOL_STATES = ("awaiting-action", "running")
 
 
 @pytest.fixture
-async def runtime_for(store: Any) -> AsyncIterator[RuntimeFactory]:
+async def runtime_for(sql_store: SqlStore) -> AsyncIterator[RuntimeFactory]:
     runtimes: list[Runtime] = []
 
     async def factory(agent: Agent, workers: int = 1, **kwargs: Any) -> Runtime:
-        rt = Runtime(store, agent, **kwargs)
+        rt = Runtime(sql_store, agent, **kwargs)
         await rt.bus.open()
         runtimes.append(rt)
         for _ in range(workers):
@@ -34,13 +35,13 @@ async def runtime_for(store: Any) -> AsyncIterator[RuntimeFactory]:
         # The invariant every runtime conformance test ends on (every one uses this fixture):
         # a terminal run has no tool part awaiting action or running, in any of its messages.
         if runtimes:
-            assert await open_tool_parts_of_terminal_runs(store) == []
+            assert await open_tool_parts_of_terminal_runs(sql_store) == []
     finally:
         for rt in runtimes:
             await rt.close()
 
 
-async def open_tool_parts_of_terminal_runs(store: Any) -> list[tuple[str, str, str, str]]:
+async def open_tool_parts_of_terminal_runs(store: SqlStore) -> list[tuple[str, str, str, str]]:
     """(run, message, tool call, state) of every open tool part of a terminal run."""
     rows = await store._read(
         lambda conn: conn.fetch(

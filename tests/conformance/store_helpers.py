@@ -22,7 +22,7 @@ from runtime.domain import (
 )
 from runtime.storage import SqlStore
 from runtime.storage.sql.core import Conn
-from runtime.storage.store import RunChange, StepCommit
+from runtime.storage.store import CommitResult, RunChange, StepCommit, Store
 
 SCOPE = "acme"
 SCOPES = [SCOPE]
@@ -30,11 +30,11 @@ FOREIGN = ["other"]
 SCHEMA = {"type": "object", "properties": {"approved": {"type": "boolean"}}}
 
 
-async def new_thread(store: SqlStore, title: str = "t", scope: str = SCOPE) -> Thread:
+async def new_thread(store: Store, title: str = "t", scope: str = SCOPE) -> Thread:
     return await store.create_thread(scope, title)
 
 
-async def queued_run(store: SqlStore) -> tuple[str, str]:
+async def queued_run(store: Store) -> tuple[str, str]:
     """(thread id, run id): input on a new thread, its run queued."""
     thread = await new_thread(store)
     admission = await store.submit_input(thread.id, SCOPES, text="go", submitted_by="alice")
@@ -53,7 +53,7 @@ async def counts(store: SqlStore) -> tuple[int, int]:
 
 
 async def start_run(
-    store: SqlStore, thread_id: str, text: str = "hello", owner: str = "w1", ttl: float = 30.0
+    store: Store, thread_id: str, text: str = "hello", owner: str = "w1", ttl: float = 30.0
 ) -> tuple[Admission, Lease]:
     """Submit input on an idle thread, take the run lease and start the first episode."""
     admission = await store.submit_input(thread_id, SCOPES, text=text, submitted_by="alice")
@@ -88,7 +88,7 @@ def text(value: str) -> TextPart:
     return TextPart(text=value)
 
 
-async def suspend(store: SqlStore, lease: Lease, *action_ids: str) -> int:
+async def suspend(store: Store, lease: Lease, *action_ids: str) -> CommitResult:
     """Commit an assistant message with pending actions and move the run to waiting."""
     parts = tuple(pending_part(action_id) for action_id in (action_ids or ("act-1",)))
     return await store.commit(
@@ -100,7 +100,9 @@ async def suspend(store: SqlStore, lease: Lease, *action_ids: str) -> int:
     )
 
 
-async def finish(store: SqlStore, lease: Lease, status: RunStatus = RunStatus.COMPLETED) -> int:
+async def finish(
+    store: Store, lease: Lease, status: RunStatus = RunStatus.COMPLETED
+) -> CommitResult:
     return await store.commit(lease, StepCommit(run=RunChange(status=status)))
 
 

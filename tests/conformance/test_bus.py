@@ -20,6 +20,7 @@ from realtime.envelopes import (
     encode,
 )
 from realtime.memory import MemoryBus
+from realtime.publish_options import PublishOptions, Replay
 from realtime.redis import RedisBus
 from runtime.engine.control import CONTROL_CHANNEL, decode_control
 from runtime.engine.publisher import Publisher
@@ -220,85 +221,106 @@ async def test_replay_clear_and_isolation(bus: Bus) -> None:
     await bus.clear_replay(replay_key("never-written"))
 
 
-async def test_publish_replayed_appends_then_publishes(bus: Bus) -> None:
+def kept(
+    key: str,
+    limit: int,
+    max_bytes: int | None = None,
+    then: list[tuple[str, bytes]] | None = None,
+    clear: bool = False,
+) -> PublishOptions:
+    """Publish options that keep the messages in replay buffer `key`."""
+    return PublishOptions(replay=Replay(key, limit, max_bytes), then=then or (), clear_replay=clear)
+
+
+async def test_publish_with_replay_appends_then_publishes(bus: Bus) -> None:
     key = replay_key("pr")
     async with bus.subscribe(thread_channel("pr")) as subscription:
         for i in range(4):
-            await bus.publish_replayed(thread_channel("pr"), key, b"c%d" % i, limit=3)
+            await bus.publish(thread_channel("pr"), b"c%d" % i, kept(key, 3))
             # By the time a subscriber has the message, the replay buffer holds it.
             assert await take(subscription, 1) == [b"c%d" % i]
             assert (await bus.read_replay(key))[-1] == b"c%d" % i
     assert await bus.read_replay(key) == [b"c1", b"c2", b"c3"]
     with pytest.raises(ValueError):
-        await bus.publish_replayed(thread_channel("pr"), key, b"x", limit=0)
+        await bus.publish(thread_channel("pr"), b"x", kept(key, 0))
     with pytest.raises(TypeError):
-        await bus.publish_replayed(thread_channel("pr"), key, "text", limit=3)  # type: ignore[arg-type]
+        await bus.publish(thread_channel("pr"), "text", kept(key, 3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # nothing to clear without a buffer
+        await bus.publish(thread_channel("pr"), b"x", PublishOptions(clear_replay=True))
+    assert await bus.read_replay(key) == [b"c1", b"c2", b"c3"]
 
 
-async def test_publish_replayed_many_is_publish_replayed_in_turn(bus: Bus) -> None:
-    """A batch leaves what one `publish_replayed` per entry would: every entry published in
-    order, the buffer trimmed by count and by bytes after each append, the newest kept."""
+async def test_plain_publish_of_several_messages_publishes_them_in_order(bus: Bus) -> None:
+    """Without a replay buffer: the messages, then `then`, and no buffer is touched."""
+    key, channel, other = replay_key("pl"), thread_channel("pl"), scope_channel("pl-scope")
+    await bus.append_replay(key, b"old", limit=5)
+    async with bus.subscribe(channel) as live, bus.subscribe(other) as scope:
+        await bus.publish(channel, [b"a", b"b"], PublishOptions(then=[(other, b"s")]))
+        await bus.publish(channel, [b"c"])
+        await bus.publish(channel, [])
+        assert await take(live, 3) == [b"a", b"b", b"c"]
+        assert await take(scope, 1) == [b"s"]
+        with pytest.raises(TypeError):
+            await bus.publish(channel, [b"x", "text"])  # type: ignore[list-item]
+        await assert_silent(live)
+    assert await bus.read_replay(key) == [b"old"]
+
+
+async def test_a_batch_with_replay_is_one_message_at_a_time(bus: Bus) -> None:
+    """A batch leaves what one publish per entry would: every entry published in order, the
+    buffer trimmed by count and by bytes after each append, the newest kept."""
     key, channel = replay_key("prm"), thread_channel("prm")
     # The same entries one by one, on another thread (a cluster keeps a thread on one slot).
     key_one, channel_one = replay_key("prm1"), thread_channel("prm1")
     entries = [b"a" * 4, b"b" * 4, b"c" * 9, b"d" * 2, b"e" * 3]
     async with bus.subscribe(channel) as subscription, bus.subscribe(channel_one) as one:
-        await bus.publish_replayed_many(channel, key, entries[:2], limit=3, max_bytes=10)
-        await bus.publish_replayed_many(channel, key, entries[2:], limit=3, max_bytes=10)
-        await bus.publish_replayed_many(channel, key, [], limit=3, max_bytes=10)
+        await bus.publish(channel, entries[:2], kept(key, 3, 10))
+        await bus.publish(channel, entries[2:], kept(key, 3, 10))
+        await bus.publish(channel, [], kept(key, 3, 10))
         assert await take(subscription, 5) == entries
         for entry in entries:
-            await bus.publish_replayed(channel_one, key_one, entry, limit=3, max_bytes=10)
+            await bus.publish(channel_one, entry, kept(key_one, 3, 10))
         assert await take(one, 5) == entries
     assert await bus.read_replay(key) == await bus.read_replay(key_one) == [b"d" * 2, b"e" * 3]
-    await bus.publish_replayed_many(channel, key, [b"f", b"g"], limit=3)
+    await bus.publish(channel, [b"f", b"g"], kept(key, 3))
     assert await bus.read_replay(key) == [b"e" * 3, b"f", b"g"]
     with pytest.raises(ValueError):
-        await bus.publish_replayed_many(channel, key, [b"x"], limit=0)
+        await bus.publish(channel, [b"x"], kept(key, 0))
     with pytest.raises(TypeError):
-        await bus.publish_replayed_many(channel, key, [b"x", "text"], limit=3)  # type: ignore[list-item]
+        await bus.publish(channel, [b"x", "text"], kept(key, 3))  # type: ignore[list-item]
     assert await bus.read_replay(key) == [b"e" * 3, b"f", b"g"]
 
 
-async def test_publish_replayed_many_then_publishes_after_the_entries_and_clears(
-    bus: Bus,
-) -> None:
-    """`then` and `clear`: the entries, then the `then` messages in order, then the clear, as
-    the separate calls would leave it; nothing is published when a message is not bytes."""
+async def test_a_batch_then_publishes_after_the_entries_and_clears(bus: Bus) -> None:
+    """`then` and `clear_replay`: the entries, then the `then` messages in order, then the
+    clear, as the separate calls would leave it; nothing is published when a message is not
+    bytes."""
     key, channel = replay_key("prt"), thread_channel("prt")
     other = scope_channel("prt-scope")
     await bus.append_replay(key, b"old", limit=5)
     async with bus.subscribe(channel) as live, bus.subscribe(other) as scope:
         then = [(channel, b"inv-1"), (other, b"scope-1"), (channel, b"inv-2")]
-        await bus.publish_replayed_many(
-            channel, key, [b"c1", b"c2"], limit=5, then=then, clear=True
-        )
+        await bus.publish(channel, [b"c1", b"c2"], kept(key, 5, then=then, clear=True))
         assert await take(live, 4) == [b"c1", b"c2", b"inv-1", b"inv-2"]
         assert await take(scope, 1) == [b"scope-1"]
         assert await bus.read_replay(key) == []
         # A buffer cleared this way counts its bytes anew (the byte bound still holds).
-        await bus.publish_replayed_many(channel, key, [b"d" * 4, b"e" * 4], limit=5, max_bytes=8)
+        await bus.publish(channel, [b"d" * 4, b"e" * 4], kept(key, 5, 8))
         assert await bus.read_replay(key) == [b"d" * 4, b"e" * 4]
-        # `then` without `clear`: the entries stay in the buffer, trimmed as usual.
-        await bus.publish_replayed_many(channel, key, [b"f"], limit=2, then=[(channel, b"inv-3")])
+        # `then` without the clear: the entries stay in the buffer, trimmed as usual.
+        await bus.publish(channel, [b"f"], kept(key, 2, then=[(channel, b"inv-3")]))
         assert await take(live, 4) == [b"d" * 4, b"e" * 4, b"f", b"inv-3"]
         assert await bus.read_replay(key) == [b"e" * 4, b"f"]
         # No entries: what `publish_all(then, key)` does.
-        await bus.publish_replayed_many(channel, key, [], limit=2, then=[(other, b"s")], clear=True)
+        await bus.publish(channel, [], kept(key, 2, then=[(other, b"s")], clear=True))
         assert await take(scope, 1) == [b"s"]
         assert await bus.read_replay(key) == []
         await bus.append_replay(key, b"kept", limit=5)
         with pytest.raises(TypeError):
-            await bus.publish_replayed_many(
-                channel,
-                key,
-                [b"x"],
-                limit=5,
-                then=[(channel, "text")],
-                clear=True,  # type: ignore[list-item]
-            )
+            bad: list[tuple[str, bytes]] = [(channel, "text")]  # type: ignore[list-item]
+            await bus.publish(channel, [b"x"], kept(key, 5, then=bad, clear=True))
         with pytest.raises(ValueError):
-            await bus.publish_replayed_many(channel, key, [], limit=0, then=[(channel, b"y")])
+            await bus.publish(channel, [], kept(key, 0, then=[(channel, b"y")]))
         await assert_silent(live)
         await assert_silent(scope)
     assert await bus.read_replay(key) == [b"kept"]
@@ -511,14 +533,14 @@ async def redis_bus() -> AsyncIterator[RedisBus]:
         await cleanup_prefix(bus.prefix)
 
 
-async def test_redis_publish_replayed_reloads_its_script(redis_bus: RedisBus) -> None:
+async def test_redis_publish_reloads_its_scripts(redis_bus: RedisBus) -> None:
     """A Redis that lost its scripts (restarted, SCRIPT FLUSH) still gets every chunk."""
     key = replay_key("flushed")
     async with redis_bus.subscribe(thread_channel("flushed")) as subscription:
-        await redis_bus.publish_replayed(thread_channel("flushed"), key, b"a", limit=5)
+        await redis_bus.publish(thread_channel("flushed"), b"a", kept(key, 5))
         async with admin_redis() as admin:
             await admin.script_flush()
-        await redis_bus.publish_replayed(thread_channel("flushed"), key, b"b", limit=5)
+        await redis_bus.publish(thread_channel("flushed"), b"b", kept(key, 5))
         assert await take(subscription, 2) == [b"a", b"b"]
         async with admin_redis() as admin:
             await admin.script_flush()
@@ -526,9 +548,9 @@ async def test_redis_publish_replayed_reloads_its_script(redis_bus: RedisBus) ->
         assert await take(subscription, 1) == [b"c"]
         async with admin_redis() as admin:
             await admin.script_flush()
-        await redis_bus.publish_replayed_many(thread_channel("flushed"), key, [b"d"], limit=5)
-        assert await take(subscription, 1) == [b"d"]
-    assert await redis_bus.read_replay(key) == [b"a", b"b", b"d"]
+        await redis_bus.publish(thread_channel("flushed"), [b"d", b"e"], kept(key, 5))
+        assert await take(subscription, 2) == [b"d", b"e"]
+    assert await redis_bus.read_replay(key) == [b"a", b"b", b"d", b"e"]
 
 
 async def test_redis_script_calls_survive_a_killed_idle_connection(redis_bus: RedisBus) -> None:
@@ -536,14 +558,12 @@ async def test_redis_script_calls_survive_a_killed_idle_connection(redis_bus: Re
     script call one retry on a new connection, as redis-py's own commands retry."""
     key, channel = replay_key("killed"), thread_channel("killed")
     async with redis_bus.subscribe(channel) as subscription, admin_redis() as admin:
-        await redis_bus.publish_replayed_many(channel, key, [b"a"], limit=5)
+        await redis_bus.publish(channel, [b"a"], kept(key, 5))
         ids = await client_ids(admin, redis_bus.command_client_name)
         assert ids
         for client_id in ids:
             await admin.client_kill_filter(_id=str(client_id))
-        await redis_bus.publish_replayed_many(
-            channel, key, [b"b"], limit=5, then=[(channel, b"inv")], clear=True
-        )
+        await redis_bus.publish(channel, [b"b"], kept(key, 5, then=[(channel, b"inv")], clear=True))
         assert await take(subscription, 3) == [b"a", b"b", b"inv"]
         assert set(await client_ids(admin, redis_bus.command_client_name)).isdisjoint(ids)
     assert await redis_bus.read_replay(key) == []

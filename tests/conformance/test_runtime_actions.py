@@ -18,6 +18,7 @@ from runtime.providers.scripted import (
     tool_call_response,
 )
 from runtime.tools import SuspendStep, ToolContext, manual_tool, tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import (
     ALICE,
     BACKEND,
@@ -67,7 +68,7 @@ async def _pending(rt: Runtime, thread_id: str):  # type: ignore[no-untyped-def]
     return snapshot.pending_actions[0]
 
 
-async def test_suspend_then_resume_by_another_principal(runtime_for) -> None:
+async def test_suspend_then_resume_by_another_principal(runtime_for: RuntimeFactory) -> None:
     hooks = Recording()
     model = ScriptedModel(
         [tool_call_response("transfer", {"amount": 5}, "t1"), text_response("sent it")]
@@ -101,7 +102,7 @@ async def test_suspend_then_resume_by_another_principal(runtime_for) -> None:
     model.assert_consumed()
 
 
-async def test_concurrent_resumes_exactly_one_wins(runtime_for) -> None:
+async def test_concurrent_resumes_exactly_one_wins(runtime_for: RuntimeFactory) -> None:
     model = ScriptedModel(
         [tool_call_response("transfer", {"amount": 1}, "t1"), text_response("ok")]
     )
@@ -128,7 +129,7 @@ async def test_concurrent_resumes_exactly_one_wins(runtime_for) -> None:
         await rt.service.resume_action(ALICE, thread_id, action.id, {"approved": False})
 
 
-async def test_resume_outside_scope_is_not_found(runtime_for) -> None:
+async def test_resume_outside_scope_is_not_found(runtime_for: RuntimeFactory) -> None:
     model = ScriptedModel([tool_call_response("transfer", {"amount": 1}, "t1")])
     rt = await runtime_for(transfer_agent(model, Recording()))
     thread_id = await rt.thread()
@@ -138,7 +139,7 @@ async def test_resume_outside_scope_is_not_found(runtime_for) -> None:
         await rt.service.resume_action(OUTSIDER, thread_id, action.id, {"approved": True})
 
 
-async def test_stop_while_waiting_cancels_the_pending_action(runtime_for) -> None:
+async def test_stop_while_waiting_cancels_the_pending_action(runtime_for: RuntimeFactory) -> None:
     hooks = Recording()
     model = ScriptedModel([tool_call_response("transfer", {"amount": 1}, "t1")])
     rt = await runtime_for(transfer_agent(model, hooks))
@@ -153,7 +154,9 @@ async def test_stop_while_waiting_cancels_the_pending_action(runtime_for) -> Non
     assert hooks.after == [("transfer", ToolState.CANCELLED)]
 
 
-async def test_stop_during_streaming_commits_canonical_text_so_far(runtime_for) -> None:
+async def test_stop_during_streaming_commits_canonical_text_so_far(
+    runtime_for: RuntimeFactory,
+) -> None:
     streamed = asyncio.Event()
 
     async def endless(request):  # type: ignore[no-untyped-def]
@@ -176,7 +179,7 @@ async def test_stop_during_streaming_commits_canonical_text_so_far(runtime_for) 
     assert committed == rec.text(admission.run_id)
 
 
-async def test_client_tool_result_submitted_by_a_browser(runtime_for) -> None:
+async def test_client_tool_result_submitted_by_a_browser(runtime_for: RuntimeFactory) -> None:
     hooks = Recording()
     model = ScriptedModel(
         [tool_call_response("pick_color", {}, "c1"), text_response("you picked blue")]
@@ -198,7 +201,7 @@ async def test_client_tool_result_submitted_by_a_browser(runtime_for) -> None:
     assert hooks.after == [("pick_color", ToolState.OUTPUT_AVAILABLE)]
 
 
-async def test_manual_result_only_from_trusted_actors(runtime_for) -> None:
+async def test_manual_result_only_from_trusted_actors(runtime_for: RuntimeFactory) -> None:
     class Lookup(BaseModel):
         account: str
 
@@ -222,7 +225,9 @@ async def test_manual_result_only_from_trusted_actors(runtime_for) -> None:
     assert isinstance(part, ToolCallPart) and part.output == {"balance": 10}
 
 
-async def test_invalid_payload_errors_stay_small_for_huge_payloads(runtime_for) -> None:
+async def test_invalid_payload_errors_stay_small_for_huge_payloads(
+    runtime_for: RuntimeFactory,
+) -> None:
     model = ScriptedModel([tool_call_response("transfer", {"amount": 1}, "t1")])
     rt = await runtime_for(transfer_agent(model, Recording()))
     thread_id = await rt.thread()
@@ -244,7 +249,7 @@ async def _episodes_done(rt: Runtime) -> None:
 
 
 async def test_terminal_commit_releases_the_lease_a_wait_is_released_after(
-    runtime_for, monkeypatch: pytest.MonkeyPatch
+    runtime_for: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = ScriptedModel(
         [tool_call_response("transfer", {"amount": 2}, "t1"), text_response("sent")]

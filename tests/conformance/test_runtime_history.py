@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -18,8 +17,9 @@ from runtime.engine.message_cache import HistoryCache
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
 from runtime.storage import SqliteStore, SqlStore
 from runtime.storage.sql.sqlite import CHECKPOINT_EVERY
-from runtime.storage.store import HistoryRead, SetVisibility, StepCommit, Truncate
+from runtime.storage.store import HistoryRead, SetVisibility, StepCommit, Store, Truncate
 from runtime.tools import tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE
 from tests.conformance.store_helpers import (
     SCOPES,
@@ -33,7 +33,7 @@ from tests.conformance.store_helpers import (
 )
 
 
-async def _same(cache: HistoryCache, store: SqlStore, thread_id: str) -> None:
+async def _same(cache: HistoryCache, store: Store, thread_id: str) -> None:
     listed = await store.list_messages(thread_id)
     assert await cache.messages(store, thread_id) == listed
     for anchor in (-1, 0, len(listed) // 2, len(listed) + 5):
@@ -42,7 +42,7 @@ async def _same(cache: HistoryCache, store: SqlStore, thread_id: str) -> None:
         assert await cache.context(store, thread_id, anchor) == to_context(upto)
 
 
-async def test_appends_and_tail_updates_are_tail_reads(store: SqlStore) -> None:
+async def test_appends_and_tail_updates_are_tail_reads(store: Store) -> None:
     cache = HistoryCache()
     thread = await new_thread(store)
     assert await cache.messages(store, thread.id) == []
@@ -70,7 +70,7 @@ async def test_appends_and_tail_updates_are_tail_reads(store: SqlStore) -> None:
     assert cache.reloads == reloads
 
 
-async def test_rewrites_reload_the_thread(store: SqlStore) -> None:
+async def test_rewrites_reload_the_thread(store: Store) -> None:
     cache = HistoryCache()
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
@@ -100,7 +100,7 @@ async def test_rewrites_reload_the_thread(store: SqlStore) -> None:
     assert cache.reloads == 3
 
 
-async def test_read_history_reads_from_a_position(store: SqlStore) -> None:
+async def test_read_history_reads_from_a_position(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     await store.commit(lease, StepCommit(append=(assistant(text("a")), assistant(text("b")))))
@@ -110,7 +110,7 @@ async def test_read_history_reads_from_a_position(store: SqlStore) -> None:
     assert (await store.read_history(thread.id, 3)).messages == ()
 
 
-async def test_begin_episode_is_start_episode_and_its_reads(store: SqlStore) -> None:
+async def test_begin_episode_is_start_episode_and_its_reads(store: Store) -> None:
     cache = HistoryCache()
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
@@ -141,7 +141,7 @@ async def test_begin_episode_is_start_episode_and_its_reads(store: SqlStore) -> 
     assert cache.apply(thread.id, 1, await store.read_history(thread.id, 1)) is None
 
 
-async def test_begin_episode_reads_like_read_history_from_any_position(store: SqlStore) -> None:
+async def test_begin_episode_reads_like_read_history_from_any_position(store: Store) -> None:
     """From the cached tail (> 0) the read goes with the fence's statement, from 0 in one of
     its own: both read what `read_history` does, with the epoch."""
     thread = await new_thread(store)
@@ -175,9 +175,9 @@ def _count_history_reads(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> li
 
 
 async def test_first_step_context_is_what_the_episode_start_read(
-    runtime_for: Any, store: SqlStore, monkeypatch: pytest.MonkeyPatch
+    runtime_for: RuntimeFactory, sql_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reads = _count_history_reads(store, monkeypatch)
+    reads = _count_history_reads(sql_store, monkeypatch)
     model = ScriptedModel([text_response("one"), text_response("two")])
     rt = await runtime_for(Agent(model=model))
     thread_id = await rt.thread()
@@ -193,7 +193,7 @@ async def test_first_step_context_is_what_the_episode_start_read(
     # That read is begin_episode's, or on Postgres the one `start_run` made with the lease
     # (the wakeup named the run's thread): no `read_history` either way.
     assert reads == []
-    messages = await store.list_messages(thread_id)
+    messages = await sql_store.list_messages(thread_id)
     assert [list(call.messages) for call in model.calls] == [
         to_context(messages[:1]),
         to_context(messages[:3]),
@@ -201,7 +201,7 @@ async def test_first_step_context_is_what_the_episode_start_read(
 
 
 async def test_a_later_step_reads_what_the_episode_committed(
-    runtime_for: Any, store: SqlStore, monkeypatch: pytest.MonkeyPatch
+    runtime_for: RuntimeFactory, sql_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     class NoArgs(BaseModel):
         pass
@@ -210,7 +210,7 @@ async def test_a_later_step_reads_what_the_episode_committed(
     async def echo(args: NoArgs) -> str:
         return "echoed"
 
-    reads = _count_history_reads(store, monkeypatch)
+    reads = _count_history_reads(sql_store, monkeypatch)
     model = ScriptedModel([tool_call_response("echo", {}, "c1"), text_response("done")])
     rt = await runtime_for(Agent(model=model, tools=[echo]))
     thread_id = await rt.thread()
@@ -218,7 +218,7 @@ async def test_a_later_step_reads_what_the_episode_committed(
     await rt.wait_status(thread_id, RunStatus.COMPLETED, RunStatus.FAILED)
     # The second step's context holds the first step's committed message: read from the tail.
     assert reads == [0]
-    messages = await store.list_messages(thread_id)
+    messages = await sql_store.list_messages(thread_id)
     assert [list(call.messages) for call in model.calls] == [
         to_context(messages[:1]),
         to_context(messages[:2]),

@@ -10,6 +10,7 @@ from runtime.agent import Agent
 from runtime.domain import Lease, RunStatus
 from runtime.engine.worker import Worker
 from runtime.providers.scripted import FunctionModel, text_response
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
 
 TTL = 0.6
@@ -29,7 +30,9 @@ class HangingRenewals:
         return lease
 
 
-async def test_stale_worker_stops_streaming_at_its_local_deadline(runtime_for: Any) -> None:
+async def test_stale_worker_stops_streaming_at_its_local_deadline(
+    runtime_for: RuntimeFactory,
+) -> None:
     calls: list[int] = []
 
     async def model(request):  # type: ignore[no-untyped-def]

@@ -31,6 +31,7 @@ from runtime.providers.scripted import (
     tool_calls_response,
 )
 from runtime.tools import SuspendStep, tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, SCOPE, settled
 
 EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
@@ -47,7 +48,9 @@ class Upper(AgentLifecycle):
         return run()
 
 
-async def test_prepare_run_respond_passes_the_canonical_transform(runtime_for) -> None:
+async def test_prepare_run_respond_passes_the_canonical_transform(
+    runtime_for: RuntimeFactory,
+) -> None:
     class Quota(Upper):
         async def prepare_run(self, ctx):  # type: ignore[no-untyped-def]
             return PrepareRunDecision(respond=Respond("quota exceeded"))
@@ -59,7 +62,9 @@ async def test_prepare_run_respond_passes_the_canonical_transform(runtime_for) -
     assert snapshot.messages[-1].parts[0].text == "QUOTA EXCEEDED"
 
 
-async def test_prepare_model_step_block_with_and_without_response(runtime_for) -> None:
+async def test_prepare_model_step_block_with_and_without_response(
+    runtime_for: RuntimeFactory,
+) -> None:
     class Guard(AgentLifecycle):
         async def prepare_model_step(self, ctx, request):  # type: ignore[no-untyped-def]
             text = request.messages[-1].parts[0].text
@@ -78,7 +83,9 @@ async def test_prepare_model_step_block_with_and_without_response(runtime_for) -
     assert failed.run.error == "unsafe" and len(failed.messages) == 1
 
 
-async def test_before_tool_call_skip_and_reject_still_run_after_tool_result(runtime_for) -> None:
+async def test_before_tool_call_skip_and_reject_still_run_after_tool_result(
+    runtime_for: RuntimeFactory,
+) -> None:
     executed: list[str] = []
     seen: list[tuple[str, ToolState]] = []
 
@@ -125,7 +132,9 @@ async def test_before_tool_call_skip_and_reject_still_run_after_tool_result(runt
     ]
 
 
-async def test_after_step_context_reaches_only_the_next_model_step(runtime_for) -> None:
+async def test_after_step_context_reaches_only_the_next_model_step(
+    runtime_for: RuntimeFactory,
+) -> None:
     class Args(BaseModel):
         q: str
 
@@ -152,7 +161,7 @@ async def test_after_step_context_reaches_only_the_next_model_step(runtime_for) 
     assert all(m.role != "system" for m in snapshot.messages)
 
 
-async def test_model_context_skips_hidden_messages(runtime_for) -> None:
+async def test_model_context_skips_hidden_messages(runtime_for: RuntimeFactory) -> None:
     """Hidden messages never reach a model. (The anchor cap, with a message appended after the
     anchor while the step runs: test_runtime_spec_phases.py::test_resolve_model_context_...)"""
     model = ScriptedModel([text_response("one"), text_response("two")])
@@ -167,7 +176,7 @@ async def test_model_context_skips_hidden_messages(runtime_for) -> None:
     assert texts == ["one", "second"]
 
 
-async def test_around_model_call_may_catch_setup_failures(runtime_for) -> None:
+async def test_around_model_call_may_catch_setup_failures(runtime_for: RuntimeFactory) -> None:
     class Fallback(AgentLifecycle):
         async def around_model_call(self, ctx, request, call):  # type: ignore[no-untyped-def]
             try:
@@ -188,7 +197,9 @@ async def test_around_model_call_may_catch_setup_failures(runtime_for) -> None:
     assert snapshot.messages[-1].parts[0].text == "fallback answer"
 
 
-async def test_prepare_run_and_runtime_context_run_again_on_resume(runtime_for) -> None:
+async def test_prepare_run_and_runtime_context_run_again_on_resume(
+    runtime_for: RuntimeFactory,
+) -> None:
     episodes: list[tuple[int, bool, str]] = []
 
     class Approval(BaseModel):
@@ -223,7 +234,9 @@ async def test_prepare_run_and_runtime_context_run_again_on_resume(runtime_for) 
     assert episodes == [(1, False, SCOPE), (2, True, SCOPE)]
 
 
-async def test_regenerate_and_visibility_rewrites_with_metadata_patches(runtime_for) -> None:
+async def test_regenerate_and_visibility_rewrites_with_metadata_patches(
+    runtime_for: RuntimeFactory,
+) -> None:
     observed: list[str] = []
 
     class Rewrites(AgentLifecycle):
@@ -272,7 +285,7 @@ async def test_regenerate_and_visibility_rewrites_with_metadata_patches(runtime_
     ]
 
 
-async def test_rewrite_during_an_active_run_is_refused(runtime_for) -> None:
+async def test_rewrite_during_an_active_run_is_refused(runtime_for: RuntimeFactory) -> None:
     release = asyncio.Event()
 
     class Gate(AgentLifecycle):
@@ -292,7 +305,7 @@ async def test_rewrite_during_an_active_run_is_refused(runtime_for) -> None:
     await rt.wait_for(thread_id, settled)
 
 
-async def test_demo_redaction_never_leaks_an_address(runtime_for) -> None:
+async def test_demo_redaction_never_leaks_an_address(runtime_for: RuntimeFactory) -> None:
     from runtime.demo import demo_agent
 
     rt = await runtime_for(demo_agent())
@@ -308,7 +321,7 @@ async def test_demo_redaction_never_leaks_an_address(runtime_for) -> None:
 
 
 async def test_redaction_split_across_chunks_reaches_no_chunk_store_or_next_step(
-    runtime_for,
+    runtime_for: RuntimeFactory,
 ) -> None:
     from runtime.demo.redact import RedactEmails
 
@@ -334,7 +347,7 @@ async def test_redaction_split_across_chunks_reaches_no_chunk_store_or_next_step
 
 
 async def test_a_run_failure_cancels_open_tool_parts_through_after_tool_result(
-    runtime_for,
+    runtime_for: RuntimeFactory,
 ) -> None:
     seen: list[tuple[str, ToolState]] = []
 

@@ -14,6 +14,7 @@ from runtime.providers.scripted import ScriptedModel, text_response, tool_call_r
 from runtime.service.permissions import Destructive, PermissionPolicy, Who
 from runtime.service.thread_service import ThreadService
 from runtime.tools import SuspendStep, ToolContext, tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, BACKEND, BOB, Runtime, settled
 
 AUTHORS_ONLY = PermissionPolicy(
@@ -44,7 +45,9 @@ async def permissions_of(service: ThreadService, reader: Principal, thread_id: s
     return dict(snapshot.permissions)
 
 
-async def test_authors_only_refuses_another_user_and_says_so_in_the_snapshot(runtime_for) -> None:
+async def test_authors_only_refuses_another_user_and_says_so_in_the_snapshot(
+    runtime_for: RuntimeFactory,
+) -> None:
     agent = Agent(model=ScriptedModel([text_response("hello alice")] * 2))
     rt = await runtime_for(agent)
     service = guarded(rt, agent, AUTHORS_ONLY)
@@ -72,7 +75,9 @@ async def test_authors_only_refuses_another_user_and_says_so_in_the_snapshot(run
     assert [m.id for m in hidden.messages] == [user]
 
 
-async def test_stop_and_cancel_queued_follow_the_run_and_item_authors(runtime_for) -> None:
+async def test_stop_and_cancel_queued_follow_the_run_and_item_authors(
+    runtime_for: RuntimeFactory,
+) -> None:
     model = ScriptedModel([tool_call_response("transfer", {"approved": True}, "t1")])
     agent = approval_agent(model)
     rt = await runtime_for(agent)
@@ -103,7 +108,7 @@ async def test_stop_and_cancel_queued_follow_the_run_and_item_authors(runtime_fo
     assert ended.queue == ()
 
 
-async def test_the_default_policy_lets_every_user_of_the_scope(runtime_for) -> None:
+async def test_the_default_policy_lets_every_user_of_the_scope(runtime_for: RuntimeFactory) -> None:
     agent = Agent(model=ScriptedModel([text_response("one"), text_response("two")]))
     rt = await runtime_for(agent)
     thread_id = await rt.thread()

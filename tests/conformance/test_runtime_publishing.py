@@ -14,6 +14,7 @@ import pytest
 
 from realtime.bus import Bus
 from realtime.channels import replay_key, thread_channel
+from realtime.publish_options import PublishOptions
 from runtime.agent import Agent
 from runtime.domain import Lease, MessageRole, RunStatus
 from runtime.engine.publisher import Publisher
@@ -70,31 +71,23 @@ class RecordingBus:
         chunks = [orjson.loads(data)["chunk"]["type"] for data in items]
         self.operations.append(Operation(chunks, versions, clear, durable))
 
-    async def publish(self, channel: str, data: bytes) -> None:
-        await self._record([], [(channel, data)], False)
-        await self._bus.publish(channel, data)
+    async def publish(
+        self, channel: str, data: bytes | Sequence[bytes], options: PublishOptions | None = None
+    ) -> None:
+        if options is None and isinstance(data, bytes):
+            await self._record([], [(channel, data)], False)
+        elif options is None:
+            await self._record([], [(channel, item) for item in data], False)
+        else:
+            items = [data] if isinstance(data, bytes) else data
+            await self._record(items, options.then, options.clear_replay)
+        await self._bus.publish(channel, data, options)
 
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
     ) -> None:
         await self._record([], messages, clear_key is not None)
         await self._bus.publish_all(messages, clear_key)
-
-    async def publish_replayed_many(
-        self,
-        channel: str,
-        key: str,
-        items: Sequence[bytes],
-        limit: int,
-        max_bytes: int | None = None,
-        *,
-        then: Sequence[tuple[str, bytes]] = (),
-        clear: bool = False,
-    ) -> None:
-        await self._record(items, then, clear)
-        await self._bus.publish_replayed_many(
-            channel, key, items, limit, max_bytes, then=then, clear=clear
-        )
 
 
 class FailingStepCommit:

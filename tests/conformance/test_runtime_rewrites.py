@@ -14,6 +14,7 @@ from runtime.domain import Lease, RunStatus, RunTrigger, Visibility
 from runtime.errors import Conflict, VersionMismatch
 from runtime.lifecycle import AgentLifecycle, MetadataPatch
 from runtime.providers.scripted import ScriptedModel, text_response
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, SCOPE, settled
 
 
@@ -55,7 +56,9 @@ class GatedLeases:
         return lease
 
 
-async def test_prepare_history_rewrite_reads_metadata_under_the_admin_lease(runtime_for) -> None:
+async def test_prepare_history_rewrite_reads_metadata_under_the_admin_lease(
+    runtime_for: RuntimeFactory,
+) -> None:
     """prepareHistoryRewrite "returns thread metadata patches that commit in the same
     transaction as the history change": computed from metadata read under the admin lease,
     no concurrent rewrite's patch is lost; a stale `expected_version` changes nothing.
@@ -89,7 +92,9 @@ async def test_prepare_history_rewrite_reads_metadata_under_the_admin_lease(runt
     )
 
 
-async def test_retry_rewrites_a_failed_run_through_both_rewrite_phases(runtime_for) -> None:
+async def test_retry_rewrites_a_failed_run_through_both_rewrite_phases(
+    runtime_for: RuntimeFactory,
+) -> None:
     """ "Regeneration, retry, and stored message-visibility changes use two additional phases":
     retrying a failed run removes its messages, starts a new run (trigger retry) from the same
     input, and runs prepareHistoryRewrite and historyRewritten; a completed run is refused.

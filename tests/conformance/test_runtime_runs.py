@@ -21,10 +21,11 @@ from runtime.providers.scripted import (
     tool_calls_response,
 )
 from runtime.tools import tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, BOB, SCOPE, settled
 
 
-async def test_text_run_streams_gap_free_chunks_and_commits(runtime_for) -> None:
+async def test_text_run_streams_gap_free_chunks_and_commits(runtime_for: RuntimeFactory) -> None:
     model = ScriptedModel([text_response("Hello there, friend!", chunks=4)])
     rt = await runtime_for(Agent(model=model))
     thread_id = await rt.thread()
@@ -44,7 +45,9 @@ async def test_text_run_streams_gap_free_chunks_and_commits(runtime_for) -> None
     model.assert_consumed()
 
 
-async def test_ready_tools_run_in_parallel_and_keep_model_order(runtime_for) -> None:
+async def test_ready_tools_run_in_parallel_and_keep_model_order(
+    runtime_for: RuntimeFactory,
+) -> None:
     started: dict[str, asyncio.Event] = {"a": asyncio.Event(), "b": asyncio.Event()}
 
     class Args(BaseModel):
@@ -83,7 +86,9 @@ async def test_ready_tools_run_in_parallel_and_keep_model_order(runtime_for) -> 
     model.assert_consumed()
 
 
-async def test_input_during_a_run_is_queued_and_admitted_in_order(runtime_for) -> None:
+async def test_input_during_a_run_is_queued_and_admitted_in_order(
+    runtime_for: RuntimeFactory,
+) -> None:
     release = asyncio.Event()
 
     async def slow(request):  # type: ignore[no-untyped-def]
@@ -109,7 +114,9 @@ async def test_input_during_a_run_is_queued_and_admitted_in_order(runtime_for) -
     assert texts == ["first", "echo first", "second", "echo second", "third", "echo third"]
 
 
-async def test_admitted_input_runs_without_waiting_for_a_poll(runtime_for, monkeypatch) -> None:
+async def test_admitted_input_runs_without_waiting_for_a_poll(
+    runtime_for: RuntimeFactory, monkeypatch
+) -> None:
     """The terminal commit that admits queued input wakes the worker at once; a run that
     admitted nothing leaves the worker waiting for the next wakeup (no poll of its own)."""
     release = asyncio.Event()
@@ -147,7 +154,7 @@ async def test_admitted_input_runs_without_waiting_for_a_poll(runtime_for, monke
 
 
 async def test_a_named_wakeup_without_a_free_slot_waits_for_the_poll(
-    runtime_for, monkeypatch
+    runtime_for: RuntimeFactory, monkeypatch
 ) -> None:
     """A wakeup names its run, but the worker's one slot is taken: the run is not leased by
     id (it would jump the poll's fair order); it runs once the slot frees, after a poll."""
@@ -182,7 +189,7 @@ async def test_a_named_wakeup_without_a_free_slot_waits_for_the_poll(
     assert leased == [one.run_id, two.run_id]
 
 
-async def test_interrupt_policy_stops_the_active_run_first(runtime_for) -> None:
+async def test_interrupt_policy_stops_the_active_run_first(runtime_for: RuntimeFactory) -> None:
     async def endless(request):  # type: ignore[no-untyped-def]
         text = request.messages[-1].parts[0].text
         if text == "long":
@@ -205,7 +212,7 @@ async def test_interrupt_policy_stops_the_active_run_first(runtime_for) -> None:
     assert first_run.status is RunStatus.CANCELLED
 
 
-async def test_a_thrown_hook_error_fails_the_run_visibly(runtime_for) -> None:
+async def test_a_thrown_hook_error_fails_the_run_visibly(runtime_for: RuntimeFactory) -> None:
     class Boom(AgentLifecycle):
         async def after_step(self, ctx, result):  # type: ignore[no-untyped-def]
             raise RuntimeError("after_step exploded")
@@ -221,7 +228,7 @@ async def test_a_thrown_hook_error_fails_the_run_visibly(runtime_for) -> None:
 
 
 async def test_a_provider_failure_mid_stream_fails_the_run_keeping_canonical_text(
-    runtime_for,
+    runtime_for: RuntimeFactory,
 ) -> None:
     model = ScriptedModel(
         [fail_mid_stream(text_response("half of it", chunks=2)[:2], ProviderError("socket"))]
@@ -234,7 +241,7 @@ async def test_a_provider_failure_mid_stream_fails_the_run_keeping_canonical_tex
     assert snapshot.messages[-1].parts[0].text == "half of it"
 
 
-async def test_idempotent_client_request_id(runtime_for) -> None:
+async def test_idempotent_client_request_id(runtime_for: RuntimeFactory) -> None:
     rt = await runtime_for(Agent(model=ScriptedModel([text_response("once")])))
     thread_id = await rt.thread()
     first = await rt.service.send_message(ALICE, thread_id, "x", client_request_id="req-1")
@@ -246,7 +253,7 @@ async def test_idempotent_client_request_id(runtime_for) -> None:
 
 
 async def test_a_stop_while_the_lease_request_is_in_flight_is_obeyed(
-    runtime_for, monkeypatch
+    runtime_for: RuntimeFactory, monkeypatch
 ) -> None:
     """A stop that commits after the worker's lease request went through but before its reply
     came back: on Postgres that request started the episode (`Store.start_run`), so no read of

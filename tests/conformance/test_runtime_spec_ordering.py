@@ -38,6 +38,7 @@ from runtime.providers.scripted import (
     tool_calls_response,
 )
 from runtime.tools import SuspendStep, tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, SCOPE, Runtime, settled
 
 
@@ -96,7 +97,7 @@ class Layer:
         return AfterStepDecision(append=(note(f"{self.name}{result.step}"),))
 
 
-async def test_ordering_phases_run_a_then_b_then_c(runtime_for) -> None:
+async def test_ordering_phases_run_a_then_b_then_c(runtime_for: RuntimeFactory) -> None:
     """Rule "prepareRun, prepareModelStep, transformStepStream, beforeToolCall,
     afterToolResult, and afterStep run a, then b, then c".
 
@@ -124,7 +125,9 @@ async def test_ordering_phases_run_a_then_b_then_c(runtime_for) -> None:
         assert names[:3] == ["a", "b", "c"], (phase, names)
 
 
-async def test_ordering_value_transforming_phases_pass_the_patched_value(runtime_for) -> None:
+async def test_ordering_value_transforming_phases_pass_the_patched_value(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Rule "value-transforming phases pass the patched input, stream, tool input, or tool
     result to later hooks; prepareRun and afterStep instead accumulate child decisions".
 
@@ -156,7 +159,9 @@ async def test_ordering_value_transforming_phases_pass_the_patched_value(runtime
     assert extra == [note("a0"), note("b0"), note("c0")]
 
 
-async def test_ordering_resolve_model_context_is_middleware_a_outermost(runtime_for) -> None:
+async def test_ordering_resolve_model_context_is_middleware_a_outermost(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Rule "resolveModelContext is middleware: a is outermost, c is closest to the default
     durable-context leaf, and each layer chooses whether and how to call its memoized next()".
 
@@ -182,7 +187,7 @@ async def test_ordering_resolve_model_context_is_middleware_a_outermost(runtime_
     assert [m.parts[0].text for m in model.calls[0].messages] == ["q", "c", "b", "a"]
 
 
-async def test_ordering_around_model_call_wraps_a_outermost(runtime_for) -> None:
+async def test_ordering_around_model_call_wraps_a_outermost(runtime_for: RuntimeFactory) -> None:
     """Rule "aroundModelCall wraps in the same order, so a is outermost and c is closest to
     the underlying call".
 
@@ -206,7 +211,7 @@ async def test_ordering_around_model_call_wraps_a_outermost(runtime_for) -> None
 
 
 async def test_ordering_before_tool_call_runs_for_every_call_before_any_ready_tool_starts(
-    runtime_for,
+    runtime_for: RuntimeFactory,
 ) -> None:
     """Rule "within one model step, beforeToolCall runs for every tool call before any ready
     tool starts executing or routing" (several ready tools, one global order of events).
@@ -233,7 +238,9 @@ async def test_ordering_before_tool_call_runs_for_every_call_before_any_ready_to
     assert sorted(events[3:]) == ["run:1", "run:2", "run:3"]
 
 
-async def test_ordering_ready_tools_run_in_parallel_in_model_order(runtime_for) -> None:
+async def test_ordering_ready_tools_run_in_parallel_in_model_order(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Rule "ready tools from the same model step run in parallel, while the final transcript
     remains ordered by the model's tool-call order".
 
@@ -263,7 +270,7 @@ async def test_ordering_ready_tools_run_in_parallel_in_model_order(runtime_for) 
 
 
 async def test_ordering_respond_commits_a_terminal_response_after_canonical_output_policy(
-    runtime_for,
+    runtime_for: RuntimeFactory,
 ) -> None:
     """Rule "respond commits a terminal assistant response and ends the run after canonical
     output policy": the committed and published text is the transformed one.
@@ -285,7 +292,9 @@ async def test_ordering_respond_commits_a_terminal_response_after_canonical_outp
     assert rec.text() == "cachedz"
 
 
-async def test_ordering_skip_or_reject_skips_execution_or_routing(runtime_for) -> None:
+async def test_ordering_skip_or_reject_skips_execution_or_routing(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Rule "skip or reject skips execution or routing for that call": a rejected server tool
     never executes, a skipped client tool is never routed to the browser.
 
@@ -326,7 +335,9 @@ class Approval(BaseModel):
         return reason
 
 
-async def test_ordering_resume_payloads_validate_once_with_the_tools_model(runtime_for) -> None:
+async def test_ordering_resume_payloads_validate_once_with_the_tools_model(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Rule "skipped outputs and submitted results still validate" at resolve time: a payload
     failing only a pydantic validator of the tool's payload model is a 422 with its errors and
     changes nothing (no resumed run, no output-error).
@@ -353,7 +364,7 @@ async def test_ordering_resume_payloads_validate_once_with_the_tools_model(runti
 
 
 async def test_ordering_thrown_errors_fail_the_run_around_model_call_catches_setup_only(
-    runtime_for,
+    runtime_for: RuntimeFactory,
 ) -> None:
     """Rule "thrown errors fail the run. aroundModelCall may catch setup failures from the call
     it wraps; failures delivered later while consuming the returned stream require
@@ -409,7 +420,9 @@ class Recorder:
         return None
 
 
-async def test_short_circuit_prepare_run_respond_stops_later_hooks(runtime_for) -> None:
+async def test_short_circuit_prepare_run_respond_stops_later_hooks(
+    runtime_for: RuntimeFactory,
+) -> None:
     """The short-circuit rule in prepareRun: after a `respond`, later hooks do not run.
 
     Breaks with: compose.prepare_run's `break` after a respond replaced by `pass`."""
@@ -426,7 +439,9 @@ async def test_short_circuit_prepare_run_respond_stops_later_hooks(runtime_for) 
     assert log == []
 
 
-async def test_short_circuit_prepare_model_step_block_stops_later_hooks(runtime_for) -> None:
+async def test_short_circuit_prepare_model_step_block_stops_later_hooks(
+    runtime_for: RuntimeFactory,
+) -> None:
     """The short-circuit rule in prepareModelStep: after Respond/Block, later hooks do not run.
 
     Breaks with: compose.prepare_model_step's `return decision` on Respond/Block replaced by
@@ -445,7 +460,9 @@ async def test_short_circuit_prepare_model_step_block_stops_later_hooks(runtime_
     assert log == ["prepare_run"]
 
 
-async def test_short_circuit_before_tool_call_skip_stops_later_hooks(runtime_for) -> None:
+async def test_short_circuit_before_tool_call_skip_stops_later_hooks(
+    runtime_for: RuntimeFactory,
+) -> None:
     """The short-circuit rule in beforeToolCall: after Skip/Reject, later hooks do not run.
 
     Breaks with: compose.before_tool_call's `return decision` on Skip/Reject replaced by

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.chunks import TextDeltaChunk
-from runtime.domain import RunStatus, ToolCallPart, ToolState
+from runtime.domain import RunStatus, ToolCallPart, ToolState, WaitKind
 from runtime.errors import InvalidInput
 from runtime.lifecycle import (
     AfterStepDecision,
@@ -34,7 +34,10 @@ from runtime.providers.scripted import (
     tool_calls_response,
 )
 from runtime.tools import SuspendStep, ToolContext, manual_tool, tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, BACKEND, SCOPE, Runtime, settled
+
+MANUAL = WaitKind.MANUAL_RESULT
 
 
 class Args(BaseModel):
@@ -62,7 +65,9 @@ async def start(rt: Runtime, text: str = "go", **kwargs: Any) -> str:
 # --- runtimeContext ---------------------------------------------------------------------------
 
 
-async def test_runtime_context_builds_trusted_state_for_one_episode(runtime_for) -> None:
+async def test_runtime_context_builds_trusted_state_for_one_episode(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Row `runtimeContext`: its state reaches hooks and tools read-only, per episode; an error
     it throws fails the run.
 
@@ -99,7 +104,9 @@ async def test_runtime_context_builds_trusted_state_for_one_episode(runtime_for)
 # --- prepareRun -------------------------------------------------------------------------------
 
 
-async def test_prepare_run_respond_on_resume_finalises_the_resolved_call(runtime_for) -> None:
+async def test_prepare_run_respond_on_resume_finalises_the_resolved_call(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Row `prepareRun` ("only through respond; runs again on resume"): a respond on the
     resume episode ends the run, and the resolved call ends cancelled through
     after_tool_result instead of staying awaiting-action.
@@ -137,7 +144,9 @@ async def test_prepare_run_respond_on_resume_finalises_the_resolved_call(runtime
 # --- resolveModelContext ----------------------------------------------------------------------
 
 
-async def test_resolve_model_context_is_capped_at_the_step_start_anchor(runtime_for) -> None:
+async def test_resolve_model_context_is_capped_at_the_step_start_anchor(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Row `resolveModelContext`: history is capped at the step-start physical anchor, so a
     message appended after the anchor while the step runs is not in the model context.
 
@@ -185,7 +194,7 @@ async def append_raw_message(store: Any, thread_id: str, text: str) -> None:
 # --- Tool assembly ----------------------------------------------------------------------------
 
 
-async def test_tool_assembly_selects_the_tools_a_step_may_call(runtime_for) -> None:
+async def test_tool_assembly_selects_the_tools_a_step_may_call(runtime_for: RuntimeFactory) -> None:
     """Row `Tool assembly` ("can change model input by selecting tools"): the step's request is
     enforced, so a tool prepare_model_step removed is not executed even if the model calls it;
     a client tool named like a server tool is refused at admission.
@@ -221,7 +230,9 @@ async def test_tool_assembly_selects_the_tools_a_step_may_call(runtime_for) -> N
 # --- prepareModelStep -------------------------------------------------------------------------
 
 
-async def test_prepare_model_step_respond_commits_without_calling_the_model(runtime_for) -> None:
+async def test_prepare_model_step_respond_commits_without_calling_the_model(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Row `prepareModelStep` ("only through respond or block with response"): a Respond at
     runtime commits the canonical response as the step, the model is never called.
 
@@ -249,7 +260,9 @@ async def test_prepare_model_step_respond_commits_without_calling_the_model(runt
 # --- aroundModelCall --------------------------------------------------------------------------
 
 
-async def test_around_model_call_changes_input_and_returns_the_stream(runtime_for) -> None:
+async def test_around_model_call_changes_input_and_returns_the_stream(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Row `aroundModelCall` ("narrow model-call wrapper; persisted through the returned
     stream"): the request it passes on is what the model sees, the stream it returns is what
     is committed.
@@ -279,7 +292,7 @@ async def test_around_model_call_changes_input_and_returns_the_stream(runtime_fo
 # --- beforeToolCall ---------------------------------------------------------------------------
 
 
-async def test_before_tool_call_changes_tool_input_only(runtime_for) -> None:
+async def test_before_tool_call_changes_tool_input_only(runtime_for: RuntimeFactory) -> None:
     """Row `beforeToolCall` ("tool input only; continue, replace input, skip or reject"): a
     replaced input is what the tool runs with and what the tool part stores.
 
@@ -309,7 +322,9 @@ async def test_before_tool_call_changes_tool_input_only(runtime_for) -> None:
 # --- afterToolResult --------------------------------------------------------------------------
 
 
-async def test_after_tool_result_normalises_failures_and_manual_results(runtime_for) -> None:
+async def test_after_tool_result_normalises_failures_and_manual_results(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Row `afterToolResult` ("normalizes any tool result before the model sees it"): it runs
     on a tool failure and on a manual result, and its replacement is what is committed and
     what the next step sees.
@@ -335,7 +350,7 @@ async def test_after_tool_result_normalises_failures_and_manual_results(runtime_
     thread_id = await start(rt)
     waiting = await rt.wait_status(thread_id, RunStatus.WAITING)
     action = waiting.pending_actions[0]
-    await rt.service.resume_action(BACKEND, thread_id, action.id, {"output": 42})
+    await rt.service.resume_action(BACKEND, thread_id, action.id, {"output": 42}, kind=MANUAL)
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     failed, manual = tool_parts(done, 1)
     assert (failed.state, failed.error) == (ToolState.OUTPUT_ERROR, "the tool is unavailable")
@@ -343,7 +358,7 @@ async def test_after_tool_result_normalises_failures_and_manual_results(runtime_
     assert seen == [("explode", ToolState.OUTPUT_ERROR), ("lookup", ToolState.OUTPUT_AVAILABLE)]
 
 
-async def test_after_tool_result_failure_cancels_siblings_once(runtime_for) -> None:
+async def test_after_tool_result_failure_cancels_siblings_once(runtime_for: RuntimeFactory) -> None:
     """Row `afterToolResult` with a thrown error: the run fails, a sibling still executing is
     cancelled (its side effect never happens, nothing says output-available), and every call
     gets exactly one after_tool_result.
@@ -392,7 +407,7 @@ async def test_after_tool_result_failure_cancels_siblings_once(runtime_for) -> N
 # --- transformStepStream ----------------------------------------------------------------------
 
 
-async def test_transform_step_stream_error_fails_the_run(runtime_for) -> None:
+async def test_transform_step_stream_error_fails_the_run(runtime_for: RuntimeFactory) -> None:
     """Row `transformStepStream` ("canonical stream boundary"): an error thrown in it fails the
     run; the text it had let through before the error is what the failed run committed.
 
@@ -423,7 +438,7 @@ async def test_transform_step_stream_error_fails_the_run(runtime_for) -> None:
 # --- afterStep --------------------------------------------------------------------------------
 
 
-async def test_after_step_replace_resets_the_next_step_context(runtime_for) -> None:
+async def test_after_step_replace_resets_the_next_step_context(runtime_for: RuntimeFactory) -> None:
     """Row `afterStep` ("can append or replace execution-local next-step model context"): a
     replace drops what earlier steps appended; nothing of it is persisted.
 
@@ -455,7 +470,7 @@ async def test_after_step_replace_resets_the_next_step_context(runtime_for) -> N
 
 
 async def test_after_step_runs_after_the_step_commit_and_before_the_run_transition(
-    runtime_for,
+    runtime_for: RuntimeFactory,
 ) -> None:
     """Row `afterStep` ("runs after the canonical step commit and before the run transition"):
     the hook finds the step's message committed and the run still running, and the
@@ -493,7 +508,9 @@ async def test_after_step_runs_after_the_step_commit_and_before_the_run_transiti
 # --- Commit -----------------------------------------------------------------------------------
 
 
-async def test_commit_finalises_open_tool_parts_of_a_stopped_run(runtime_for) -> None:
+async def test_commit_finalises_open_tool_parts_of_a_stopped_run(
+    runtime_for: RuntimeFactory,
+) -> None:
     """Row `Commit` ("the owner-fenced run/thread transition and any required terminal tool
     finalization"): a stop while a tool runs commits the call cancelled with the run.
 
@@ -523,7 +540,7 @@ class Balance(BaseModel):
     balance: int
 
 
-async def test_skipped_outputs_and_submitted_results_validate(runtime_for) -> None:
+async def test_skipped_outputs_and_submitted_results_validate(runtime_for: RuntimeFactory) -> None:
     """Rule "skipped outputs and submitted results still validate and run afterToolResult": a
     skipped output that does not match the tool's output model ends as output-error (after
     after_tool_result), and a manual result that does not is a 422 that changes nothing.
@@ -553,11 +570,15 @@ async def test_skipped_outputs_and_submitted_results_validate(runtime_for) -> No
     waiting = await rt.wait_status(thread_id, RunStatus.WAITING)
     action = waiting.pending_actions[0]
     with pytest.raises(InvalidPayload) as invalid:
-        await rt.service.resume_action(BACKEND, thread_id, action.id, {"output": {"x": 1}})
+        await rt.service.resume_action(
+            BACKEND, thread_id, action.id, {"output": {"x": 1}}, kind=MANUAL
+        )
     assert invalid.value.details["errors"][0]["loc"] == ["output", "balance"]
     unchanged = await rt.store.snapshot(thread_id, [SCOPE])
     assert unchanged.thread.version == waiting.thread.version
-    await rt.service.resume_action(BACKEND, thread_id, action.id, {"output": {"balance": 5}})
+    await rt.service.resume_action(
+        BACKEND, thread_id, action.id, {"output": {"balance": 5}}, kind=MANUAL
+    )
     done = await rt.wait_status(thread_id, RunStatus.COMPLETED)
     skipped, manual = tool_parts(done, 1)
     assert skipped.state is ToolState.OUTPUT_ERROR and "invalid tool output" in skipped.error

@@ -22,9 +22,10 @@ from runtime.providers.scripted import (
     text_response,
     tool_call_response,
 )
-from runtime.storage import SqliteStore
-from runtime.storage.store import StepCommit
+from runtime.storage import SqliteStore, SqlStore
+from runtime.storage.store import CommitResult, StepCommit
 from runtime.tools import tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Recorder, Runtime, settled
 
 
@@ -44,18 +45,18 @@ class GatedCommits:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def commit(self, lease: Lease, commit: StepCommit) -> int:
+    async def commit(self, lease: Lease, commit: StepCommit) -> CommitResult:
         if self._gated or not self._match(commit):
-            return int(await self._store.commit(lease, commit))
+            return await self._store.commit(lease, commit)
         self._gated = True
         if self._where == "before":
             self.entered.set()
             await self.release.wait()
-            return int(await self._store.commit(lease, commit))
-        version = int(await self._store.commit(lease, commit))
+            return await self._store.commit(lease, commit)
+        result = await self._store.commit(lease, commit)
         self.entered.set()
         await self.release.wait()
-        return version
+        return result
 
 
 def _appends_answer(commit: StepCommit) -> bool:
@@ -108,7 +109,7 @@ def _assert_converged(snapshot: Snapshot, rec: Recorder, run_id: str) -> None:
 @pytest.mark.parametrize("where", ["before", "after"])
 @pytest.mark.parametrize("gate", sorted(GATES))
 async def test_stop_during_a_commit_neither_duplicates_nor_fails(
-    runtime_for: Any, gate: str, where: str
+    runtime_for: RuntimeFactory, gate: str, where: str
 ) -> None:
     match, stopped_status, observed = GATES[gate]
     model = ScriptedModel([text_response("the whole answer", chunks=3)])
@@ -180,9 +181,9 @@ async def _two_steps(request: Any) -> Any:
 
 
 async def test_send_then_stop_never_duplicates_a_step_nor_fails_the_run(
-    runtime_for: Any, store: Any
+    runtime_for: RuntimeFactory, sql_store: SqlStore
 ) -> None:
-    iterations = 100 if isinstance(store, SqliteStore) else 30
+    iterations = 100 if isinstance(sql_store, SqliteStore) else 30
     rng = random.Random(16)
     rt: Runtime = await runtime_for(Agent(model=FunctionModel(_two_steps), tools=[note]))
     thread_id = await rt.thread()

@@ -17,8 +17,9 @@ from runtime.providers.scripted import (
     text_response,
     tool_call_response,
 )
-from runtime.storage.store import StepCommit
+from runtime.storage.store import CommitResult, StepCommit
 from runtime.tools import SuspendStep, ToolContext, tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
 
 
@@ -35,7 +36,9 @@ class FrozenHeartbeat:
         return lease
 
 
-async def test_stalled_worker_is_taken_over_without_loss_or_duplicates(runtime_for) -> None:
+async def test_stalled_worker_is_taken_over_without_loss_or_duplicates(
+    runtime_for: RuntimeFactory,
+) -> None:
     stale_may_finish = asyncio.Event()
     calls: list[int] = []
     stale_started = asyncio.Event()
@@ -98,7 +101,7 @@ class StallsBeforeToolsStart:
         result: Lease = await self._store.renew_lease(lease, ttl)
         return result
 
-    async def commit(self, lease: Lease, change: StepCommit) -> int:
+    async def commit(self, lease: Lease, change: StepCommit) -> CommitResult:
         update = change.update_tail
         if (
             self.armed
@@ -111,12 +114,12 @@ class StallsBeforeToolsStart:
             self.stalled.set()
             await self.release.wait()
             try:
-                return int(await self._store.commit(lease, change))
+                return await self._store.commit(lease, change)
             except BaseException as exc:
                 self.failures.append(exc)
                 self.failed.set()
                 raise
-        return int(await self._store.commit(lease, change))
+        return await self._store.commit(lease, change)
 
 
 class Approval(BaseModel):
@@ -127,7 +130,7 @@ class Transfer(BaseModel):
     amount: int
 
 
-async def test_takeover_of_a_resuming_run_is_announced(runtime_for) -> None:
+async def test_takeover_of_a_resuming_run_is_announced(runtime_for: RuntimeFactory) -> None:
     """A run resumed from an approval whose worker streamed the tool's `running` state and then
     stalled before committing it: the next episode is a takeover and says so (`run-takeover`,
     reusing the dead episode's seq, so clients drop its chunks); the tool runs once; the stale

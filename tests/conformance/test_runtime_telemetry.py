@@ -25,6 +25,7 @@ from runtime.providers.scripted import (
 from runtime.tools import tool
 from tests import otel
 from tests.conformance.conftest_bus import eventually
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, settled
 
 
@@ -49,7 +50,7 @@ async def explode(args: Args) -> int:
     raise ValueError("tool broke")
 
 
-async def test_runs_models_and_tools_are_traced_and_counted(runtime_for) -> None:
+async def test_runs_models_and_tools_are_traced_and_counted(runtime_for: RuntimeFactory) -> None:
     """Spans of this run with their attributes, and counter deltas of this test only (the
     MeterProvider is process-global: the other store parametrisation counted before)."""
     telemetry = otel.install()
@@ -96,7 +97,7 @@ async def test_runs_models_and_tools_are_traced_and_counted(runtime_for) -> None
     assert mark.delta("threadline.realtime.published") > 0
 
 
-async def test_the_model_call_span_measures_only_the_provider(runtime_for) -> None:
+async def test_the_model_call_span_measures_only_the_provider(runtime_for: RuntimeFactory) -> None:
     """The step transforms and publishes between the provider's deltas; that time is not the
     model's. The awaited intervals and the transform's are disjoint parts of the call's wall
     time, so the span's duration plus the transform's time fits in it (plus clock slack).
@@ -139,7 +140,9 @@ async def test_the_model_call_span_measures_only_the_provider(runtime_for) -> No
     assert tuple(attributes["gen_ai.response.finish_reasons"]) == ("stop",)
 
 
-async def test_a_failed_run_sets_an_error_status_on_its_episode_span(runtime_for) -> None:
+async def test_a_failed_run_sets_an_error_status_on_its_episode_span(
+    runtime_for: RuntimeFactory,
+) -> None:
     """The episode span records the run's failure, although the episode handles it.
 
     Breaks with: Episode.run skipping `telemetry.fail_span(span, self.failure)`."""
@@ -161,7 +164,7 @@ async def test_a_failed_run_sets_an_error_status_on_its_episode_span(runtime_for
     assert episode.attributes["threadline.run.outcome"] == "failed"
 
 
-async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for) -> None:
+async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for: RuntimeFactory) -> None:
     """A takeover continues a started run: `event=takeover`, not a second `started`.
 
     Breaks with: `episode.start_kind` returning "started" for a running run."""
@@ -203,7 +206,9 @@ async def test_a_takeover_is_not_counted_as_a_run_start(runtime_for) -> None:
     assert mark.delta("threadline.runs", event="completed") == 1
 
 
-async def test_history_rewritten_failures_are_recorded_with_the_rewrite_id(runtime_for) -> None:
+async def test_history_rewritten_failures_are_recorded_with_the_rewrite_id(
+    runtime_for: RuntimeFactory,
+) -> None:
     """A failing history_rewritten observer: an event on the rewrite span and a counter, with
     the rewrite's id; the rewrite stays committed.
 
@@ -243,7 +248,7 @@ async def _eventually(read, timeout: float = 5.0):  # type: ignore[no-untyped-de
         await asyncio.sleep(0.02)
 
 
-async def test_a_failing_exporter_never_changes_a_run(runtime_for) -> None:
+async def test_a_failing_exporter_never_changes_a_run(runtime_for: RuntimeFactory) -> None:
     telemetry = otel.install()
     exporter = BrokenExporter()
     telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -15,6 +15,7 @@ from runtime.engine.toolcalls import INTERRUPTED
 from runtime.lifecycle import AgentLifecycle, ToolCallContext, ToolResult
 from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
 from runtime.tools import ToolContext, tool
+from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
 
 
@@ -34,7 +35,7 @@ class SeesResults(AgentLifecycle):
 
 
 @pytest.mark.parametrize("idempotent", [False, True])
-async def test_takeover_of_a_started_tool(runtime_for: Any, idempotent: bool) -> None:
+async def test_takeover_of_a_started_tool(runtime_for: RuntimeFactory, idempotent: bool) -> None:
     keys: list[str] = []
     first_run_may_end = asyncio.Event()
     effect_started = asyncio.Event()

@@ -15,8 +15,8 @@ from runtime.domain import (
     Visibility,
 )
 from runtime.errors import Conflict, InvalidInput, NotFound, TooLarge
-from runtime.storage import PostgresStore, SqliteStore, SqlStore, open_store
-from runtime.storage.store import SetVisibility, StepCommit
+from runtime.storage import PostgresStore, SqliteStore, open_store
+from runtime.storage.store import SetVisibility, StepCommit, Store
 from tests.conformance.conftest import StoreFactory
 from tests.conformance.store_helpers import (
     FOREIGN,
@@ -47,12 +47,10 @@ MIGRATIONS = [
 ]
 
 
-async def test_migrate_is_idempotent(store: SqlStore) -> None:
+async def test_migrate_is_idempotent(store: Store) -> None:
     # open() already applied everything; running it again (twice) applies nothing.
-    assert await store.applied_migrations() == MIGRATIONS
     assert await store.migrate() == []
     assert await store.migrate() == []
-    assert await store.applied_migrations() == MIGRATIONS
     thread = await new_thread(store)
     assert (await store.get_thread(thread.id, SCOPES)).version == 1
 
@@ -63,7 +61,7 @@ async def test_concurrent_openers_migrate_once(make_store: StoreFactory) -> None
     try:
         await asyncio.gather(*(s.open() for s in stores))
         for s in stores:
-            assert await s.applied_migrations() == MIGRATIONS
+            assert await s.migrate() == []
         thread = await new_thread(stores[0])
         for other in stores[1:]:
             assert (await other.get_thread(thread.id, SCOPES)).id == thread.id
@@ -113,7 +111,7 @@ async def test_open_store_picks_backend_by_scheme(tmp_path: Path) -> None:
     assert (tmp_path / "nested" / "dir" / "y.db").exists()
 
 
-async def test_db_time_is_the_database_clock(store: SqlStore) -> None:
+async def test_db_time_is_the_database_clock(store: Store) -> None:
     first = await store.db_time()
     await asyncio.sleep(0.05)
     second = await store.db_time()
@@ -124,7 +122,7 @@ async def test_db_time_is_the_database_clock(store: SqlStore) -> None:
 # --- threads ------------------------------------------------------------------------------
 
 
-async def test_create_and_get_thread(store: SqlStore) -> None:
+async def test_create_and_get_thread(store: Store) -> None:
     thread = await store.create_thread(SCOPE, "hello", {"a": 1}, {"p": True})
     assert thread.id.startswith("th_")
     assert thread.version == 1
@@ -135,7 +133,7 @@ async def test_create_and_get_thread(store: SqlStore) -> None:
     assert await store.thread_versions([]) == {}
 
 
-async def test_create_thread_validates_input(store: SqlStore) -> None:
+async def test_create_thread_validates_input(store: Store) -> None:
     with pytest.raises(TooLarge):
         await store.create_thread(SCOPE, "x" * (MAX_TITLE_CHARS + 1))
     await store.create_thread(SCOPE, "x" * MAX_TITLE_CHARS)
@@ -152,7 +150,7 @@ async def test_create_thread_validates_input(store: SqlStore) -> None:
     assert len(await store.list_threads(SCOPES)) == 1
 
 
-async def test_list_threads_filters_scopes_and_orders_by_update(store: SqlStore) -> None:
+async def test_list_threads_filters_scopes_and_orders_by_update(store: Store) -> None:
     first = await new_thread(store, "first")
     second = await new_thread(store, "second")
     foreign = await new_thread(store, "foreign", scope="other")
@@ -168,7 +166,7 @@ async def test_list_threads_filters_scopes_and_orders_by_update(store: SqlStore)
     assert [t.id for t in await store.list_threads(SCOPE)] == [first.id, second.id]
 
 
-async def test_scope_isolation_on_every_scoped_method(store: SqlStore) -> None:
+async def test_scope_isolation_on_every_scoped_method(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await suspend(store, lease, "act-1")
@@ -197,7 +195,7 @@ async def test_scope_isolation_on_every_scoped_method(store: SqlStore) -> None:
     assert (await store.get_run(admission.run_id or "")).stop_requested is False
 
 
-async def test_unknown_thread_is_not_found(store: SqlStore) -> None:
+async def test_unknown_thread_is_not_found(store: Store) -> None:
     for call in (
         store.get_thread("th_nope", SCOPES),
         store.snapshot("th_nope", SCOPES),
@@ -216,7 +214,7 @@ async def test_unknown_thread_is_not_found(store: SqlStore) -> None:
 # --- snapshots ----------------------------------------------------------------------------
 
 
-async def test_snapshot_of_new_thread(store: SqlStore) -> None:
+async def test_snapshot_of_new_thread(store: Store) -> None:
     thread = await store.create_thread(SCOPE, "hi", {"pub": 1}, {"priv": 2})
     snapshot = await store.snapshot(thread.id, SCOPES)
     assert snapshot.thread.version == 1
@@ -227,7 +225,7 @@ async def test_snapshot_of_new_thread(store: SqlStore) -> None:
 
 
 async def test_snapshot_projects_visible_messages_pending_actions_run_and_queue(
-    store: SqlStore,
+    store: Store,
 ) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id, text="first")
@@ -252,7 +250,7 @@ async def test_snapshot_projects_visible_messages_pending_actions_run_and_queue(
 
 
 async def test_snapshot_hides_hidden_messages_but_list_messages_keeps_them(
-    store: SqlStore,
+    store: Store,
 ) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
@@ -282,7 +280,7 @@ async def test_snapshot_hides_hidden_messages_but_list_messages_keeps_them(
 # --- tokens -------------------------------------------------------------------------------
 
 
-async def test_tokens_store_only_the_hash(store: SqlStore) -> None:
+async def test_tokens_store_only_the_hash(store: Store) -> None:
     await store.create_token("sha256:abc", "svc", Role.BACKEND, ["a", "b"])
     principal = await store.principal_for_token("sha256:abc")
     assert principal is not None

@@ -16,8 +16,7 @@ from runtime.errors import (
     TooLarge,
     VersionMismatch,
 )
-from runtime.storage import SqlStore
-from runtime.storage.store import SetVisibility, StepCommit, Truncate
+from runtime.storage.store import SetVisibility, StepCommit, Store, Truncate
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -30,7 +29,7 @@ from tests.conformance.store_helpers import (
 )
 
 
-async def waiting_thread(store: SqlStore, *action_ids: str) -> tuple[str, str, Lease]:
+async def waiting_thread(store: Store, *action_ids: str) -> tuple[str, str, Lease]:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await suspend(store, lease, *action_ids)
@@ -41,7 +40,7 @@ async def waiting_thread(store: SqlStore, *action_ids: str) -> tuple[str, str, L
 # --- resolve_action -----------------------------------------------------------------------
 
 
-async def test_resolving_the_last_action_resumes_the_run(store: SqlStore) -> None:
+async def test_resolving_the_last_action_resumes_the_run(store: Store) -> None:
     thread_id, run_id, _ = await waiting_thread(store, "act-1")
     before = await store.snapshot(thread_id, SCOPES)
     result = await store.resolve_action(thread_id, SCOPES, "act-1", resolution("bob"))
@@ -57,7 +56,7 @@ async def test_resolving_the_last_action_resumes_the_run(store: SqlStore) -> Non
     assert [r.id for r in await store.find_runnable_runs()] == [run_id]
 
 
-async def test_run_waits_until_every_action_is_resolved(store: SqlStore) -> None:
+async def test_run_waits_until_every_action_is_resolved(store: Store) -> None:
     thread_id, _, _ = await waiting_thread(store, "act-1", "act-2")
     first = await store.resolve_action(thread_id, SCOPES, "act-1", resolution())
     assert not first.run_resumed
@@ -68,7 +67,7 @@ async def test_run_waits_until_every_action_is_resolved(store: SqlStore) -> None
     assert second.run_resumed and second.version == first.version + 1
 
 
-async def test_second_resolution_conflicts_naming_the_winner(store: SqlStore) -> None:
+async def test_second_resolution_conflicts_naming_the_winner(store: Store) -> None:
     thread_id, _, _ = await waiting_thread(store, "act-1")
     await store.resolve_action(thread_id, SCOPES, "act-1", resolution("alice"))
     version = (await store.get_thread(thread_id, SCOPES)).version
@@ -79,7 +78,7 @@ async def test_second_resolution_conflicts_naming_the_winner(store: SqlStore) ->
     assert (await store.get_thread(thread_id, SCOPES)).version == version
 
 
-async def test_concurrent_resolutions_have_exactly_one_winner(store: SqlStore) -> None:
+async def test_concurrent_resolutions_have_exactly_one_winner(store: Store) -> None:
     thread_id, _, _ = await waiting_thread(store, "act-1")
     version = (await store.get_thread(thread_id, SCOPES)).version
     subjects = [f"user-{index}" for index in range(10)]
@@ -97,7 +96,7 @@ async def test_concurrent_resolutions_have_exactly_one_winner(store: SqlStore) -
     assert (await store.get_thread(thread_id, SCOPES)).version == version + 1
 
 
-async def test_role_not_allowed_is_forbidden(store: SqlStore) -> None:
+async def test_role_not_allowed_is_forbidden(store: Store) -> None:
     thread_id, _, _ = await waiting_thread(store, "act-1")  # allowed: user, backend
     version = (await store.get_thread(thread_id, SCOPES)).version
     with pytest.raises(Forbidden):
@@ -106,7 +105,7 @@ async def test_role_not_allowed_is_forbidden(store: SqlStore) -> None:
     assert len((await store.snapshot(thread_id, SCOPES)).pending_actions) == 1
 
 
-async def test_expected_version_mismatch(store: SqlStore) -> None:
+async def test_expected_version_mismatch(store: Store) -> None:
     thread_id, _, _ = await waiting_thread(store, "act-1")
     version = (await store.get_thread(thread_id, SCOPES)).version
     with pytest.raises(VersionMismatch) as caught:
@@ -121,7 +120,7 @@ async def test_expected_version_mismatch(store: SqlStore) -> None:
     assert result.version == version + 1
 
 
-async def test_unknown_action_is_not_found(store: SqlStore) -> None:
+async def test_unknown_action_is_not_found(store: Store) -> None:
     thread_id, _, _ = await waiting_thread(store, "act-1")
     with pytest.raises(NotFound):
         await store.resolve_action(thread_id, SCOPES, "act-unknown", resolution())
@@ -130,7 +129,7 @@ async def test_unknown_action_is_not_found(store: SqlStore) -> None:
         await store.resolve_action(thread_id, SCOPES, "act-%", resolution())
 
 
-async def test_action_no_longer_in_the_tail_conflicts(store: SqlStore) -> None:
+async def test_action_no_longer_in_the_tail_conflicts(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await suspend(store, lease, "act_1")
@@ -145,7 +144,7 @@ async def test_action_no_longer_in_the_tail_conflicts(store: SqlStore) -> None:
 # --- rewrite_history ----------------------------------------------------------------------
 
 
-async def finished_conversation(store: SqlStore) -> tuple[str, list[str]]:
+async def finished_conversation(store: Store) -> tuple[str, list[str]]:
     """user "q1", assistant "a1", user "q2", assistant "a2"; no active run."""
     thread = await store.create_thread("acme", "t", {"keep": 1, "swap": "old"}, {"p": 1})
     _, lease = await start_run(store, thread.id, text="q1")
@@ -157,13 +156,13 @@ async def finished_conversation(store: SqlStore) -> tuple[str, list[str]]:
     return thread.id, [m.id for m in await store.list_messages(thread.id)]
 
 
-async def admin_lease(store: SqlStore, thread_id: str) -> Lease:
+async def admin_lease(store: Store, thread_id: str) -> Lease:
     lease = await store.acquire_admin_lease(thread_id, "admin", 10.0)
     assert lease is not None
     return lease
 
 
-async def test_truncate_regenerates_from_last_user_message(store: SqlStore) -> None:
+async def test_truncate_regenerates_from_last_user_message(store: Store) -> None:
     thread_id, ids = await finished_conversation(store)
     version = (await store.get_thread(thread_id, SCOPES)).version
     result = await store.rewrite_history(
@@ -188,7 +187,7 @@ async def test_truncate_regenerates_from_last_user_message(store: SqlStore) -> N
     assert snapshot.run is not None and snapshot.run.id == result.run_id
 
 
-async def test_truncate_from_a_user_message_uses_the_previous_one(store: SqlStore) -> None:
+async def test_truncate_from_a_user_message_uses_the_previous_one(store: Store) -> None:
     thread_id, ids = await finished_conversation(store)
     result = await store.rewrite_history(
         await admin_lease(store, thread_id), Truncate(from_message_id=ids[2], started_by="x")
@@ -197,7 +196,7 @@ async def test_truncate_from_a_user_message_uses_the_previous_one(store: SqlStor
     assert (await store.get_run(result.run_id or "")).input_message_id == ids[0]
 
 
-async def test_truncate_errors_change_nothing(store: SqlStore) -> None:
+async def test_truncate_errors_change_nothing(store: Store) -> None:
     thread_id, ids = await finished_conversation(store)
     lease = await admin_lease(store, thread_id)
     before = await store.snapshot(thread_id, SCOPES)
@@ -214,7 +213,7 @@ async def test_truncate_errors_change_nothing(store: SqlStore) -> None:
     assert await store.snapshot(thread_id, SCOPES) == before
 
 
-async def test_rewrite_refused_while_a_run_is_active(store: SqlStore) -> None:
+async def test_rewrite_refused_while_a_run_is_active(store: Store) -> None:
     thread_id, ids = await finished_conversation(store)
     await store.submit_input(thread_id, SCOPES, text="q3", submitted_by="alice")
     lease = await admin_lease(store, thread_id)
@@ -228,7 +227,7 @@ async def test_rewrite_refused_while_a_run_is_active(store: SqlStore) -> None:
     assert await store.snapshot(thread_id, SCOPES) == before
 
 
-async def test_set_visibility_and_metadata_patches(store: SqlStore) -> None:
+async def test_set_visibility_and_metadata_patches(store: Store) -> None:
     thread_id, ids = await finished_conversation(store)
     lease = await admin_lease(store, thread_id)
     version = (await store.get_thread(thread_id, SCOPES)).version
@@ -254,7 +253,7 @@ async def test_set_visibility_and_metadata_patches(store: SqlStore) -> None:
     assert other.id != thread_id
 
 
-async def test_rewrite_needs_an_admin_lease(store: SqlStore) -> None:
+async def test_rewrite_needs_an_admin_lease(store: Store) -> None:
     thread = await new_thread(store)
     _, run_lease = await start_run(store, thread.id)
     with pytest.raises(InvalidInput):

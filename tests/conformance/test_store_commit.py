@@ -21,9 +21,7 @@ from runtime.errors import (
     LeaseLost,
     TooLarge,
 )
-from runtime.storage import SqlStore
-from runtime.storage.sql import runs_tx
-from runtime.storage.store import RunChange, StepCommit, TailUpdate
+from runtime.storage.store import RunChange, StepCommit, Store, TailUpdate
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -37,47 +35,11 @@ from tests.conformance.store_helpers import (
 )
 
 
-async def version_of(store: SqlStore, thread_id: str) -> int:
+async def version_of(store: Store, thread_id: str) -> int:
     return (await store.get_thread(thread_id, SCOPES)).version
 
 
-async def test_a_final_step_commit_appends_ends_the_run_and_stores_next_seq_at_once(
-    store: SqlStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The commit a run-ending step makes (its message, the completion, next_seq): one version,
-    the run ended and its lease released, and the tail the append wrote is the one the
-    transition checks: not read again (the fence read it; `runs_tx.commit`)."""
-    thread = await new_thread(store)
-    admission, lease = await start_run(store, thread.id)
-    before = await version_of(store, thread.id)
-    reads: list[str] = []
-    real_tail_row = runs_tx.tail_row
-
-    async def counting_tail_row(conn: object, thread_id: str) -> object:
-        reads.append(thread_id)
-        return await real_tail_row(conn, thread_id)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(runs_tx, "tail_row", counting_tail_row)
-    change = StepCommit(
-        append=(assistant(text("the answer")),),
-        run=RunChange(status=RunStatus.COMPLETED),
-        next_seq=7,
-    )
-    committed = await store.commit(lease, change)
-    assert int(committed) == before + 1 and reads == []
-    run = await store.get_run(admission.run_id or "")
-    assert run.status is RunStatus.COMPLETED and run.next_seq == 7
-    messages = await store.list_messages(thread.id)
-    assert [(m.position, m.text(), m.run_id) for m in messages] == [
-        (0, messages[0].text(), None),
-        (1, "the answer", admission.run_id),
-    ]
-    # The lease went with the terminal commit: another commit under it is fenced out.
-    with pytest.raises(LeaseLost):
-        await store.commit(lease, StepCommit(append=(assistant(text("late")),)))
-
-
-async def test_commit_appends_updates_tail_and_bumps_once(store: SqlStore) -> None:
+async def test_commit_appends_updates_tail_and_bumps_once(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     before = await version_of(store, thread.id)
@@ -85,7 +47,7 @@ async def test_commit_appends_updates_tail_and_bumps_once(store: SqlStore) -> No
         lease,
         StepCommit(append=(assistant(text("a")), assistant(text("b"))), next_seq=5),
     )
-    assert version == before + 1
+    assert version.version == before + 1
     messages = await store.list_messages(thread.id)
     assert [(m.position, m.text(), m.run_id) for m in messages[1:]] == [
         (1, "a", admission.run_id),
@@ -96,14 +58,14 @@ async def test_commit_appends_updates_tail_and_bumps_once(store: SqlStore) -> No
     version = await store.commit(
         lease, StepCommit(update_tail=TailUpdate(message_id=tail.id, parts=(text("b!"),)))
     )
-    assert version == before + 2
+    assert version.version == before + 2
     assert (await store.list_messages(thread.id))[-1].text() == "b!"
     snapshot = await store.snapshot(thread.id, SCOPES)
-    assert snapshot.thread.version == version and snapshot.run is not None
+    assert snapshot.thread.version == version.version and snapshot.run is not None
     assert snapshot.run.next_seq == 5
 
 
-async def test_commit_keeps_given_message_id_and_rejects_reuse(store: SqlStore) -> None:
+async def test_commit_keeps_given_message_id_and_rejects_reuse(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     message = NewMessage(role=MessageRole.ASSISTANT, parts=(text("x"),), id="msg_fixed")
@@ -115,15 +77,15 @@ async def test_commit_keeps_given_message_id_and_rejects_reuse(store: SqlStore) 
     assert await version_of(store, thread.id) == before
 
 
-async def test_empty_commit_changes_nothing(store: SqlStore) -> None:
+async def test_empty_commit_changes_nothing(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     before = await version_of(store, thread.id)
-    assert await store.commit(lease, StepCommit()) == before
+    assert (await store.commit(lease, StepCommit())).version == before
     assert await version_of(store, thread.id) == before
 
 
-async def test_run_transitions_are_guarded(store: SqlStore) -> None:
+async def test_run_transitions_are_guarded(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     before = await store.snapshot(thread.id, SCOPES)
@@ -143,7 +105,7 @@ async def test_run_transitions_are_guarded(store: SqlStore) -> None:
     assert (run.status, run.error) == (RunStatus.FAILED, "model down")
     snapshot = await store.snapshot(thread.id, SCOPES)
     assert snapshot.run is not None and snapshot.run.error == "model down"
-    assert snapshot.thread.version == version
+    assert snapshot.thread.version == version.version
     # A finished run takes no more writes: its terminal commit released the lease with it.
     with pytest.raises(LeaseLost):
         await store.commit(lease, StepCommit(append=(assistant(text("late")),)))
@@ -151,7 +113,7 @@ async def test_run_transitions_are_guarded(store: SqlStore) -> None:
         await store.commit(lease, StepCommit(run=RunChange(status=RunStatus.COMPLETED)))
 
 
-async def test_terminal_transition_clears_stop_request(store: SqlStore) -> None:
+async def test_terminal_transition_clears_stop_request(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await store.request_stop(thread.id, SCOPES, admission.run_id or "")
@@ -160,7 +122,7 @@ async def test_terminal_transition_clears_stop_request(store: SqlStore) -> None:
     assert run.status is RunStatus.CANCELLED and not run.stop_requested
 
 
-async def test_next_seq_never_goes_back(store: SqlStore) -> None:
+async def test_next_seq_never_goes_back(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await store.commit(lease, StepCommit(next_seq=10))
@@ -172,7 +134,7 @@ async def test_next_seq_never_goes_back(store: SqlStore) -> None:
 # --- tail-message invariant ---------------------------------------------------------------
 
 
-async def test_only_the_tail_can_be_updated(store: SqlStore) -> None:
+async def test_only_the_tail_can_be_updated(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     await store.commit(lease, StepCommit(append=(assistant(text("a")), assistant(text("b")))))
@@ -187,7 +149,7 @@ async def test_only_the_tail_can_be_updated(store: SqlStore) -> None:
     assert await store.snapshot(thread.id, SCOPES) == before
 
 
-async def test_nothing_is_appended_after_a_pending_tail(store: SqlStore) -> None:
+async def test_nothing_is_appended_after_a_pending_tail(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     await store.commit(lease, StepCommit(append=(assistant(pending_part("act-1")),)))
@@ -206,7 +168,7 @@ async def test_nothing_is_appended_after_a_pending_tail(store: SqlStore) -> None
     assert len(await store.list_messages(other.id)) == 1
 
 
-async def test_a_run_only_waits_with_a_pending_action(store: SqlStore) -> None:
+async def test_a_run_only_waits_with_a_pending_action(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     with pytest.raises(InvariantViolation):
@@ -216,7 +178,7 @@ async def test_a_run_only_waits_with_a_pending_action(store: SqlStore) -> None:
     assert snapshot.run is not None and snapshot.run.status is RunStatus.WAITING
 
 
-async def test_wait_after_a_racing_resolution_leaves_the_run_running(store: SqlStore) -> None:
+async def test_wait_after_a_racing_resolution_leaves_the_run_running(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await store.commit(lease, StepCommit(append=(assistant(pending_part("act-1")),)))
@@ -229,7 +191,7 @@ async def test_wait_after_a_racing_resolution_leaves_the_run_running(store: SqlS
     assert [r.id for r in await store.find_runnable_runs()] == [admission.run_id]
 
 
-async def test_tail_tool_parts_only_move_forward(store: SqlStore) -> None:
+async def test_tail_tool_parts_only_move_forward(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     part = pending_part("act-1")
@@ -243,7 +205,7 @@ async def test_tail_tool_parts_only_move_forward(store: SqlStore) -> None:
         )
 
 
-async def test_stale_tail_update_cannot_undo_a_resolution(store: SqlStore) -> None:
+async def test_stale_tail_update_cannot_undo_a_resolution(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     part = pending_part("act-1")
@@ -257,7 +219,7 @@ async def test_stale_tail_update_cannot_undo_a_resolution(store: SqlStore) -> No
     assert (await store.snapshot(thread.id, SCOPES)).pending_actions == ()
 
 
-async def test_terminal_commit_cancels_actions_left_awaiting(store: SqlStore) -> None:
+async def test_terminal_commit_cancels_actions_left_awaiting(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await suspend(store, lease, "act-1")
@@ -275,7 +237,7 @@ async def test_terminal_commit_cancels_actions_left_awaiting(store: SqlStore) ->
 # --- bad input ----------------------------------------------------------------------------
 
 
-async def test_malformed_and_oversized_parts_are_refused(store: SqlStore) -> None:
+async def test_malformed_and_oversized_parts_are_refused(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     tail = (await store.list_messages(thread.id))[-1]
@@ -319,7 +281,7 @@ async def test_malformed_and_oversized_parts_are_refused(store: SqlStore) -> Non
     assert await store.snapshot(thread.id, SCOPES) == before
 
 
-async def test_append_for_another_run_is_refused(store: SqlStore) -> None:
+async def test_append_for_another_run_is_refused(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     message = NewMessage(role=MessageRole.ASSISTANT, parts=(text("x"),), run_id="run_other")
@@ -342,14 +304,14 @@ AWKWARD = [
 
 
 @pytest.mark.parametrize("value", AWKWARD)
-async def test_written_text_reads_back_exactly(store: SqlStore, value: str) -> None:
+async def test_written_text_reads_back_exactly(store: Store, value: str) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id, text=value)
     before = await version_of(store, thread.id)
     version = await store.commit(lease, StepCommit(append=(assistant(text(value)),)))
-    assert version == before + 1
+    assert version.version == before + 1
     version = await finish(store, lease)
-    assert version == before + 2 == await version_of(store, thread.id)
+    assert version.version == before + 2 == await version_of(store, thread.id)
     messages = await store.list_messages(thread.id)
     assert [m.text() for m in messages] == [value, value]
     run = await store.get_run(admission.run_id or "")

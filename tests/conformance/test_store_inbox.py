@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.storage import SqlStore
+from runtime.storage.store import Store
 from tests.conformance.store_helpers import (
     FOREIGN,
     SCOPES,
@@ -13,7 +13,7 @@ from tests.conformance.store_helpers import (
 )
 
 
-async def waiting(store: SqlStore, *action_ids: str, scope: str = SCOPES[0]) -> str:
+async def waiting(store: Store, *action_ids: str, scope: str = SCOPES[0]) -> str:
     thread = await new_thread(store, scope=scope)
     if scope == SCOPES[0]:
         _, lease = await start_run(store, thread.id)
@@ -30,7 +30,7 @@ async def waiting(store: SqlStore, *action_ids: str, scope: str = SCOPES[0]) -> 
 
 
 async def test_lists_pending_actions_of_the_scopes_only_with_their_thread(
-    store: SqlStore,
+    store: Store,
 ) -> None:
     first = await waiting(store, "act-a", "act-b")
     second = await waiting(store, "act-c")
@@ -49,7 +49,7 @@ async def test_lists_pending_actions_of_the_scopes_only_with_their_thread(
     assert await store.pending_actions([]) == []
 
 
-async def test_pages_by_thread_and_narrows_to_threads(store: SqlStore) -> None:
+async def test_pages_by_thread_and_narrows_to_threads(store: Store) -> None:
     threads = sorted([await waiting(store, f"act-{i}") for i in range(3)])
     page = await store.pending_actions(SCOPES, limit=2)
     assert [e.thread_id for e in page] == threads[:2]
@@ -60,7 +60,7 @@ async def test_pages_by_thread_and_narrows_to_threads(store: SqlStore) -> None:
     assert await store.pending_actions(SCOPES, thread_ids=[]) == []
 
 
-async def test_a_resolved_action_leaves_the_inbox(store: SqlStore) -> None:
+async def test_a_resolved_action_leaves_the_inbox(store: Store) -> None:
     thread_id = await waiting(store, "act-1", "act-2")
     await store.resolve_action(thread_id, SCOPES, "act-1", resolution("bob"))
     (entry,) = await store.pending_actions(SCOPES)
@@ -69,7 +69,7 @@ async def test_a_resolved_action_leaves_the_inbox(store: SqlStore) -> None:
     assert await store.pending_actions(SCOPES) == []
 
 
-async def test_thread_scopes(store: SqlStore) -> None:
+async def test_thread_scopes(store: Store) -> None:
     ours = await new_thread(store)
     theirs = await new_thread(store, scope=FOREIGN[0])
     scopes = await store.thread_scopes([ours.id, theirs.id, "missing"])

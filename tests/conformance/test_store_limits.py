@@ -7,16 +7,15 @@ import asyncio
 import pytest
 
 from runtime.errors import QueueFull, ScopeRunsExceeded
-from runtime.storage import SqlStore
-from runtime.storage.store import AdmissionLimits
+from runtime.storage.store import AdmissionLimits, Store
 from tests.conformance.store_helpers import SCOPES, finish, new_thread, start_run
 
 
-async def queued(store: SqlStore, thread_id: str) -> int:
+async def queued(store: Store, thread_id: str) -> int:
     return len([i for i in await store.list_queue(thread_id) if i.status == "queued"])
 
 
-async def test_queue_is_refused_at_its_item_bound(store: SqlStore) -> None:
+async def test_queue_is_refused_at_its_item_bound(store: Store) -> None:
     thread = await new_thread(store)
     await start_run(store, thread.id)
     limits = AdmissionLimits(queue_max_items=3, queue_max_bytes=10_000)
@@ -31,7 +30,7 @@ async def test_queue_is_refused_at_its_item_bound(store: SqlStore) -> None:
     assert (await store.get_thread(thread.id, SCOPES)).version == version
 
 
-async def test_queue_is_refused_at_its_byte_bound_counting_utf8(store: SqlStore) -> None:
+async def test_queue_is_refused_at_its_byte_bound_counting_utf8(store: Store) -> None:
     thread = await new_thread(store)
     await start_run(store, thread.id)
     limits = AdmissionLimits(queue_max_items=100, queue_max_bytes=1024)
@@ -46,7 +45,7 @@ async def test_queue_is_refused_at_its_byte_bound_counting_utf8(store: SqlStore)
     assert await queued(store, thread.id) == 3
 
 
-async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: SqlStore) -> None:
+async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: Store) -> None:
     limits = AdmissionLimits(scope_max_active_runs=2)
     threads = [await new_thread(store) for _ in range(3)]
     for thread in threads[:2]:
@@ -66,7 +65,7 @@ async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: SqlStore) 
     assert admission.run_id is not None
 
 
-async def test_the_scope_run_cap_is_exact_under_concurrent_starts(store: SqlStore) -> None:
+async def test_the_scope_run_cap_is_exact_under_concurrent_starts(store: Store) -> None:
     # Twelve threads of one scope start at once (a pool of connections on Postgres): without
     # a lock per scope each count misses the others' uncommitted runs and all would pass.
     cap = 3
@@ -91,7 +90,7 @@ async def test_the_scope_run_cap_is_exact_under_concurrent_starts(store: SqlStor
         assert all([await store.active_run(t.id) is None for t in threads])
 
 
-async def test_a_bounded_snapshot_pages_back_through_every_message(store: SqlStore) -> None:
+async def test_a_bounded_snapshot_pages_back_through_every_message(store: Store) -> None:
     thread = await new_thread(store)
     for n in range(7):
         _, lease = await start_run(store, thread.id, text=f"m{n}")
@@ -112,7 +111,7 @@ async def test_a_bounded_snapshot_pages_back_through_every_message(store: SqlSto
     assert seen == [m.id for m in whole.messages] and pages == 3
 
 
-async def test_runnable_runs_go_round_robin_across_scopes(store: SqlStore) -> None:
+async def test_runnable_runs_go_round_robin_across_scopes(store: Store) -> None:
     # Scope acme floods first: five runs, then globex's one run arrives last.
     flood = []
     for n in range(5):
@@ -128,7 +127,7 @@ async def test_runnable_runs_go_round_robin_across_scopes(store: SqlStore) -> No
     assert everything == [flood[0], late.run_id, *flood[1:]]
 
 
-async def flood(store: SqlStore, count: int, scope: str = "acme") -> list[str]:
+async def flood(store: Store, count: int, scope: str = "acme") -> list[str]:
     runs = []
     for n in range(count):
         thread = await new_thread(store, scope=scope)
@@ -140,7 +139,7 @@ async def flood(store: SqlStore, count: int, scope: str = "acme") -> list[str]:
     return runs
 
 
-async def test_a_scope_s_runs_in_progress_count_as_its_turns(store: SqlStore) -> None:
+async def test_a_scope_s_runs_in_progress_count_as_its_turns(store: Store) -> None:
     acme = await flood(store, 3)
     assert await store.acquire_run_lease(acme[0], "w1", 30.0) is not None
     globex = await flood(store, 1, "globex")
@@ -150,7 +149,7 @@ async def test_a_scope_s_runs_in_progress_count_as_its_turns(store: SqlStore) ->
     assert [run.id for run in await store.find_runnable_runs(limit=10)] == [*globex, *acme[1:]]
 
 
-async def test_of_equal_turns_the_scope_served_longest_ago_goes_first(store: SqlStore) -> None:
+async def test_of_equal_turns_the_scope_served_longest_ago_goes_first(store: Store) -> None:
     acme = await flood(store, 3)
     # One worker slot: acme's first run ran and ended just before globex's run arrived.
     lease = await store.acquire_run_lease(acme[0], "w1", 30.0)

@@ -13,8 +13,7 @@ from runtime.domain import (
     RunTrigger,
 )
 from runtime.errors import Conflict, InvalidInput, NotFound, RunActive, TooLarge
-from runtime.storage import SqlStore
-from runtime.storage.store import RunChange, StepCommit, commit_admitted
+from runtime.storage.store import RunChange, StepCommit, Store
 from tests.conformance.store_helpers import (
     SCOPES,
     assistant,
@@ -26,14 +25,14 @@ from tests.conformance.store_helpers import (
 )
 
 
-async def version_of(store: SqlStore, thread_id: str) -> int:
+async def version_of(store: Store, thread_id: str) -> int:
     return (await store.get_thread(thread_id, SCOPES)).version
 
 
 # --- submit_input -------------------------------------------------------------------------
 
 
-async def test_submit_on_idle_thread_appends_message_and_creates_run(store: SqlStore) -> None:
+async def test_submit_on_idle_thread_appends_message_and_creates_run(store: Store) -> None:
     thread = await new_thread(store)
     tools = [{"name": "pick_color", "parameters": {"type": "object"}}]
     admission = await store.submit_input(
@@ -69,7 +68,7 @@ async def test_submit_on_idle_thread_appends_message_and_creates_run(store: SqlS
     [("", InvalidInput), ("   \n", InvalidInput), ("x" * (MAX_TEXT_CHARS + 1), TooLarge)],
 )
 async def test_submit_rejects_bad_text_and_changes_nothing(
-    store: SqlStore, value: str, error: type[Exception]
+    store: Store, value: str, error: type[Exception]
 ) -> None:
     thread = await new_thread(store)
     with pytest.raises(error):
@@ -79,7 +78,7 @@ async def test_submit_rejects_bad_text_and_changes_nothing(
     assert await store.active_run(thread.id) is None
 
 
-async def test_submit_rejects_bad_policy_and_client_tools(store: SqlStore) -> None:
+async def test_submit_rejects_bad_policy_and_client_tools(store: Store) -> None:
     thread = await new_thread(store)
     with pytest.raises(InvalidInput):
         await store.submit_input(
@@ -100,7 +99,7 @@ async def test_submit_rejects_bad_policy_and_client_tools(store: SqlStore) -> No
     assert await version_of(store, thread.id) == 1
 
 
-async def test_duplicate_request_names_original_message_and_run(store: SqlStore) -> None:
+async def test_duplicate_request_names_original_message_and_run(store: Store) -> None:
     thread = await new_thread(store)
     first = await store.submit_input(
         thread.id, SCOPES, text="hi", submitted_by="alice", client_request_id="r1"
@@ -123,7 +122,7 @@ async def test_duplicate_request_names_original_message_and_run(store: SqlStore)
     assert not fresh.duplicate
 
 
-async def test_duplicate_queued_request_names_original_item(store: SqlStore) -> None:
+async def test_duplicate_queued_request_names_original_item(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     queued = await store.submit_input(
@@ -146,7 +145,7 @@ async def test_duplicate_queued_request_names_original_item(store: SqlStore) -> 
     assert admitted.message_id == active.input_message_id
 
 
-async def test_enqueue_while_run_is_active(store: SqlStore) -> None:
+async def test_enqueue_while_run_is_active(store: Store) -> None:
     thread = await new_thread(store)
     first = await store.submit_input(thread.id, SCOPES, text="one", submitted_by="alice")
     two = await store.submit_input(thread.id, SCOPES, text="two", submitted_by="bob")
@@ -165,7 +164,7 @@ async def test_enqueue_while_run_is_active(store: SqlStore) -> None:
     assert len(await store.list_messages(thread.id)) == 1
 
 
-async def test_reject_policy_raises_run_active_and_changes_nothing(store: SqlStore) -> None:
+async def test_reject_policy_raises_run_active_and_changes_nothing(store: Store) -> None:
     thread = await new_thread(store)
     first = await store.submit_input(thread.id, SCOPES, text="one", submitted_by="alice")
     with pytest.raises(RunActive) as caught:
@@ -177,7 +176,7 @@ async def test_reject_policy_raises_run_active_and_changes_nothing(store: SqlSto
     assert await store.list_queue(thread.id) == []
 
 
-async def test_interrupt_policy_queues_and_requests_stop(store: SqlStore) -> None:
+async def test_interrupt_policy_queues_and_requests_stop(store: Store) -> None:
     thread = await new_thread(store)
     admission, _ = await start_run(store, thread.id)
     interrupt = await store.submit_input(
@@ -196,9 +195,7 @@ async def test_interrupt_policy_queues_and_requests_stop(store: SqlStore) -> Non
 
 
 @pytest.mark.parametrize("end", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED])
-async def test_terminal_commit_admits_exactly_one_queued_item(
-    store: SqlStore, end: RunStatus
-) -> None:
+async def test_terminal_commit_admits_exactly_one_queued_item(store: Store, end: RunStatus) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await store.commit(lease, StepCommit(append=(assistant(text("answer")),)))
@@ -214,8 +211,8 @@ async def test_terminal_commit_admits_exactly_one_queued_item(
     three = await store.submit_input(thread.id, SCOPES, text="three", submitted_by="carol")
     before = await version_of(store, thread.id)
     version = await finish(store, lease, end)
-    assert version == before + 1  # run end + admission: one transaction, one bump
-    assert commit_admitted(version)  # workers are woken for the admitted run
+    assert version.version == before + 1  # run end + admission: one transaction, one bump
+    assert version.admitted  # workers are woken for the admitted run
     assert (await store.get_run(admission.run_id or "")).status is end
     active = await store.active_run(thread.id)
     assert active is not None and active.id != admission.run_id
@@ -235,22 +232,22 @@ async def test_terminal_commit_admits_exactly_one_queued_item(
     assert two.queued_item_id not in {q.id for q in snapshot.queue}
 
 
-async def test_terminal_commit_without_admit_next_leaves_queue(store: SqlStore) -> None:
+async def test_terminal_commit_without_admit_next_leaves_queue(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     await store.submit_input(thread.id, SCOPES, text="two", submitted_by="bob")
     version = await store.commit(
         lease, StepCommit(run=RunChange(status=RunStatus.COMPLETED), admit_next=False)
     )
-    assert not commit_admitted(version)
+    assert not version.admitted
     assert await store.active_run(thread.id) is None
     assert len(await store.list_queue(thread.id)) == 1
 
 
-async def test_terminal_commit_with_empty_queue_leaves_thread_idle(store: SqlStore) -> None:
+async def test_terminal_commit_with_empty_queue_leaves_thread_idle(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
-    assert not commit_admitted(await finish(store, lease))  # nothing to wake workers for
+    assert not (await finish(store, lease)).admitted  # nothing to wake workers for
     assert await store.active_run(thread.id) is None
     snapshot = await store.snapshot(thread.id, SCOPES)
     assert snapshot.run is not None and snapshot.run.id == admission.run_id
@@ -263,7 +260,7 @@ async def test_terminal_commit_with_empty_queue_leaves_thread_idle(store: SqlSto
 # --- cancel_queued_item -------------------------------------------------------------------
 
 
-async def test_cancel_queued_item(store: SqlStore) -> None:
+async def test_cancel_queued_item(store: Store) -> None:
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id)
     two = await store.submit_input(thread.id, SCOPES, text="two", submitted_by="bob")
@@ -283,7 +280,7 @@ async def test_cancel_queued_item(store: SqlStore) -> None:
         await store.cancel_queued_item(thread.id, SCOPES, three.queued_item_id or "")
 
 
-async def test_cancel_item_of_another_thread_is_not_found(store: SqlStore) -> None:
+async def test_cancel_item_of_another_thread_is_not_found(store: Store) -> None:
     thread = await new_thread(store)
     other = await new_thread(store)
     await start_run(store, thread.id)
@@ -295,7 +292,7 @@ async def test_cancel_item_of_another_thread_is_not_found(store: SqlStore) -> No
 # --- request_stop -------------------------------------------------------------------------
 
 
-async def test_stop_queued_run_cancels_it_and_admits_next(store: SqlStore) -> None:
+async def test_stop_queued_run_cancels_it_and_admits_next(store: Store) -> None:
     thread = await new_thread(store)
     first = await store.submit_input(thread.id, SCOPES, text="one", submitted_by="alice")
     queued = await store.submit_input(thread.id, SCOPES, text="two", submitted_by="bob")
@@ -307,7 +304,7 @@ async def test_stop_queued_run_cancels_it_and_admits_next(store: SqlStore) -> No
     assert await store.list_queue(thread.id) == []
 
 
-async def test_stop_running_run_sets_flag_without_bump(store: SqlStore) -> None:
+async def test_stop_running_run_sets_flag_without_bump(store: Store) -> None:
     thread = await new_thread(store)
     admission, _ = await start_run(store, thread.id)
     before = await store.snapshot(thread.id, SCOPES)
@@ -319,7 +316,7 @@ async def test_stop_running_run_sets_flag_without_bump(store: SqlStore) -> None:
     assert again.version == before.thread.version
 
 
-async def test_stop_waiting_run_makes_it_runnable(store: SqlStore) -> None:
+async def test_stop_waiting_run_makes_it_runnable(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await suspend(store, lease)
@@ -330,16 +327,16 @@ async def test_stop_waiting_run_makes_it_runnable(store: SqlStore) -> None:
     assert [r.id for r in await store.find_runnable_runs()] == [admission.run_id]
 
 
-async def test_stop_terminal_run_changes_nothing(store: SqlStore) -> None:
+async def test_stop_terminal_run_changes_nothing(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     version = await finish(store, lease)
     result = await store.request_stop(thread.id, SCOPES, admission.run_id or "")
-    assert (result.status, result.version) == (RunStatus.COMPLETED, version)
+    assert (result.status, result.version) == (RunStatus.COMPLETED, version.version)
     assert not (await store.get_run(admission.run_id or "")).stop_requested
 
 
-async def test_stop_run_of_another_thread_is_not_found(store: SqlStore) -> None:
+async def test_stop_run_of_another_thread_is_not_found(store: Store) -> None:
     thread = await new_thread(store)
     other = await new_thread(store)
     admission = await store.submit_input(thread.id, SCOPES, text="x", submitted_by="a")

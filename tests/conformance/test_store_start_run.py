@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from runtime.domain import RunStatus
-from runtime.errors import NotFound
-from runtime.storage import SqlStore
-from runtime.storage.sql import leases_tx
-from runtime.storage.store import RunStart, StartedRun
+from runtime.storage.store import RunStart, StartedRun, Store
 from tests.conformance.store_helpers import (
     SCOPES,
-    counts,
     finish,
     new_thread,
     queued_run,
@@ -25,14 +19,14 @@ from tests.conformance.store_helpers import (
 SHORT_TTL = 0.3
 
 
-async def started(store: SqlStore, start: RunStart) -> StartedRun:
+async def started(store: Store, start: RunStart) -> StartedRun:
     """What `start_run` started, or, where it left the start to the caller, `begin_episode`'s."""
     if start.started is not None:
         return start.started
     return await store.begin_episode(start.lease)
 
 
-async def test_start_run_leases_and_starts_a_queued_run(store: SqlStore) -> None:
+async def test_start_run_leases_and_starts_a_queued_run(store: Store) -> None:
     thread_id, run_id = await queued_run(store)
     version = (await store.get_thread(thread_id, SCOPES)).version
     start = await store.start_run(run_id, "w1", 10.0)
@@ -42,8 +36,7 @@ async def test_start_run_leases_and_starts_a_queued_run(store: SqlStore) -> None
         thread_id,
         "w1",
     )
-    # Postgres starts the episode with the lease; SQLite leaves it to begin_episode.
-    assert (start.started is not None) == (store.dialect.start_run_function is not None)
+    # A backend may start the episode with the lease (Postgres) or leave it to begin_episode.
     began = await started(store, start)
     assert (began.before.status, began.before.episode) == (RunStatus.QUEUED, 0)
     assert (began.run.status, began.run.episode) == (RunStatus.RUNNING, 1)
@@ -65,7 +58,7 @@ async def test_start_run_leases_and_starts_a_queued_run(store: SqlStore) -> None
     assert (await store.get_run(run_id)).status is RunStatus.COMPLETED
 
 
-async def test_start_run_refuses_what_acquire_run_lease_refuses(store: SqlStore) -> None:
+async def test_start_run_refuses_what_acquire_run_lease_refuses(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     await suspend(store, lease)
@@ -88,15 +81,7 @@ async def test_start_run_refuses_what_acquire_run_lease_refuses(store: SqlStore)
     assert await store.start_run(run_id, "w3", 10.0) is None  # ended
 
 
-async def test_start_run_of_an_unknown_run_raises_and_writes_nothing(store: SqlStore) -> None:
-    await queued_run(store)
-    before = await counts(store)
-    with pytest.raises(NotFound):
-        await store.start_run("run_missing", "w1", 10.0)
-    assert await counts(store) == before
-
-
-async def test_start_run_takes_over_an_expired_lease(store: SqlStore) -> None:
+async def test_start_run_takes_over_an_expired_lease(store: Store) -> None:
     thread_id, run_id = await queued_run(store)
     first = await store.start_run(run_id, "w1", SHORT_TTL)
     assert first is not None
@@ -112,41 +97,7 @@ async def test_start_run_takes_over_an_expired_lease(store: SqlStore) -> None:
     assert (await store.get_thread(thread_id, SCOPES)).version == began.version
 
 
-@pytest.mark.postgres
-@pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
-async def test_one_statement_start_replays_after_an_unknown_outcome(store: SqlStore) -> None:
-    """A retry of a `start_run` call whose reply was lost (same key) answers what that call
-    did: the lease it granted this owner and the run as it was before the start, with the run
-    and thread as they are now. It starts nothing twice and grants nothing more."""
-    assert store.dialect.start_run_function is not None
-    thread_id, run_id = await queued_run(store)
-
-    async def call(key: str, owner: str) -> RunStart | None:
-        async with store.pool.autocommit() as conn:
-            return await leases_tx.start_run_call(conn, key, run_id, owner, 10.0)
-
-    first = await call("tx_start", "w1")
-    assert first is not None and first.started is not None
-    keys, counter = await counts(store)
-    version = (await store.get_thread(thread_id, SCOPES)).version
-    again = await call("tx_start", "w1")
-    assert again is not None and again.lease == first.lease
-    assert again.started is not None
-    # How the episode began, as the first attempt saw it (a fresh start, not a takeover).
-    assert again.started.before == first.started.before
-    assert again.started.before.status is RunStatus.QUEUED
-    assert (again.started.run.status, again.started.run.episode) == (RunStatus.RUNNING, 1)
-    assert again.started.version == version
-    assert await call("tx_start", "w2") is None  # not this owner's lease: nothing to answer
-    assert await call("tx_other", "w2") is None  # a new call: the live lease refuses
-    assert await counts(store) == (keys + 1, counter)
-    assert (await store.get_run(run_id)).episode == 1
-    assert (await store.get_thread(thread_id, SCOPES)).version == version
-    await store.release_lease(first.lease)
-    assert await call("tx_start", "w1") is None  # released: nothing live to answer
-
-
-async def test_concurrent_start_runs_grant_one_lease_and_one_start(store: SqlStore) -> None:
+async def test_concurrent_start_runs_grant_one_lease_and_one_start(store: Store) -> None:
     """Workers racing for one run: one lease, one episode, one version; the others get None."""
     thread_id, run_id = await queued_run(store)
     version = (await store.get_thread(thread_id, SCOPES)).version
@@ -160,7 +111,7 @@ async def test_concurrent_start_runs_grant_one_lease_and_one_start(store: SqlSto
 
 
 async def test_start_run_reads_the_named_threads_messages_with_the_start(
-    store: SqlStore,
+    store: Store,
 ) -> None:
     """With the run's thread named, a start made with the lease (Postgres) reads the thread's
     messages from the given position, as `read_history` reads them after it; a wrong thread

@@ -6,11 +6,11 @@ import pytest
 
 from runtime.domain import RunStatus
 from runtime.errors import RunStopping
-from runtime.storage import SqlStore
+from runtime.storage.store import Store
 from tests.conformance.store_helpers import SCOPES, new_thread, resolution, start_run, suspend
 
 
-async def test_resume_of_a_stopping_run_is_refused_and_changes_nothing(store: SqlStore) -> None:
+async def test_resume_of_a_stopping_run_is_refused_and_changes_nothing(store: Store) -> None:
     thread = await new_thread(store)
     admission, lease = await start_run(store, thread.id)
     assert admission.run_id is not None

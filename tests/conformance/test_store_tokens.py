@@ -8,10 +8,10 @@ import pytest
 
 from runtime.domain import Role
 from runtime.errors import InvalidInput
-from runtime.storage import SqlStore
+from runtime.storage.store import Store
 
 
-async def test_a_revoked_token_is_refused_and_revoking_twice_says_so(store: SqlStore) -> None:
+async def test_a_revoked_token_is_refused_and_revoking_twice_says_so(store: Store) -> None:
     await store.create_token("h1", "alice", Role.USER, ["acme"])
     assert (await store.principal_for_token("h1")) is not None
     assert await store.revoke_token("h1") is True
@@ -20,7 +20,7 @@ async def test_a_revoked_token_is_refused_and_revoking_twice_says_so(store: SqlS
     assert await store.revoke_token("unknown") is False
 
 
-async def test_a_token_expires_on_the_database_clock(store: SqlStore) -> None:
+async def test_a_token_expires_on_the_database_clock(store: Store) -> None:
     await store.create_token("h2", "bob", Role.USER, ["acme"], expires_in=1.0)
     await store.create_token("h3", "bob", Role.USER, ["acme"])
     assert (await store.principal_for_token("h2")) is not None
@@ -36,7 +36,7 @@ async def test_a_token_expires_on_the_database_clock(store: SqlStore) -> None:
         await store.create_token("h4", "bob", Role.USER, ["acme"], expires_in=0)
 
 
-async def test_a_token_carries_its_display_name(store: SqlStore) -> None:
+async def test_a_token_carries_its_display_name(store: Store) -> None:
     await store.create_token("n1", "u-81", Role.USER, ["acme"], display_name="  Ann Lee ")
     await store.create_token("n2", "u-82", Role.USER, ["acme"])
     named = await store.principal_for_token("n1")
@@ -46,7 +46,7 @@ async def test_a_token_carries_its_display_name(store: SqlStore) -> None:
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "x" * 65, "tab\there", "line\nbreak"])
-async def test_a_bad_display_name_is_refused_and_creates_nothing(store: SqlStore, bad: str) -> None:
+async def test_a_bad_display_name_is_refused_and_creates_nothing(store: Store, bad: str) -> None:
     with pytest.raises(InvalidInput, match="display name"):
         await store.create_token("n3", "u-83", Role.USER, ["acme"], display_name=bad)
     assert await store.principal_for_token("n3") is None

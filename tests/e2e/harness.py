@@ -143,7 +143,9 @@ class ServerHandle:
         self.stop()
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+def wait_healthy(
+    url: str, process: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

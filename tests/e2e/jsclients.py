@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from runtime.service.client_threads import client_thread_id
 from tests.e2e import harness
 
 JS_DIR = harness.ROOT / "tests" / "js"
@@ -126,9 +127,18 @@ def wait_for(path: Path, timeout: float = 30.0) -> str:
     raise AssertionError(f"{path} never appeared")
 
 
-def snapshot(url: str, token: str, thread_id: str) -> dict[str, Any]:
+def thread_id_of(url: str, token: str, client_id: str) -> str:
+    """The Threadline id of the thread a client id names, in the token's (one) scope."""
+    me = httpx.get(f"{url}/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
+    assert me.status_code == 200, me.text
+    [scope] = me.json()["scopes"]
+    return client_thread_id(scope, client_id)
+
+
+def snapshot(url: str, token: str, client_id: str) -> dict[str, Any]:
+    """The snapshot of the thread an AG-UI or AI SDK client named `client_id`."""
     response = httpx.get(
-        f"{url}/v1/threads/{thread_id}",
+        f"{url}/v1/threads/{thread_id_of(url, token, client_id)}",
         headers={"Authorization": f"Bearer {token}"},
         timeout=10.0,
     )

@@ -36,6 +36,10 @@ class Agui:
             "url": self.server.url,
             "token": token or self.token,
             "threadId": self.thread_id,
+            # The Threadline id of the client's thread, for the HTTP stop route.
+            "threadlineId": jsclients.thread_id_of(
+                self.server.url, token or self.token, self.thread_id
+            ),
             **extra,
         }
 
@@ -235,7 +239,8 @@ def test_email_approval_resumed_by_a_backend_over_http(
     first = agui.run(text=f"email {ADDRESS} the minutes")
     [interrupt] = first["interrupts"]
     response = httpx.post(
-        f"{server.url}/v1/threads/{agui.thread_id}/actions/{interrupt['id']}/resume",
+        f"{server.url}/v1/threads/{jsclients.thread_id_of(server.url, agui.token, agui.thread_id)}"
+        f"/actions/{interrupt['id']}/resume",
         json={"payload": {"approved": False, "note": "not today"}},
         headers={"Authorization": f"Bearer {tokens['svc']}"},
         timeout=10.0,
@@ -313,7 +318,13 @@ def test_refusals_answer_json_before_any_stream(
     )
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_input"
     agui.run()  # creates the thread in alice's scope
-    foreign = httpx.post(
-        url, json=body, timeout=10.0, headers={"Authorization": f"Bearer {tokens['carol']}"}
-    )
-    assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "not_found"
+    before = agui.snapshot()
+    # Another scope's id is a free one there (docs/protocol.md, "Thread ids"): carol joins a
+    # thread of her own, and alice's is untouched.
+    with httpx.stream(
+        "POST", url, json=body, timeout=10.0, headers={"Authorization": f"Bearer {tokens['carol']}"}
+    ) as foreign:
+        assert foreign.status_code == 200
+        lines = [line for line in foreign.iter_lines() if line.startswith("data:")]
+    assert '"RUN_FINISHED"' in lines[-1]
+    assert agui.snapshot() == before

@@ -70,7 +70,7 @@ def test_presence_bench_quick() -> None:
 
 
 def test_runtime_bench_quick() -> None:
-    stdout = run_bench("runtime.py")
+    stdout = run_bench("runtime_bench.py")
     rows = {line.split()[0]: line.split() for line in stdout.splitlines() if line.strip()}
     for setup in ("sqlite+memory", "postgres+redis"):
         # chunk p50 µs, chunk p99 µs, runs/s, CPU ms per run

@@ -4,7 +4,7 @@ Postgres and Redis. Nothing of Threadline is mocked."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -73,6 +73,17 @@ def done(watch: ThreadWatch) -> bool:
     )
 
 
+def held(watch: ThreadWatch) -> Snapshot:
+    """The watch's snapshot, there once any predicate below has held."""
+    assert watch.snapshot is not None
+    return watch.snapshot
+
+
+def done_at(version: int) -> Callable[[ThreadWatch], bool]:
+    """`done` at or after `version`."""
+    return lambda w: done(w) and held(w).version >= version
+
+
 async def test_threads_send_is_idempotent_and_regenerate_and_stop_answer(setup: Setup) -> None:
     async with setup.client("alice") as tl:
         created = await tl.create_thread("client", metadata={"k": 1})
@@ -87,8 +98,8 @@ async def test_threads_send_is_idempotent_and_regenerate_and_stop_answer(setup: 
         )
         async with tl.watch(thread_id) as watch:
             await watch.until(done, RUN_TIMEOUT)
-        assert watch.snapshot.assistant_text() == "You said: hello"
-        assert [m.role for m in watch.snapshot.messages] == ["user", "assistant"]
+        assert held(watch).assistant_text() == "You said: hello"
+        assert [m.role for m in held(watch).messages] == ["user", "assistant"]
         regenerated = await tl.regenerate(thread_id)
         stopped = await tl.stop(thread_id, regenerated.run_id)
         assert stopped.run_id == regenerated.run_id
@@ -104,8 +115,8 @@ async def test_resume_raises_typed_errors_and_names_the_winner(setup: Setup) -> 
         thread_id = (await alice.create_thread("approval")).thread.id
         await alice.send(thread_id, "please email bob@example.com the minutes")
         async with alice.watch(thread_id) as watch:
-            await watch.until(lambda w: done(w) and bool(w.snapshot.pending_actions), RUN_TIMEOUT)
-        (action,) = watch.snapshot.pending_actions
+            await watch.until(lambda w: done(w) and bool(held(w).pending_actions), RUN_TIMEOUT)
+        (action,) = held(watch).pending_actions
         assert action.tool_name == "send_email" and "approved" in action.payload_schema["required"]
         with pytest.raises(InvalidPayload) as invalid:
             await svc.resume(action, {"approved": "maybe"}, thread_id=thread_id)
@@ -113,7 +124,7 @@ async def test_resume_raises_typed_errors_and_names_the_winner(setup: Setup) -> 
         with pytest.raises(Forbidden):  # manual results are for trusted roles only
             await alice.submit_result(action, output="x", thread_id=thread_id, manual=True)
         answer = await svc.resume(action, Approval(approved=True, note="ok"), thread_id=thread_id)
-        assert answer.version > watch.snapshot.version
+        assert answer.version > held(watch).version
         with pytest.raises(ActionConflict) as conflict:
             await alice.resume(action.id, {"approved": False}, thread_id=thread_id)
         assert conflict.value.resolved_by == "svc" and conflict.value.status == 409
@@ -164,7 +175,9 @@ def test_the_sync_wrapper_from_plain_code(setup: Setup) -> None:
         assert tl.snapshot(thread_id) == final
 
 
-def run_status(status: str) -> object:
+def run_status(status: str, run_id: str | None = None) -> Callable[[ThreadWatch], bool]:
+    """Settled with the run in `status` (and, given `run_id`, that run)."""
+
     def holds(watch: ThreadWatch) -> bool:
         snapshot = watch.snapshot
         return (
@@ -172,6 +185,7 @@ def run_status(status: str) -> object:
             and snapshot is not None
             and snapshot.run is not None
             and snapshot.run.status == status
+            and run_id in (None, snapshot.run.id)
         )
 
     return holds
@@ -185,9 +199,7 @@ async def test_retry_restarts_a_stopped_run_and_history_pages_back(setup: Setup)
                 sent = await tl.send(thread_id, word)
                 # Done at or after the send's version: the watch may not have seen it yet, and
                 # the previous run's completion must not pass for this one's.
-                await watch.until(
-                    lambda w, at=sent.version: done(w) and w.snapshot.version >= at, RUN_TIMEOUT
-                )
+                await watch.until(done_at(sent.version), RUN_TIMEOUT)
             with pytest.raises(Conflict):  # a completed run is not retried
                 await tl.retry(thread_id)
             long = " ".join(f"w{i}" for i in range(300))  # 300 chunks: seconds to stream
@@ -197,10 +209,7 @@ async def test_retry_restarts_a_stopped_run_and_history_pages_back(setup: Setup)
             await watch.until(run_status("cancelled"), RUN_TIMEOUT)
             retried = await tl.retry(thread_id)
             assert retried.run_id != admission.run_id
-            await watch.until(
-                lambda w: run_status("completed")(w) and w.snapshot.run.id == retried.run_id,
-                RUN_TIMEOUT,
-            )
+            await watch.until(run_status("completed", retried.run_id), RUN_TIMEOUT)
         whole = await tl.snapshot(thread_id, limit=500)
         assert whole.page is not None and whole.page.before is None
         assert whole.messages[-1].text == f"You said: {long}"

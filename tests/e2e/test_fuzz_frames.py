@@ -188,7 +188,7 @@ def unknown_objects(draw: st.DrawFn) -> Sent:
 def raw_frames(draw: st.DrawFn) -> Sent:
     """Anything at all: text (valid UTF-8, as websockets requires) or arbitrary bytes."""
     if draw(st.booleans()):
-        text = draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=80))
+        text = draw(st.text(st.characters(exclude_categories=["Cs"]), max_size=80))
         return Sent(text)
     return Sent(draw(st.binary(max_size=80)))
 

@@ -56,6 +56,7 @@ async def waiting_action(client: ThreadlineClient, text: str) -> tuple[str, str]
             lambda w: w.settled and w.snapshot is not None and bool(w.snapshot.pending_actions),
             TIMEOUT,
         )
+    assert watch.snapshot is not None
     return thread_id, watch.snapshot.pending_actions[0].id
 
 
@@ -153,6 +154,7 @@ async def test_the_approvals_service_resolves_each_action_exactly_once(setup: Se
                         ),
                         TIMEOUT,
                     )
+                assert watch.snapshot is not None
                 finals.append(watch.snapshot)
     finally:
         process.terminate()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+from websockets.typing import Origin
 
 from tests.e2e import harness
 
@@ -20,10 +21,10 @@ def test_only_listed_origins_may_open_a_websocket(tmp_path: Path) -> None:
     with harness.start("all", env, log_dir=tmp_path) as server:
         token = server.token("demo")
         url = f"{server.ws_url}?token={token}"
-        with connect(url, origin=ALLOWED) as ws:  # type: ignore[arg-type]
+        with connect(url, origin=Origin(ALLOWED)) as ws:
             ws.send('{"type": "ping", "id": 1}')
             assert ws.recv(timeout=10) == '{"type":"pong","id":1}'
-        for origin in ("https://evil.example.net", None):
+        for origin in (Origin("https://evil.example.net"), None):
             with pytest.raises(InvalidStatus) as refused:
-                connect(url, origin=origin)  # type: ignore[arg-type]
+                connect(url, origin=origin)
             assert refused.value.response.status_code == 403

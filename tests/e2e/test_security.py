@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server.app import create_app
 from server.protocol.client_frames import CLIENT_FRAME_TYPES, ClientFrame
-from server.settings import Settings
+from server.settings import ServerRole, Settings
 from tests.e2e import harness
 from tests.e2e.conftest import VALID_BODIES, Api
 from tests.e2e.harness import ServerHandle
@@ -33,8 +33,8 @@ PATH_PARAM = re.compile(r"{(\w+)}")
 UNUSED_DB = f"sqlite:///{Path(tempfile.gettempdir()) / 'threadline-routes-unused.sqlite3'}"
 
 
-def app_routes(role: str = "all") -> list[Any]:
-    return list(create_app(Settings(role=role, database_url=UNUSED_DB)).routes)  # type: ignore[arg-type]
+def app_routes(role: ServerRole = "all") -> list[Any]:
+    return list(create_app(Settings(role=role, database_url=UNUSED_DB)).routes)
 
 
 def api_routes() -> list[tuple[str, str, str]]:

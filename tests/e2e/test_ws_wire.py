@@ -33,7 +33,10 @@ from server.transports.ws.uvicorn_ws import WebSocketProtocol
 from tests.e2e import harness
 
 TIMEOUT = 10.0
-WIRES = {"protocol": WebSocketProtocol, "asgi": "websockets-sansio"}
+WIRES: dict[str, type[asyncio.Protocol] | str] = {
+    "protocol": WebSocketProtocol,
+    "asgi": "websockets-sansio",
+}
 
 
 class Served:

@@ -33,6 +33,10 @@ class Received:
 Behaviour = Callable[[int], int | tuple[int, dict[str, str]]]
 
 
+def _no_content(count: int) -> int:
+    return 204
+
+
 @dataclass
 class Receiver:
     secret: str
@@ -67,7 +71,8 @@ class Receiver:
         if path == "/hold" and count == 1:
             # Held until the test releases it (it kills the sender meanwhile); bounded.
             await asyncio.to_thread(self.hold.wait, 30)
-        answer = self.behaviours.get(path, lambda n: 204)(count)
+        behaviour: Behaviour = self.behaviours.get(path, _no_content)
+        answer = behaviour(count)
         status, headers = answer if isinstance(answer, tuple) else (answer, {})
         return Response(status_code=status, headers=headers)
 

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.faults.proxy import FaultProxy
+from tests.faults.proxy import FaultProxy, ProxyFactory
 from tests.services import temporary_postgres_database
 
 
@@ -30,7 +30,7 @@ async def database() -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def make_proxy(database: str) -> AsyncIterator[type[FaultProxy]]:
+async def make_proxy(database: str) -> AsyncIterator[ProxyFactory]:
     """Proxies to the test's database; all closed at the end of the test."""
     opened: list[FaultProxy] = []
     host, port = target(database)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _CHUNK = 65536
@@ -178,3 +179,7 @@ class FaultProxy:
             pass
         finally:
             link.close()
+
+
+# What the `make_proxy` fixture gives: a FaultProxy to the test's database per call.
+ProxyFactory = Callable[[], FaultProxy]

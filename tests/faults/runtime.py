@@ -60,8 +60,13 @@ class FaultRuntime:
         deadline = loop.time() + timeout
         while True:
             snapshot = await self.service_store.snapshot(thread_id, [SCOPE])
-            ended = snapshot.run is not None and snapshot.run.status.is_terminal
-            if ended and not snapshot.queue and snapshot.run.id not in self.worker.episodes:
+            run = snapshot.run
+            if (
+                run is not None
+                and run.status.is_terminal
+                and not snapshot.queue
+                and run.id not in self.worker.episodes
+            ):
                 return snapshot
             if loop.time() > deadline:
                 raise AssertionError(f"run did not settle: {snapshot.model_dump()}")

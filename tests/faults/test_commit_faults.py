@@ -9,7 +9,7 @@ import pytest
 from runtime.domain import MessageRole, RunStatus, ToolCallPart
 from tests.faults.conftest import via
 from tests.faults.invariants import check_store
-from tests.faults.proxy import FaultProxy
+from tests.faults.proxy import ProxyFactory
 from tests.faults.runtime import ALICE, fault_runtime
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -23,7 +23,7 @@ RESUME_ITERATIONS = 8
 
 
 async def test_cut_during_worker_commits(
-    database: str, make_proxy: type[FaultProxy], monkeypatch: pytest.MonkeyPatch
+    database: str, make_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each iteration cuts the worker's connection at one of its two writes of a demo run,
     after or before the server got it: the statement that takes the run lease and starts the
@@ -70,7 +70,7 @@ async def test_cut_during_worker_commits(
 
 
 async def test_cut_during_resume_commit(
-    database: str, make_proxy: type[FaultProxy], monkeypatch: pytest.MonkeyPatch
+    database: str, make_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The resume's COMMIT goes through but its reply is lost: the retry finds its own write,
     so the winner gets its answer (not a conflict naming itself) and the tool runs once."""

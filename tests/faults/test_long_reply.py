@@ -15,7 +15,7 @@ from runtime.providers.model_context import message_text
 from runtime.providers.scripted import FunctionModel
 from tests.faults.conftest import via
 from tests.faults.invariants import check_store
-from tests.faults.proxy import FaultProxy
+from tests.faults.proxy import ProxyFactory
 from tests.faults.runtime import ALICE, fault_runtime
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -37,7 +37,7 @@ def expected(size: int) -> str:
     return "".join(f"{i:07d} " for i in range(size // 8 + 1))[:size]
 
 
-async def test_long_replies_commit(database: str, make_proxy: type[FaultProxy]) -> None:
+async def test_long_replies_commit(database: str, make_proxy: ProxyFactory) -> None:
     agent = Agent(model=FunctionModel(long_echo), name="long")
     sizes = (200 * 1024, 2 * 1024 * 1024)
     async with make_proxy() as proxy:

@@ -21,7 +21,7 @@ from server.auth import create_token
 from tests.e2e import harness
 from tests.faults.conftest import via
 from tests.faults.invariants import Observed, check_store
-from tests.faults.proxy import FaultProxy
+from tests.faults.proxy import ProxyFactory
 from tests.services import require_redis
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -73,7 +73,7 @@ async def settled(client: httpx.AsyncClient, thread_id: str, timeout: float) -> 
 
 
 async def test_postgres_outage_mid_run(
-    database: str, make_proxy: type[FaultProxy], tmp_path: Path
+    database: str, make_proxy: ProxyFactory, tmp_path: Path
 ) -> None:
     async with PostgresStore(database) as store:
         token = await create_token(store, subject="alice", role=Role.USER, scopes=["acme"])

@@ -13,7 +13,7 @@ from runtime.storage import PostgresStore
 from runtime.storage.hooks_store import WebhookEvent
 from runtime.storage.sql.hooks_sql import SqlHooks
 from tests.faults.conftest import via
-from tests.faults.proxy import FaultProxy
+from tests.faults.proxy import ProxyFactory
 
 pytestmark = [pytest.mark.postgres]
 
@@ -56,7 +56,7 @@ async def audit(dsn: str) -> list[str]:
 
 
 async def test_events_exist_exactly_when_their_change_committed(
-    database: str, make_proxy: type[FaultProxy]
+    database: str, make_proxy: ProxyFactory
 ) -> None:
     rng = random.Random(30)
     outcomes = {"rolled back": 0, "committed, answer lost": 0}

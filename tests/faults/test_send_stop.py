@@ -12,7 +12,7 @@ import pytest
 from runtime.domain import MessageRole, RunStatus
 from tests.faults.conftest import via
 from tests.faults.invariants import check_store
-from tests.faults.proxy import FaultProxy
+from tests.faults.proxy import ProxyFactory
 from tests.faults.runtime import ALICE, fault_runtime
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -22,7 +22,7 @@ THREADS = 3
 
 
 async def test_send_then_stop(
-    database: str, make_proxy: type[FaultProxy], monkeypatch: pytest.MonkeyPatch
+    database: str, make_proxy: ProxyFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Never a failed run, never two assistant messages for the demo's one step, every run
     ended, and the store's invariants hold (the final version of every thread invalidated,

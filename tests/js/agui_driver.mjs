@@ -1,5 +1,5 @@
 // Drives one AG-UI run with the official @ag-ui/client HttpAgent; prints a JSON report.
-// Input (argv[2], JSON): {url, token, threadId, text?, messages?, resume?, stopAfterDeltas?,
+// Input (argv[2], JSON): {url, token, threadId, threadlineId?, text?, messages?, resume?, stopAfterDeltas?,
 // abortAfterDeltas?, readyFile?}. The report holds the events the client library saw, the raw
 // SSE data lines it was sent (for validation against ag-ui-protocol's pydantic models), and
 // the messages and shared state the library reconstructed.
@@ -60,7 +60,7 @@ let aborted = false;
 
 async function stopRun() {
   const response = await fetch(
-    `${options.url}/v1/threads/${options.threadId}/runs/${runId}/stop`,
+    `${options.url}/v1/threads/${options.threadlineId ?? options.threadId}/runs/${runId}/stop`,
     { method: "POST", headers: { Authorization: `Bearer ${options.token}` } },
   );
   stopAnswer = response.status;

@@ -29,7 +29,7 @@ def chunk(seq: int, run_id: str = "run_a", **fields: Any) -> dict[str, Any]:
 
 def test_subscribed_always_refetches_and_invalidations_only_when_newer() -> None:
     state = ThreadState(T)
-    assert state.subscribed(3) is not None and state.subscribed(3).force  # type: ignore[union-attr]
+    assert state.subscribed(3).force
     assert state.apply_snapshot(snap(3))
     assert state.invalidate(3) is None and state.invalidate(2) is None
     refetch = state.invalidate(4)

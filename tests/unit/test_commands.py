@@ -22,11 +22,13 @@ from runtime.errors import Forbidden, ThreadlineError
 from runtime.service.thread_service import ThreadService
 from server import protocol_catalog as protocol
 from server.app import create_app
+from server.auth import Unauthorized
 from server.protocol.client_frames import ClientFrame, FrameError
 from server.protocol.commands import BY_NAME, COMMANDS, Command
 from server.protocol.inputs import SendMessage
-from server.protocol.wire_errors import STATUS, InvalidJSON, Unauthorized, wire_error
+from server.protocol.wire_errors import STATUS, InvalidJSON, wire_error
 from server.settings import Settings
+from server.transports.http_routes import body_model
 
 UNUSED_DB = f"sqlite:///{Path(tempfile.gettempdir()) / 'threadline-routes-unused.sqlite3'}"
 ENVELOPE = {"type", "id"}
@@ -71,7 +73,7 @@ def test_an_undocumented_command_makes_the_doc_stale(monkeypatch: pytest.MonkeyP
 
 def test_every_command_is_offered_somewhere_and_says_why_not_everywhere() -> None:
     for command in COMMANDS:
-        assert command.http is not None or command.reply is not None, command.name
+        assert command.http is not None or command.reply is not None or command.sse, command.name
         if command.http is None or command.reply is None:
             assert command.note, f"{command.name}: say why it has one transport only"
     assert len(BY_NAME) == len(COMMANDS), "command names must be unique"
@@ -97,8 +99,7 @@ def test_http_and_websocket_share_one_input_model_per_command() -> None:
         assert issubclass(frame, command.input), name
         # The frame adds only the envelope to the input.
         assert set(frame.model_fields) - set(command.input.model_fields) <= ENVELOPE, name
-        route, _ = routes[name]
-        body = route.endpoint.body_model
+        body = body_model(command)
         assert command.http is not None
         body_fields = body.model_fields if body is not None else {}
         path = set(command.http.path_fields)
@@ -112,10 +113,11 @@ def test_http_and_websocket_share_one_input_model_per_command() -> None:
 
 
 def test_every_error_code_has_a_status_and_the_doc_agrees() -> None:
-    def subclasses(cls: type) -> set[type]:
+    def subclasses(cls: type[ThreadlineError]) -> set[type[ThreadlineError]]:
         return {cls} | {s for c in cls.__subclasses__() for s in subclasses(c)}
 
-    assert runtime.errors and Unauthorized and InvalidJSON and FrameError  # imported: all known
+    # Imported, so every code is known: the errors of runtime, auth, the frames and the JSON.
+    assert {Unauthorized, InvalidJSON, FrameError} <= subclasses(ThreadlineError)
     codes = {c.code for c in subclasses(ThreadlineError)} - {"error"}
     assert codes <= set(STATUS), codes - set(STATUS)
     doc = protocol.DOC.read_text(encoding="utf-8")
@@ -154,7 +156,7 @@ def test_one_mapping_for_http_bodies_and_error_frames(
     assert (response.status_code, body["error"]["code"]) == (status, code)
     frame = orjson.loads(error.frame("f1"))
     assert frame == {"type": "error", "id": "f1", **body["error"]}
-    assert "secret detail" not in response.body.decode()
+    assert "secret detail" not in bytes(response.body).decode()
     if isinstance(exc, Unauthorized):
         assert response.headers["www-authenticate"] == "Bearer"
     if isinstance(exc, HTTPException):
@@ -181,7 +183,7 @@ class Untouchable:
 
 async def test_the_service_refuses_manual_results_from_untrusted_roles_before_any_lookup() -> None:
     service = ThreadService.__new__(ThreadService)
-    service.store = Untouchable()  # type: ignore[assignment]
+    service.store = Untouchable()
     user = Principal(subject="u", role=Role.USER, scopes=frozenset({"a"}))
     with pytest.raises(Forbidden):
         await service.resume_action(

@@ -209,12 +209,8 @@ async def test_history_rewritten_runs_every_observer_and_aggregates_failures() -
     assert isinstance(caught.value, ExceptionGroup)
     values, _ = caught.value.split(ValueError)
     assert isinstance(values, HistoryRewrittenErrors)
-    assert (
-        await compose_lifecycle(Observer("e", log)).history_rewritten(
-            rewrite_ctx(), rewrite_outcome()
-        )
-        is None
-    )
+    # Returns None: its signature says so and mypy checks the composition against it.
+    await compose_lifecycle(Observer("e", log)).history_rewritten(rewrite_ctx(), rewrite_outcome())
 
 
 # --- thrown errors propagate ----------------------------------------------------------------
@@ -414,7 +410,7 @@ async def test_lifecycles_without_hooks_compose_to_no_ops() -> None:
         assert lifecycle.transform_step_stream(step_ctx(), stream) is stream
         assert await lifecycle.after_step(step_ctx(), StepResult(1, "", (), None, False)) is None
         assert await lifecycle.prepare_history_rewrite(rewrite_ctx()) is None
-        assert await lifecycle.history_rewritten(rewrite_ctx(), rewrite_outcome()) is None
+        await lifecycle.history_rewritten(rewrite_ctx(), rewrite_outcome())  # -> None, typed
 
 
 async def test_as_lifecycle_wraps_partial_objects_and_keeps_full_lifecycles() -> None:

@@ -82,7 +82,7 @@ def waiting(action_id: str = "a1", resolved: bool = False) -> Waiting:
     return Waiting(
         action_id=action_id,
         kind=WaitKind.APPROVAL,
-        schema={"type": "object"},
+        payload_schema={"type": "object"},
         allowed_roles=(Role.USER,),
         resolution=Resolution(subject="bob", role=Role.USER, payload={}, at=1.0)
         if resolved

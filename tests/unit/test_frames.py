@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pytest
+from pydantic import BaseModel
 
 from realtime.envelopes import ResyncEnvelope, encode
 from runtime.domain import InputPolicy, Visibility
@@ -20,6 +21,7 @@ from server.protocol.inputs import NoInput, ResumeAction, SendMessage, SetVisibi
 from server.protocol.replies import Ack, Subscribed
 from server.protocol.wire_errors import wire_error
 
+M = TypeVar("M", bound=BaseModel)
 VALID: dict[str, dict[str, Any]] = {
     "subscribe": {"thread_id": "t1"},
     "unsubscribe": {"thread_id": "t1"},
@@ -56,6 +58,20 @@ def fail(raw: str | bytes) -> FrameError:
     return info.value
 
 
+def field_errors(raw: str | bytes) -> list[Any]:
+    """The field errors of a frame that fails validation."""
+    errors = fail(raw).errors
+    assert errors is not None
+    return errors
+
+
+def as_input(frame: BaseModel, model: type[M]) -> M:
+    """The decoded frame as its command's input model. Frame classes subclass both `Frame` and
+    the input at run time (built from the command table); no static type says so."""
+    assert isinstance(frame, model), type(frame)
+    return frame
+
+
 def test_every_type_has_a_valid_example() -> None:
     assert set(VALID) == set(CLIENT_FRAME_TYPES)
 
@@ -79,13 +95,13 @@ def test_missing_fields_are_invalid_input_with_id(kind: str) -> None:
 
 def test_defaults_and_typed_fields() -> None:
     frame = decode_frame(b'{"type": "message.send", "thread_id": "t", "text": "hi"}')
-    assert isinstance(frame, SendMessage)
-    assert frame.policy is InputPolicy.ENQUEUE and frame.client_tools == []
+    send = as_input(frame, SendMessage)
+    assert send.policy is InputPolicy.ENQUEUE and send.client_tools == []
     assert frame.id is None
     vis = decode_frame(valid_frame("message.visibility"))
-    assert isinstance(vis, SetVisibility) and vis.visibility is Visibility.HIDDEN
+    assert as_input(vis, SetVisibility).visibility is Visibility.HIDDEN
     resume = decode_frame(valid_frame("action.resume"))
-    assert isinstance(resume, ResumeAction) and resume.payload == {"approved": True}
+    assert as_input(resume, ResumeAction).payload == {"approved": True}
 
 
 def test_not_json() -> None:
@@ -123,18 +139,20 @@ def test_unusable_ids_are_not_echoed() -> None:
 
 def test_invalid_enum_and_types() -> None:
     bad_policy = {"type": "message.send", "thread_id": "t", "text": "x", "policy": "later"}
-    assert fail(orjson.dumps(bad_policy)).errors[0]["loc"] == ["policy"]
+    assert field_errors(orjson.dumps(bad_policy))[0]["loc"] == ["policy"]
     bad_payload = {"type": "action.resume", "thread_id": "t", "action_id": "a", "payload": []}
-    assert fail(orjson.dumps(bad_payload)).errors[0]["loc"] == ["payload"]
+    assert field_errors(orjson.dumps(bad_payload))[0]["loc"] == ["payload"]
     empty_text = {"type": "message.send", "thread_id": "t", "text": ""}
     assert fail(orjson.dumps(empty_text)).code == "invalid_input"
 
 
 def test_adapter_is_the_discriminated_union() -> None:
     ping = ClientFrameAdapter.validate_python({"type": "ping"})
-    assert isinstance(ping, FRAME_MODELS["ping"]) and isinstance(ping, NoInput)
+    assert isinstance(ping, FRAME_MODELS["ping"])
+    as_input(ping, NoInput)  # asserts it is one
     subscribe = ClientFrameAdapter.validate_json(b'{"type": "subscribe", "thread_id": "t"}')
-    assert isinstance(subscribe, FRAME_MODELS["subscribe"]) and isinstance(subscribe, ThreadRef)
+    assert isinstance(subscribe, FRAME_MODELS["subscribe"])
+    as_input(subscribe, ThreadRef)
 
 
 def test_server_frames_serialise_without_nulls() -> None:

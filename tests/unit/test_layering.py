@@ -20,6 +20,10 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("runtime.storage", "runtime.storage"),
     ("runtime.providers", "runtime.authoring"),  # models are part of what authors write with
     ("runtime.demo", "runtime.demo"),
+    # How a server is declared is authoring vocabulary (Agent.mcp_servers, Settings); the
+    # client machinery (the SDK's sessions, the tools built from them) is a layer of its own.
+    ("runtime.mcp.config", "runtime.authoring"),
+    ("runtime.mcp", "runtime.mcp"),
     ("runtime.", "runtime.authoring"),  # the vocabulary agent authors write with
     ("realtime", "realtime"),
     ("server.protocol_catalog", "server.composition"),
@@ -39,15 +43,17 @@ ALLOWED: dict[str, frozenset[str]] = {
     "threadline_client": frozenset(),  # the client talks to the server over the wire only
     "runtime.authoring": frozenset({"realtime"}),
     "runtime.demo": _RUNTIME_BELOW,
+    "runtime.mcp": _RUNTIME_BELOW,
     "runtime.storage": frozenset({"runtime.authoring", "realtime"}),
     # The engine never imports the service: the service starts what the engine runs.
-    "runtime.engine": _RUNTIME_BELOW | {"runtime.storage", "realtime"},
+    "runtime.engine": _RUNTIME_BELOW | {"runtime.storage", "runtime.mcp", "realtime"},
     "runtime.service": _RUNTIME_BELOW | {"runtime.storage", "runtime.engine", "realtime"},
     # Beside the service: the engine never starts a timer's work, the service never delivers.
     "runtime.hooks": _RUNTIME_BELOW
     | {"runtime.storage", "runtime.engine", "runtime.service", "realtime"},
     "runtime.api": _RUNTIME_BELOW
-    | {"runtime.demo", "runtime.engine", "runtime.service", "runtime.storage", "realtime"},
+    | {"runtime.demo", "runtime.engine", "runtime.service", "runtime.storage", "realtime"}
+    | {"runtime.mcp"},
     "server.base": frozenset({"runtime.authoring", "runtime.service", "runtime.storage"}),
     "server.live": frozenset({"runtime.authoring", "runtime.storage", "server.base", "realtime"}),
     "server.protocol": frozenset(
@@ -198,6 +204,16 @@ def test_layers_import_only_what_the_layering_allows() -> None:
             "the client imports the runtime",
         ),
         ("realtime.hub", "from server.live import inbox\n", "realtime imports the server"),
+        (
+            "runtime.mcp.pool",
+            "from runtime.engine.streaming import ChunkSink\n",
+            "an MCP tool source imports the engine",
+        ),
+        (
+            "runtime.agent",
+            "from runtime.mcp.pool import MCPPool\n",
+            "authoring imports the MCP client machinery",
+        ),
     ],
 )
 def test_a_deliberate_wrong_import_is_refused(module: str, source: str, why: str) -> None:

@@ -127,6 +127,12 @@ def test_over_the_bound_for_longer_than_the_grace_period_overflows() -> None:
     assert outbox.overflowed
 
 
+def over_high_water(outbox: Outbox) -> bool:
+    # Read through a call: mypy keeps a property narrowed by an assert across the method calls
+    # that change it, and would call the second assert unreachable.
+    return outbox.over_high_water
+
+
 def test_draining_below_the_low_water_mark_resets_the_grace_period() -> None:
     clock = Clock()
     outbox = Outbox(max_bytes=100, low_water=40, grace=2.0, clock=clock)
@@ -135,11 +141,11 @@ def test_draining_below_the_low_water_mark_resets_the_grace_period() -> None:
     clock.now = 1.0
     outbox.get_nowait()
     outbox.get_nowait()  # 80 bytes: under high water but above low water, still over
-    assert outbox.over_high_water
+    assert over_high_water(outbox)
     clock.now = 1.5
     outbox.get_nowait()
     outbox.get_nowait()  # 40 bytes: at low water, recovered
-    assert not outbox.over_high_water
+    assert not over_high_water(outbox)
     clock.now = 10.0
     assert outbox.check()
     assert not outbox.overflowed
@@ -181,15 +187,39 @@ def test_many_replaced_invalidations_stay_small() -> None:
     assert drain(outbox) == [inv("t1", 20_000)]
 
 
-def test_discard_thread_drops_its_frames_but_keeps_its_version_floor() -> None:
+def test_discard_thread_drops_its_frames_and_its_version_floor() -> None:
     outbox = Outbox(max_bytes=10_000)
     outbox.put(b"t1-chunk", "chunk", "t1")
     outbox.put(b"t2-chunk", "chunk", "t2")
     outbox.put(inv("t1", 3), "invalidate", "t1", 3)
     outbox.discard_thread("t1")
     assert outbox.queued_bytes == len(b"t2-chunk")
+    assert outbox.floors == 0
+    # A resubscription starts from its `subscribed` version (the session's floor), not this one.
     outbox.put(inv("t1", 2), "invalidate", "t1", 2)
-    assert drain(outbox) == [b"t2-chunk"]
+    assert drain(outbox) == [b"t2-chunk", inv("t1", 2)]
+
+
+def test_version_floors_stay_bounded_under_subscribe_unsubscribe_churn() -> None:
+    outbox = Outbox(max_bytes=1 << 20, max_floors=8)
+    for n in range(10_000):
+        thread = f"t{n}"
+        outbox.put(inv(thread, 1), "invalidate", thread, 1)
+        if n % 2:
+            outbox.discard_thread(thread)  # unsubscribed
+        drain(outbox)
+    assert outbox.floors <= 8
+
+
+def test_version_floors_keep_the_most_recently_used_threads() -> None:
+    outbox = Outbox(max_bytes=1 << 20, max_floors=3)
+    outbox.put(inv("kept", 5), "invalidate", "kept", 5)
+    for n in range(100):  # never unsubscribed: only the bound forgets them
+        outbox.put(inv(f"t{n}", 1), "invalidate", f"t{n}", 1)
+        # A stale invalidation of `kept` is still dropped: using its floor keeps it.
+        assert outbox.put(inv("kept", 4), "invalidate", "kept", 4)
+    assert outbox.floors == 3
+    assert inv("kept", 4) not in drain(outbox)
 
 
 async def test_get_waits_for_a_frame() -> None:

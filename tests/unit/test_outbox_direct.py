@@ -81,7 +81,14 @@ def test_flush_writes_queued_frames_in_order_until_the_socket_refuses() -> None:
         outbox.put(frame, "chunk", "t1")
     assert outbox.flush() and socket.sent == []  # still paused: nothing taken, nothing lost
     taken = iter([True, True, False])
-    outbox.direct = lambda data: next(taken) and socket.sent.append(data) is None
+
+    def take_two(data: bytes) -> bool:
+        if not next(taken):
+            return False
+        socket.sent.append(data)
+        return True
+
+    outbox.direct = take_two
     assert outbox.flush()
     assert socket.sent == [b"a", b"b"] and len(outbox) == 1 and outbox.queued_bytes == 1
     outbox.direct = socket
@@ -101,8 +108,9 @@ def test_flush_skips_coalesced_invalidations_and_reports_an_overflow() -> None:
     assert outbox.flush() and socket.sent == [b"v2"]
 
     small = Outbox(max_bytes=10)
-    small.direct = Socket()
-    small.direct.open = False  # type: ignore[attr-defined]
+    closed = Socket()
+    closed.open = False
+    small.direct = closed
     small.put(b"x" * 100, "chunk", "t1")
     small.put(b"x" * 100, "chunk", "t1")  # over the hard limit: overflowed
     assert small.overflowed and not small.flush()

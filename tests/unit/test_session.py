@@ -10,8 +10,10 @@ import pytest
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, MessageKind, encode
 from realtime.outbox import Outbox
-from runtime.domain import Admission, Principal, Role, Thread
+from runtime.domain import Admission, InputPolicy, Principal, Role, Thread, WaitKind
 from runtime.errors import ActionConflict, NotFound
+from runtime.service.thread_service import ThreadService
+from runtime.storage.store import ResolveResult, RewriteResult
 from server.transports.ws.session import Session, SessionClosedError
 
 THREAD = "t-mine"
@@ -19,8 +21,13 @@ FOREIGN = "t-foreign"
 
 
 class FakeStore:
+    """The two reads a session makes of the store; anything else fails the test."""
+
     def __init__(self) -> None:
         self.threads = {THREAD: ("alpha", 4), FOREIGN: ("beta", 9)}
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the session must not call store.{name}")
 
     async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread:
         found = self.threads.get(thread_id)
@@ -41,15 +48,29 @@ class FakeStore:
         return {t: self.threads[t][1] for t in thread_ids if t in self.threads}
 
 
-class FakeCommands:
+class FakeCommands(ThreadService):
+    """The service with the commands these tests drive answered here; a subclass, so mypy checks
+    each signature against the real one. Not built by ThreadService.__init__: nothing else of
+    it is reached."""
+
+    store: FakeStore
+
     def __init__(self) -> None:
         self.store = FakeStore()
         self.calls: list[tuple[str, Any]] = []
         self.fail_with: Exception | None = None
 
     async def send_message(
-        self, principal: Principal, thread_id: str, text: str, **kwargs: Any
+        self,
+        principal: Principal,
+        thread_id: str,
+        text: str,
+        *,
+        client_request_id: str | None = None,
+        policy: InputPolicy = InputPolicy.ENQUEUE,
+        client_tools: Sequence[Mapping[str, Any]] = (),
     ) -> Admission:
+        kwargs = {"client_request_id": client_request_id, "policy": policy, "tools": client_tools}
         self.calls.append(("send_message", (thread_id, text, kwargs)))
         if self.fail_with is not None:
             raise self.fail_with
@@ -62,19 +83,23 @@ class FakeCommands:
         thread_id: str,
         action_id: str,
         payload: Mapping[str, Any],
-        **kwargs: Any,
-    ) -> Any:
+        *,
+        expected_version: int | None = None,
+        kind: WaitKind | None = None,
+    ) -> ResolveResult:
+        kwargs = {"expected_version": expected_version, "kind": kind}
         self.calls.append(("resume_action", (thread_id, action_id, dict(payload), kwargs)))
         raise ActionConflict("the action was already resolved", resolved_by={"subject": "bob"})
 
-    async def stop_run(self, principal: Principal, thread_id: str, run_id: str) -> Any:
-        raise NotImplementedError
-
-    async def regenerate(self, principal: Principal, thread_id: str, message_id: Any) -> Any:
+    async def regenerate(
+        self,
+        principal: Principal,
+        thread_id: str,
+        message_id: str | None = None,
+        *,
+        expected_version: int | None = None,
+    ) -> RewriteResult:
         raise RuntimeError("boom")
-
-    async def set_visibility(self, *args: Any) -> Any:
-        raise NotImplementedError
 
     async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int:
         await self.store.get_thread(thread_id, principal.scopes)

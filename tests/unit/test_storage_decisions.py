@@ -67,7 +67,7 @@ def waiting(action_id: str = "act_1", roles: tuple[Role, ...] = (Role.USER,)) ->
         waiting=Waiting(
             action_id=action_id,
             kind=WaitKind.APPROVAL,
-            schema={"type": "object"},
+            payload_schema={"type": "object"},
             allowed_roles=roles,
         ),
     )

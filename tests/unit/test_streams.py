@@ -8,11 +8,12 @@ from typing import Any
 
 import orjson
 import pytest
-from ag_ui.core import Event
+from ag_ui.core import Event, StateSnapshotEvent
 from pydantic import TypeAdapter
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope, encode
 from runtime.domain import Principal, Role, Snapshot
+from server.protocol.commands import Caller
 from server.transports.sse.agui import RunStream, agui_messages
 from server.transports.sse.aisdk import UIStream
 from server.transports.sse.thread_stream import Chunk, Committed, ThreadFeed
@@ -53,7 +54,7 @@ class FakeService:
     def __init__(self, snapshots: list[Snapshot]) -> None:
         self.snapshots = snapshots
 
-    async def snapshot(self, principal: Principal, thread_id: str) -> Snapshot:
+    async def snapshot(self, principal: Principal, thread_id: str, **read: Any) -> Snapshot:
         return self.snapshots.pop(0) if len(self.snapshots) > 1 else self.snapshots[0]
 
 
@@ -99,7 +100,7 @@ async def test_replay_then_live_each_chunk_once_in_order() -> None:
     # Chunks 0-1 are committed (next_seq 2); the replay holds 2-3; live repeats 3 and adds 4.
     service = FakeService([snap(5, next_seq=2)])
     hub = FakeHub([[delta(1), delta(2), delta(3)]])
-    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
     events = await collect(feed, hub, [delta(3), delta(4)], 4)
     assert seqs(events) == ["snap", 2, 3, 4]
 
@@ -107,7 +108,7 @@ async def test_replay_then_live_each_chunk_once_in_order() -> None:
 async def test_a_live_gap_rereads_snapshot_and_replay() -> None:
     service = FakeService([snap(5, next_seq=0), snap(6, next_seq=3)])
     hub = FakeHub([[delta(0)], [delta(3)]])
-    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
     events = await collect(feed, hub, [delta(2)], 4)
     assert seqs(events) == ["snap", 0, "reset", 3]
 
@@ -115,7 +116,7 @@ async def test_a_live_gap_rereads_snapshot_and_replay() -> None:
 async def test_a_resync_rereads_snapshot_and_replay() -> None:
     service = FakeService([snap(5), snap(6, next_seq=1)])
     hub = FakeHub([[delta(0)], [delta(1)]])
-    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
     events = await collect(feed, hub, [encode(ResyncEnvelope(thread_id=THREAD))], 4)
     assert seqs(events) == ["snap", 0, "reset", 1]
 
@@ -127,7 +128,7 @@ async def test_a_takeover_voids_what_the_old_worker_streamed() -> None:
     hub = FakeHub(
         [[delta(0, "old"), delta(1, "old")], [delta(0, "old"), takeover, delta(1, "new")]]
     )
-    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
     events = await collect(feed, hub, [takeover], 6)
     assert seqs(events) == ["snap", 0, 1, "reset", 0, 1]
     assert events[-1].chunk["delta"] == "new"
@@ -137,7 +138,7 @@ async def test_a_trimmed_replay_is_streamed_after_one_retry() -> None:
     # The replay starts at 5 but the run's next_seq is 2: after one re-read, stream what is there.
     service = FakeService([snap(5, next_seq=2)])
     hub = FakeHub([[delta(5), delta(6)]])
-    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
     events = await collect(feed, hub, [], 4)
     assert seqs(events) == ["snap", "reset", 5, 6]
 
@@ -145,14 +146,14 @@ async def test_a_trimmed_replay_is_streamed_after_one_retry() -> None:
 async def test_invalidations_yield_committed_state_without_reset() -> None:
     service = FakeService([snap(5), snap(6, status="completed", next_seq=3)])
     hub = FakeHub([[]])
-    feed = ThreadFeed(service, hub, PRINCIPAL, THREAD)  # type: ignore[arg-type]
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
     invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=6))
     events = await collect(feed, hub, [invalidate], 2)
     assert isinstance(events[1], Committed) and not events[1].reset
     assert events[1].snapshot.run is not None and events[1].snapshot.run.status == "completed"
 
 
-STEP = [
+STEP: list[dict[str, Any]] = [
     {"type": "step-start", "step": 0},
     {"type": "text-delta", "delta": "Hel"},
     {"type": "text-delta", "delta": "lo"},
@@ -287,7 +288,7 @@ def test_agui_shared_state_is_a_snapshot_then_deltas_of_what_changed() -> None:
         ],
     )
     [first] = stream.state_events(running)
-    assert first.type == "STATE_SNAPSHOT"
+    assert isinstance(first, StateSnapshotEvent)
     assert first.snapshot == {"run": {"id": RUN, "status": "running"}, "pendingActions": []}
     assert stream.state_events(snap(7, status="running")) == []  # nothing changed: no event
     [delta] = stream.state_events(waiting)

@@ -46,7 +46,7 @@ from runtime.storage.sql.threads_tx import (
     tail_row,
 )
 from runtime.storage.store import (
-    CommitVersion,
+    CommitResult,
     EpisodeStart,
     HistoryRead,
     RunChange,
@@ -203,7 +203,7 @@ async def commit(
     step: StepCommit,
     tail_parts: list[Part] | None,
     appends: list[tuple[NewMessage, str]],
-) -> CommitVersion:
+) -> CommitResult:
     """The step commit, in the order `StepCommit` documents; `tail_parts` and `appends` are
     validated and encoded before the transaction. Says whether it admitted queued input, and
     whether it released the lease (a terminal transition does: the run is over, and the
@@ -255,8 +255,8 @@ async def commit(
     if terminal:
         await release_with_commit(conn, lease)
     if not changed:
-        return CommitVersion(int(thread["version"]), admitted, terminal)
-    return CommitVersion(await bump(conn, thread_id), admitted, terminal)
+        return CommitResult(int(thread["version"]), admitted, terminal)
+    return CommitResult(await bump(conn, thread_id), admitted, terminal)
 
 
 async def _tail(conn: Conn, thread_id: str, known: Fenced | None) -> Row | None:

@@ -60,7 +60,7 @@ from runtime.storage.sql.rows import (
 from runtime.storage.sql.transactions import SqlTransactions
 from runtime.storage.store import (
     AdmissionLimits,
-    CommitVersion,
+    CommitResult,
     EpisodeStart,
     HistoryRead,
     ResolveResult,
@@ -159,6 +159,12 @@ class SqlStore(SqlTransactions):
             return {}
         return await self._read(lambda conn: threads_tx.thread_versions(conn, ids))
 
+    async def message_authors(self, thread_id: str, message_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(message_ids))
+        if not ids:
+            return {}
+        return await self._read(lambda conn: threads_tx.message_authors(conn, thread_id, ids))
+
     async def list_messages(
         self, thread_id: str, up_to_position: int | None = None
     ) -> list[Message]:
@@ -245,7 +251,7 @@ class SqlStore(SqlTransactions):
             lock=ThreadLock(lease.thread_id),
         )
 
-    async def commit(self, lease: Lease, commit: StepCommit) -> CommitVersion:
+    async def commit(self, lease: Lease, commit: StepCommit) -> CommitResult:
         # Validate (and serialise) everything before taking any lock.
         tail = commit.update_tail
         tail_parts = validate_parts(tail.parts) if tail is not None else None

@@ -85,6 +85,25 @@ async def thread_versions(conn: Conn, ids: Sequence[str]) -> dict[str, int]:
     return versions
 
 
+async def message_authors(conn: Conn, thread_id: str, ids: Sequence[str]) -> dict[str, str]:
+    """Who wrote each message of `ids`: the subject that started the run that wrote it, or for
+    a user message the one that submitted it, i.e. started its first run (a regenerate or a
+    retry answers it again with a later run and must not make the requester its author)."""
+    authors: dict[str, str] = {}
+    for start in range(0, len(ids), _VERSIONS_CHUNK):
+        chunk = ids[start : start + _VERSIONS_CHUNK]
+        rows = await conn.fetch(
+            "SELECT m.id AS id, COALESCE(r.started_by, (SELECT i.started_by FROM runs i"
+            " WHERE i.input_message_id = m.id ORDER BY i.created_version, i.created_at"
+            " LIMIT 1)) AS author FROM messages m LEFT JOIN runs r ON r.id = m.run_id"
+            f" WHERE m.thread_id = $1 AND m.id IN ({placeholders(2, len(chunk))})",
+            thread_id,
+            *chunk,
+        )
+        authors.update({row["id"]: row["author"] for row in rows if row["author"] is not None})
+    return authors
+
+
 async def snapshot(
     conn: Conn,
     thread_id: str,

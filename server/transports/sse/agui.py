@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -37,16 +36,14 @@ from ag_ui.core import (
 )
 from ag_ui.core.events import BaseEvent
 from ag_ui.encoder import EventEncoder
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from runtime.chunks import StepFinishChunk, StepStartChunk, ToolCallChunk
 from runtime.domain import (
-    InputPolicy,
     MessageView,
     PendingAction,
-    Principal,
     RunStatus,
     Snapshot,
     TextPart,
@@ -54,30 +51,21 @@ from runtime.domain import (
     ToolState,
     WaitKind,
 )
-from runtime.errors import InvalidInput
-from runtime.service.thread_service import ThreadService, validation_field_errors
+from server.protocol.commands import Caller, charge_together
 from server.protocol.wire_errors import wire_error
-from server.transports.http_routes import read_body
+from server.transports.http_routes import read_body, request_caller
+from server.transports.sse.agui_input import Plan, parse_input, plan, run_plan
 from server.transports.sse.thread_stream import (
     Chunk,
     Committed,
     ThreadFeed,
-    caller_of,
+    create_step,
     is_settled,
     open_feed,
+    open_thread,
     sse_response,
 )
-
-# Tool states that close a tool call with a result message.
-FINAL_STATES = frozenset(
-    {
-        ToolState.OUTPUT_AVAILABLE,
-        ToolState.OUTPUT_ERROR,
-        ToolState.REJECTED,
-        ToolState.CANCELLED,
-        ToolState.SKIPPED,
-    }
-)
+from server.transports.sse.ui_events import FINAL_STATES, UIEventStream
 
 
 def result_id(tool_call_id: str) -> str:
@@ -170,17 +158,14 @@ def state_delta(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str,
     ]
 
 
-@dataclass
-class RunStream:
-    """Turns one run's canonical chunks into AG-UI events (the state of the open message)."""
+class RunStream(UIEventStream[BaseEvent]):
+    """One run's typed chunks as AG-UI events, and the shared state last sent."""
 
-    thread_id: str
-    run_id: str
-    text_id: str | None = None
-    step: str | None = None  # the open step: AG-UI requires it finished before the run
-    messages: int = 0
-    tool_names: dict[str, str] = field(default_factory=dict)
-    state: dict[str, Any] | None = None  # the shared state last sent
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        super().__init__(run_id)
+        self.thread_id = thread_id  # the client's: what AG-UI events name the thread by
+        self.step: str | None = None  # the open step: AG-UI requires it finished before the run
+        self.state: dict[str, Any] | None = None  # the shared state last sent
 
     def state_events(self, snapshot: Snapshot) -> list[BaseEvent]:
         """STATE_SNAPSHOT the first time, then STATE_DELTA when committed state changed it."""
@@ -191,64 +176,46 @@ class RunStream:
         delta = state_delta(before, state)
         return [StateDeltaEvent(delta=delta)] if delta else []
 
-    def chunk(self, chunk: Chunk) -> list[BaseEvent]:
-        data = chunk.chunk
-        kind = data.get("type")
-        if kind == "step-start":
-            events = self.close_step()
-            self.step = f"step-{data['step']}"
-            return [*events, StepStartedEvent(step_name=self.step)]
-        if kind == "step-finish":
-            return self.close_step()
-        if kind == "text-delta":
-            delta = str(data.get("delta", ""))
-            if not delta:
-                return []
-            out: list[BaseEvent] = []
-            if self.text_id is None:
-                self.messages += 1
-                self.text_id = f"{chunk.run_id}-{self.messages}"
-                out.append(TextMessageStartEvent(message_id=self.text_id, role="assistant"))
-            out.append(TextMessageContentEvent(message_id=self.text_id, delta=delta))
-            return out
-        if kind == "tool-call":
-            call_id = str(data["tool_call_id"])
-            self.tool_names[call_id] = str(data["name"])
-            parent = self.text_id
-            return [
-                *self.close_text(),
-                ToolCallStartEvent(
-                    tool_call_id=call_id, tool_call_name=str(data["name"]), parent_message_id=parent
-                ),
-                ToolCallArgsEvent(tool_call_id=call_id, delta=orjson.dumps(data["input"]).decode()),
-                ToolCallEndEvent(tool_call_id=call_id),
-            ]
-        if kind == "tool-state" and ToolState(data["state"]) in FINAL_STATES:
-            part = ToolCallPart(
-                tool_call_id=data["tool_call_id"],
-                name=self.tool_names.get(data["tool_call_id"], "tool"),
-                state=ToolState(data["state"]),
-                output=data.get("output"),
-                error=data.get("error"),
-            )
-            return [
-                *self.close_text(),
-                ToolCallResultEvent(
-                    # A streaming id, like the text's: the closing snapshot replaces both with
-                    # committed messages, which a client then holds in committed order.
-                    message_id=f"{chunk.run_id}-{part.tool_call_id}",
-                    tool_call_id=part.tool_call_id,
-                    content=tool_content(part),
-                    role="tool",
-                ),
-            ]
-        return []  # run-takeover and intermediate tool states: the snapshot settles them
+    def handle_step_start(self, chunk: StepStartChunk) -> list[BaseEvent]:
+        events = self.close_step()
+        self.step = f"step-{chunk.step}"
+        return [*events, StepStartedEvent(step_name=self.step)]
 
-    def close_text(self) -> list[BaseEvent]:
-        if self.text_id is None:
-            return []
-        text_id, self.text_id = self.text_id, None
+    def handle_step_finish(self, chunk: StepFinishChunk) -> list[BaseEvent]:
+        return self.close_step()
+
+    def handle_text_start(self, text_id: str) -> list[BaseEvent]:
+        return [TextMessageStartEvent(message_id=text_id, role="assistant")]
+
+    def handle_text_delta(self, text_id: str, delta: str) -> list[BaseEvent]:
+        return [TextMessageContentEvent(message_id=text_id, delta=delta)]
+
+    def handle_text_end(self, text_id: str) -> list[BaseEvent]:
         return [TextMessageEndEvent(message_id=text_id)]
+
+    def handle_tool_call(self, chunk: ToolCallChunk, *, parent: str | None) -> list[BaseEvent]:
+        call_id = chunk.tool_call_id
+        return [
+            *self.close_text(),
+            ToolCallStartEvent(
+                tool_call_id=call_id, tool_call_name=chunk.name, parent_message_id=parent
+            ),
+            ToolCallArgsEvent(tool_call_id=call_id, delta=orjson.dumps(chunk.input).decode()),
+            ToolCallEndEvent(tool_call_id=call_id),
+        ]
+
+    def handle_tool_result(self, part: ToolCallPart) -> list[BaseEvent]:
+        return [
+            *self.close_text(),
+            ToolCallResultEvent(
+                # A streaming id, like the text's: the closing snapshot replaces both with
+                # committed messages, which a client then holds in committed order.
+                message_id=f"{self.run_id}-{part.tool_call_id}",
+                tool_call_id=part.tool_call_id,
+                content=tool_content(part),
+                role="tool",
+            ),
+        ]
 
     def close_step(self) -> list[BaseEvent]:
         if self.step is None:
@@ -291,110 +258,25 @@ def error_event(exc: BaseException) -> RunErrorEvent:
 # --- the request ------------------------------------------------------------------------
 
 
-def parse_input(raw: bytes) -> RunAgentInput:
-    try:
-        return RunAgentInput.model_validate_json(raw or b"{}")
-    except ValidationError as exc:
-        raise InvalidInput(
-            "the body is not an AG-UI RunAgentInput", errors=validation_field_errors(exc)
-        ) from exc
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(getattr(part, "text", "") or "" for part in content or ())
-
-
-async def act(
-    service: ThreadService, principal: Principal, data: RunAgentInput, snapshot: Snapshot
-) -> str | None:
-    """Apply what the input asks (resumes, client results, a new user message).
-
-    Returns the run to follow (None: only join the thread). Raises on a refusal, which the
-    stream reports as RUN_ERROR.
-    """
-    thread_id = data.thread_id
-    run_id: str | None = None
-    pending = {a.id: a for a in snapshot.pending_actions}
-    for entry in data.resume or ():
-        action = pending.get(entry.interrupt_id)
-        if entry.status == "cancelled" and action is not None and action.run_id:
-            await service.stop_run(principal, thread_id, action.run_id)
-            continue
-        payload = entry.payload if isinstance(entry.payload, dict) else {}
-        result = await service.resume_action(principal, thread_id, entry.interrupt_id, payload)
-        run_id = result.run_id or (action.run_id if action else None) or run_id
-    by_call = {a.tool_call_id: a for a in pending.values() if a.kind is WaitKind.CLIENT_TOOL}
-    for message in data.messages:
-        action = by_call.get(getattr(message, "tool_call_id", None) or "")
-        if message.role == "tool" and action is not None:
-            output = _tool_output(_text(message.content))
-            payload = {"output": output, "error": None}
-            result = await service.resume_action(
-                principal, thread_id, action.id, payload, kind=WaitKind.CLIENT_TOOL
-            )
-            run_id = result.run_id or action.run_id or run_id
-    last = data.messages[-1] if data.messages else None
-    known = {m.id for m in snapshot.messages}
-    if last is not None and last.role == "user" and last.id not in known and run_id is None:
-        tools = [
-            {"name": t.name, "description": t.description, **_parameters(t.parameters)}
-            for t in data.tools or ()
-        ]
-        admission = await service.send_message(
-            principal,
-            thread_id,
-            _text(last.content),
-            client_request_id=last.id[:200],
-            policy=_policy(data, snapshot),
-            client_tools=tools,
-        )
-        run_id = admission.run_id
-        if run_id is None and admission.queued_item_id is not None:
-            return "queued"
-    if run_id is None and snapshot.run is not None and not is_settled(snapshot, snapshot.run.id):
-        run_id = snapshot.run.id
-    return run_id
-
-
-def _parameters(parameters: Any) -> dict[str, Any]:
-    return {"parameters": parameters} if isinstance(parameters, dict) else {}
-
-
-def _tool_output(text: str) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
-
-
-def _policy(data: RunAgentInput, snapshot: Snapshot) -> InputPolicy:
-    """`forwardedProps.policy`, else the thread's `input_policy` metadata, else enqueue."""
-    props = data.forwarded_props if isinstance(data.forwarded_props, dict) else {}
-    raw = props.get("policy") or snapshot.thread.metadata.get("input_policy") or "enqueue"
-    try:
-        return InputPolicy(raw)
-    except ValueError as exc:
-        raise InvalidInput(f"unknown input policy {raw!r}") from exc
-
-
 async def events(
-    service: ThreadService, feed: ThreadFeed, principal: Principal, data: RunAgentInput
+    feed: ThreadFeed, charged: Caller, data: RunAgentInput, request: Plan
 ) -> AsyncIterator[BaseEvent]:
     """The whole answer: RUN_STARTED, the run's events, and RUN_FINISHED or RUN_ERROR.
 
-    The feed listens before the input is applied, and its first snapshot is read after: so the
-    client sees its own message committed, and every chunk of the run exactly once.
+    The feed listens before the plan runs, and its first snapshot is read after: so the client
+    sees its own message committed, and every chunk of the run exactly once. A refusal while
+    the plan runs (a resume that lost to another, named in the error) is RUN_ERROR.
     """
     stream = RunStream(data.thread_id, data.run_id)
     before = await feed.snapshot()
     try:
-        target = await act(service, principal, data, before)
+        target = await run_plan(charged, request)
     except Exception as exc:
         yield RunStartedEvent(thread_id=data.thread_id, run_id=data.run_id)
         yield error_event(exc)
         return
+    if target is None and before.run is not None and not is_settled(before, before.run.id):
+        target = before.run.id  # nothing new: follow the run in flight
     queued = target == "queued"
     prior = before.run.id if before.run is not None else None
     if target is not None and not queued:
@@ -441,15 +323,20 @@ def from_reset(stream: RunStream, snapshot: Snapshot) -> list[BaseEvent]:
 
 
 async def agui_endpoint(request: Request) -> Response:
-    """`POST /v1/ag-ui`: refusals before the stream are JSON errors; after, RUN_ERROR events."""
+    """`POST /v1/ag-ui`: the input as the table's commands, all checked and charged before any
+    runs; refusals until then are JSON errors (nothing changed), later ones RUN_ERROR events."""
     try:
-        service, principal = await caller_of(request)
+        caller = await request_caller(request)
         data = parse_input(await read_body(request))
-        feed = await open_feed(request, service, principal, data.thread_id, create=True)
+        thread = await open_thread(caller, data.thread_id, create=False)
+        work = plan(caller, thread.thread_id, data, thread.snapshot)
+        create = create_step(caller, data.thread_id, thread.snapshot)
+        charged = await charge_together(caller, [*create, *work.steps])
+        feed = await open_feed(request, caller, thread.thread_id, create, charged)
     except Exception as exc:
         return wire_error(exc).response()
     encoder = EventEncoder(accept=request.headers.get("accept", ""))
-    frames = (encoder.encode(event) async for event in events(service, feed, principal, data))
+    frames = (encoder.encode(event) async for event in events(feed, charged, data, work))
     return sse_response(
         feed,
         frames,

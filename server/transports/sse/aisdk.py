@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -12,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from runtime.chunks import StepFinishChunk, StepStartChunk, ToolCallChunk
 from runtime.domain import (
     InputPolicy,
     MessageView,
-    Principal,
     RunStatus,
     Snapshot,
     TextPart,
@@ -23,22 +22,25 @@ from runtime.domain import (
     ToolState,
     WaitKind,
 )
-from runtime.errors import InvalidInput, RunActive
-from runtime.service.thread_service import ThreadService, validation_field_errors
+from runtime.errors import InvalidInput, NotFound, RunActive
+from runtime.service.thread_service import validation_field_errors
+from server.protocol.commands import BY_NAME, Caller, Step, charge_together
 from server.protocol.wire_errors import wire_error
-from server.transports.http_routes import read_body
+from server.transports.http_routes import read_body, request_caller
 from server.transports.sse.thread_stream import (
-    Chunk,
     Committed,
     ThreadFeed,
-    caller_of,
+    create_step,
     is_settled,
     open_feed,
+    open_thread,
     sse_response,
 )
+from server.transports.sse.ui_events import UIEventStream
 
 Part = dict[str, Any]
 HEADERS = {"x-vercel-ai-ui-message-stream": "v1"}  # with streams.SSE_HEADERS
+THREAD_HEADER = "x-threadline-thread-id"
 FINISH_REASON = {
     RunStatus.COMPLETED: "stop",
     RunStatus.WAITING: "tool-calls",
@@ -121,50 +123,30 @@ def _tool_call(call_id: str, name: str, tool_input: Any) -> list[Part]:
     ]
 
 
-@dataclass
-class UIStream:
-    """One run's canonical chunks as UI message chunks (the state of the open text part)."""
+class UIStream(UIEventStream[Part]):
+    """One run's typed chunks as UI message chunks."""
 
-    run_id: str
-    text_id: str | None = None
-    texts: int = 0
+    def handle_step_start(self, chunk: StepStartChunk) -> list[Part]:
+        return [{"type": "start-step"}]
 
-    def chunk(self, chunk: Chunk) -> list[Part]:
-        data = chunk.chunk
-        kind = data.get("type")
-        if kind == "step-start":
-            return [{"type": "start-step"}]
-        if kind == "step-finish":
-            return [*self.close_text(), {"type": "finish-step"}]
-        if kind == "text-delta" and data.get("delta"):
-            out: list[Part] = []
-            if self.text_id is None:
-                self.texts += 1
-                self.text_id = f"{chunk.run_id}-{self.texts}"
-                out.append({"type": "text-start", "id": self.text_id})
-            return [*out, {"type": "text-delta", "id": self.text_id, "delta": data["delta"]}]
-        if kind == "tool-call":
-            return [
-                *self.close_text(),
-                *_tool_call(data["tool_call_id"], data["name"], data["input"]),
-            ]
-        if kind == "tool-state":
-            part = ToolCallPart(
-                tool_call_id=data["tool_call_id"],
-                name="tool",
-                state=ToolState(data["state"]),
-                output=data.get("output"),
-                error=data.get("error"),
-            )
-            final = _final_chunk(part)
-            return [] if final is None else [*self.close_text(), final]
-        return []
+    def handle_step_finish(self, chunk: StepFinishChunk) -> list[Part]:
+        return [*self.close_text(), {"type": "finish-step"}]
 
-    def close_text(self) -> list[Part]:
-        if self.text_id is None:
-            return []
-        text_id, self.text_id = self.text_id, None
+    def handle_text_start(self, text_id: str) -> list[Part]:
+        return [{"type": "text-start", "id": text_id}]
+
+    def handle_text_delta(self, text_id: str, delta: str) -> list[Part]:
+        return [{"type": "text-delta", "id": text_id, "delta": delta}]
+
+    def handle_text_end(self, text_id: str) -> list[Part]:
         return [{"type": "text-end", "id": text_id}]
+
+    def handle_tool_call(self, chunk: ToolCallChunk, *, parent: str | None) -> list[Part]:
+        return [*self.close_text(), *_tool_call(chunk.tool_call_id, chunk.name, chunk.input)]
+
+    def handle_tool_result(self, part: ToolCallPart) -> list[Part]:
+        final = _final_chunk(part)
+        return [] if final is None else [*self.close_text(), final]
 
     def finish(self, snapshot: Snapshot) -> list[Part]:
         out = self.close_text()
@@ -194,33 +176,32 @@ def _text(message: UIMessage) -> str:
     return "".join(str(p.get("text", "")) for p in message.parts if p.get("type") == "text")
 
 
-async def act(
-    service: ThreadService, principal: Principal, chat: ChatRequest, snapshot: Snapshot
-) -> str | None:
-    """Apply the request: approval responses and client tool outputs, a regenerate, or a
-    new user message. Returns the run to stream (None: nothing to stream)."""
-    thread_id = chat.id
+def plan(
+    caller: Caller, thread_id: str, chat: ChatRequest, snapshot: Snapshot | None
+) -> list[Step]:
+    """The commands the request asks for, each input validated: approval responses and client
+    tool outputs, a regenerate, or a new user message. Raises on the first refusal."""
     if chat.trigger == "regenerate-message":
-        return (await service.regenerate(principal, thread_id)).run_id
+        return [_step(caller, "regenerate", thread_id=thread_id)]
     last = chat.messages[-1] if chat.messages else None
     if last is None:
         raise InvalidInput("messages must not be empty")
     if last.role == "user":
         # A chat shows one response at a time: a message for a busy thread is refused (by the
         # store, before anything changes), never queued behind a run it could not stream.
-        admission = await service.send_message(
-            principal,
-            thread_id,
-            _text(last),
-            client_request_id=last.id,
-            policy=InputPolicy.REJECT,
-        )
-        if admission.run_id is None:  # a retried request whose first one was queued
-            raise RunActive("the message waits in the queue: no run to stream yet")
-        return admission.run_id
-    pending = {a.id: a for a in snapshot.pending_actions}
-    by_call = {a.tool_call_id: a for a in pending.values()}
-    run_id: str | None = None
+        return [
+            _step(
+                caller,
+                "message.send",
+                thread_id=thread_id,
+                text=_text(last),
+                client_request_id=last.id,
+                policy=InputPolicy.REJECT,
+            )
+        ]
+    pending = snapshot.pending_actions if snapshot is not None else ()
+    by_call = {a.tool_call_id: a for a in pending}
+    steps: list[Step] = []
     for part in last.parts:
         approval = part.get("approval")
         call_id = str(part.get("toolCallId", ""))
@@ -228,20 +209,50 @@ async def act(
             payload: dict[str, Any] = {"approved": bool(approval.get("approved"))}
             if approval.get("reason"):
                 payload["note"] = str(approval["reason"])
-            result = await service.resume_action(
-                principal, thread_id, str(approval.get("id", "")), payload
+            action_id = str(approval.get("id", ""))
+            steps.append(
+                _step(
+                    caller,
+                    "action.resume",
+                    thread_id=thread_id,
+                    action_id=action_id,
+                    payload=payload,
+                )
             )
-            run_id = result.run_id or run_id
         elif (
             part.get("state") in ("output-available", "output-error")
             and call_id in by_call
             and by_call[call_id].kind is WaitKind.CLIENT_TOOL
         ):
-            payload = {"output": part.get("output"), "error": part.get("errorText")}
-            result = await service.resume_action(
-                principal, thread_id, by_call[call_id].id, payload, kind=WaitKind.CLIENT_TOOL
+            steps.append(
+                _step(
+                    caller,
+                    "action.client_result",
+                    thread_id=thread_id,
+                    action_id=by_call[call_id].id,
+                    output=part.get("output"),
+                    error=part.get("errorText"),
+                )
             )
-            run_id = result.run_id or run_id
+    if not steps or snapshot is None:
+        raise InvalidInput("the last message answers no pending action of this chat")
+    return steps
+
+
+def _step(caller: Caller, name: str, **fields: Any) -> Step:
+    command = BY_NAME[name]
+    return command, command.parse(caller, fields)
+
+
+async def run_steps(charged: Caller, steps: list[Step]) -> str:
+    """Run checked and charged steps; the run they started or resumed."""
+    run_id: str | None = None
+    for command, data in steps:
+        outcome = await command.result(charged, data)
+        run_id = outcome.run_id or run_id
+        if command.name == "message.send" and outcome.run_id is None:
+            # A retried request whose first one was queued.
+            raise RunActive("the message waits in the queue: no run to stream yet")
     if run_id is None:
         raise InvalidInput("the last message answers no pending action of this chat")
     return run_id
@@ -287,51 +298,60 @@ def parse_chat(raw: bytes) -> ChatRequest:
         raise InvalidInput(
             "the body is not an AI SDK chat request", errors=validation_field_errors(exc)
         ) from exc
+    except RecursionError as exc:
+        raise InvalidInput("the body is nested too deeply") from exc
 
 
-def respond(feed: ThreadFeed, parts: AsyncIterator[Part]) -> StreamingResponse:
+def respond(feed: ThreadFeed, parts: AsyncIterator[Part], thread_id: str) -> StreamingResponse:
     frames = (sse(part) async for part in parts)
     return sse_response(
         feed,
         frames,
         on_error=lambda exc: sse({"type": "error", "errorText": wire_error(exc).message}),
-        headers=HEADERS,
+        # The chat's Threadline thread id, for the HTTP and websocket routes.
+        headers={**HEADERS, THREAD_HEADER: thread_id},
         trailer=b"data: [DONE]\n\n",
     )
 
 
 async def chat_endpoint(request: Request) -> Response:
-    """`POST /v1/ai-sdk/chat`: apply the request, then stream the run it started or resumed."""
+    """`POST /v1/ai-sdk/chat`: the request as the table's commands, all checked and charged
+    before any runs, then the stream of the run it started or resumed."""
     try:
-        service, principal = await caller_of(request)
+        caller = await request_caller(request)
         chat = parse_chat(await read_body(request))
-        feed = await open_feed(request, service, principal, chat.id, create=True)
+        thread = await open_thread(caller, chat.id, create=False)
+        steps = plan(caller, thread.thread_id, chat, thread.snapshot)
+        create = create_step(caller, chat.id, thread.snapshot)
+        charged = await charge_together(caller, [*create, *steps])
+        feed = await open_feed(request, caller, thread.thread_id, create, charged)
     except Exception as exc:
         return wire_error(exc).response()
     try:
         before = await feed.snapshot()
-        run_id = await act(service, principal, chat, before)
+        run_id = await run_steps(charged, steps)
     except Exception as exc:
         await feed.__aexit__(None, None, None)
         return wire_error(exc).response()
-    assert run_id is not None
     known = {m.id for m in before.messages}
-    return respond(feed, stream_run(feed, run_id, known))
+    return respond(feed, stream_run(feed, run_id, known), thread.thread_id)
 
 
 async def resume_endpoint(request: Request) -> Response:
     """`GET /v1/ai-sdk/chat/{id}/stream`: the run in flight from its start, or 204 (none)."""
     try:
-        service, principal = await caller_of(request)
-        thread_id = request.path_params["thread_id"]
-        snapshot = await service.snapshot(principal, thread_id)
+        caller = await request_caller(request)
+        thread = await open_thread(caller, request.path_params["thread_id"], create=False)
+        snapshot = thread.snapshot
+        if snapshot is None:
+            raise NotFound(f"chat {request.path_params['thread_id']} not found")
+        run = snapshot.run
+        if run is None or is_settled(snapshot, run.id):
+            return Response(status_code=204)
+        feed = await open_feed(request, caller, thread.thread_id)
     except Exception as exc:
         return wire_error(exc).response()
-    run = snapshot.run
-    if run is None or is_settled(snapshot, run.id):
-        return Response(status_code=204)
-    feed = await open_feed(request, service, principal, thread_id)
-    return respond(feed, stream_run(feed, run.id, set()))
+    return respond(feed, stream_run(feed, run.id, set()), thread.thread_id)
 
 
 def aisdk_routes() -> list[BaseRoute]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -15,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from realtime.envelopes import MessageKind
-from runtime.domain import Principal, RunStatus, Snapshot
-from runtime.errors import Conflict, InvalidInput, NotFound
-from runtime.service.thread_service import ThreadService
-from server.auth import authenticate, bearer_token
-from server.transports.http_routes import service_of
+from runtime.domain import RunStatus, Snapshot
+from runtime.service.client_threads import ClientThread
+from server.live.quotas import REFRESH_INTERVAL, ConnectionSlot
+from server.protocol.commands import BY_NAME, Caller, Step
+from server.protocol.inputs import GetSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ MAX_QUEUED = 4096
 IDLE_POLL_SECONDS = 2.0
 TAKEOVER = "run-takeover"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-THREAD_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 class Listening(Protocol):
@@ -68,32 +68,6 @@ def is_settled(snapshot: Snapshot, run_id: str) -> bool:
     return run.status is RunStatus.WAITING or run.status.is_terminal
 
 
-async def ensure_thread(service: ThreadService, principal: Principal, thread_id: str) -> Snapshot:
-    """The thread `thread_id`, created in the caller's default scope on first use.
-
-    A client-chosen id that names a thread of another scope is `not_found`, like every foreign
-    thread; ids are opaque strings of letters, digits, `_` and `-`.
-    """
-    if not thread_id or len(thread_id) > 100 or not set(thread_id) <= THREAD_ID_CHARS:
-        raise InvalidInput("the thread id must be 1-100 letters, digits, '_' or '-'")
-    try:
-        return await service.snapshot(principal, thread_id)
-    except NotFound:
-        pass
-    if len(principal.scopes) != 1:
-        raise InvalidInput(
-            "this token has several scopes: create the thread with POST /v1/threads and 'scope'"
-        )
-    scope = next(iter(principal.scopes))
-    try:
-        created = await service.store.create_thread(scope, thread_id=thread_id)
-    except Conflict:
-        # Another request created it meanwhile (or it belongs to another scope: not_found).
-        return await service.snapshot(principal, thread_id)
-    await service.publisher.invalidate(thread_id, created.version)
-    return await service.snapshot(principal, thread_id)
-
-
 @dataclass(eq=False)
 class ThreadFeed:
     """Listens to one thread through the hub and yields its events, fenced by (run, seq).
@@ -102,15 +76,19 @@ class ThreadFeed:
     missed; `events()` then yields the committed snapshot, the in-flight step's chunks from the
     replay buffer, and live chunks, each chunk once and in order. A gap, a hub resync or an
     overflow re-reads the snapshot and the replay (`Committed(reset=True)`).
+
+    An open feed holds a connection slot of its caller's token and subject, the budget its
+    websockets draw from too (docs/operations.md, "Connection caps"), refreshed while it lives.
     """
 
-    service: ThreadService
+    caller: Caller
     hub: Listening
-    principal: Principal
     thread_id: str
     _queue: asyncio.Queue[tuple[bytes, MessageKind]] = field(default_factory=asyncio.Queue)
     _overflow: bool = False
     _listening: bool = False
+    _slot: ConnectionSlot | None = None
+    _refreshed: float = 0.0
 
     def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
         if self._queue.qsize() >= MAX_QUEUED:
@@ -121,6 +99,11 @@ class ThreadFeed:
     async def __aenter__(self) -> ThreadFeed:
         if self._listening:
             return self  # entered before the response started; the stream's `with` is a no-op
+        limiter = self.caller.limiter
+        if limiter is not None:
+            # Refused with `too_many_connections` before it listens to anything.
+            self._slot = await limiter.connect(self.caller.principal, self.caller.token_id)
+            self._refreshed = time.monotonic()
         await self.hub.add(self.thread_id, self)
         self._listening = True
         return self
@@ -129,9 +112,22 @@ class ThreadFeed:
         if self._listening:
             self._listening = False
             await self.hub.remove(self.thread_id, self)
+        slot, self._slot = self._slot, None
+        if slot is not None and self.caller.limiter is not None:
+            await self.caller.limiter.disconnect(slot)
+
+    async def _keep_slot(self) -> None:
+        if self._slot is None or self.caller.limiter is None:
+            return
+        if time.monotonic() - self._refreshed >= REFRESH_INTERVAL:
+            self._refreshed = time.monotonic()
+            await self.caller.limiter.keep(self._slot)
 
     async def snapshot(self) -> Snapshot:
-        return await self.service.snapshot(self.principal, self.thread_id)
+        """The committed thread, through the table's read (the one HTTP's snapshot route runs)."""
+        read = BY_NAME["thread.snapshot"]
+        snapshot: Snapshot = await read.result(self.caller, GetSnapshot(thread_id=self.thread_id))
+        return snapshot
 
     async def events(self) -> AsyncIterator[Event]:
         expected: dict[str, int] = {}
@@ -173,6 +169,7 @@ class ThreadFeed:
 
     async def _live(self, expected: dict[str, int], version: int) -> AsyncIterator[Event | None]:
         while True:
+            await self._keep_slot()
             if self._overflow:
                 self._overflow = False
                 self._drain()
@@ -250,27 +247,41 @@ def _chunk(data: bytes) -> Chunk | None:
 # --- HTTP: the set-up every event-stream endpoint shares (AG-UI, AI SDK) -------------------
 
 
-async def caller_of(request: Request) -> tuple[ThreadService, Principal]:
-    """The service and the authenticated principal of a request (raises `Unauthorized`)."""
-    principal = await authenticate(request.app.state.store, bearer_token(request.headers))
-    return service_of(request), principal
+async def open_thread(caller: Caller, client_id: str, *, create: bool) -> ClientThread:
+    """The caller's thread that the client id names (`thread.open`, charged like any command)."""
+    command = BY_NAME["thread.open"]
+    data = command.parse(caller, {"thread_id": client_id, "create": create})
+    opened: ClientThread = await command.result(caller, data)
+    return opened
+
+
+def create_step(caller: Caller, client_id: str, snapshot: Snapshot | None) -> list[Step]:
+    """The step creating the client's thread when it does not exist yet (`snapshot` None)."""
+    if snapshot is not None:
+        return []
+    command = BY_NAME["thread.open"]
+    return [(command, command.parse(caller, {"thread_id": client_id, "create": True}))]
 
 
 async def open_feed(
     request: Request,
-    service: ThreadService,
-    principal: Principal,
+    caller: Caller,
     thread_id: str,
-    *,
-    create: bool = False,
+    create: Sequence[Step] = (),
+    charged: Caller | None = None,
 ) -> ThreadFeed:
-    """A feed of `thread_id` already listening (created on first use when `create`): open it
-    before applying the request, so nothing the request causes is missed. Hand it to
-    `sse_response`, which closes it; close it yourself if you answer otherwise."""
-    if create:
-        await ensure_thread(service, principal, thread_id)
-    feed = ThreadFeed(service, request.app.state.hub, principal, thread_id)
+    """A feed of `thread_id` already listening (its connection slot taken), then the thread
+    created by `create` (steps checked and charged already, run as `charged`): open it before
+    applying the request, so nothing the request causes is missed. Hand it to `sse_response`,
+    which closes it; close it yourself if you answer otherwise."""
+    feed = ThreadFeed(caller, request.app.state.hub, thread_id)
     await feed.__aenter__()
+    try:
+        for command, data in create:
+            await command.result(charged or caller, data)
+    except BaseException:
+        await feed.__aexit__(None, None, None)
+        raise
     return feed
 
 

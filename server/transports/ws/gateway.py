@@ -20,10 +20,10 @@ from runtime.service.thread_service import ThreadService
 from server.auth import (
     Unauthorized,
     authenticate,
-    bearer_token,
     hash_token,
     token_key,
     token_key_of_hash,
+    websocket_credentials,
 )
 from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub
@@ -123,12 +123,16 @@ class Gateway:
             # Closing before accepting refuses the upgrade itself: the browser sees HTTP 403.
             await websocket.close(CloseCode.UNAUTHORIZED)
             return
+        token, subprotocol = websocket_credentials(
+            websocket.scope.get("subprotocols") or (),
+            websocket.headers,
+            websocket.query_params.get("token"),
+        )
         # Accept first: a close code (4401) can only be sent on an open websocket.
-        await websocket.accept()
+        await websocket.accept(subprotocol)
         if self._closing:
             await _close(websocket, Close(CloseCode.GOING_AWAY, "server shutting down"))
             return
-        token = websocket.query_params.get("token") or bearer_token(websocket.headers)
         try:
             principal = await authenticate(self.service.store, token)
         except Unauthorized as exc:
@@ -180,7 +184,13 @@ class Gateway:
             if connection is not None:
                 connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
 
-        outbox = Outbox(self.settings.ws_outbox_max_bytes, on_overflow=overflowed)
+        outbox = Outbox(
+            self.settings.ws_outbox_max_bytes,
+            grace=self.settings.ws_slow_consumer_grace,
+            on_overflow=overflowed,
+            # Every subscribed thread keeps its floor; unsubscribed ones are forgotten.
+            max_floors=self.settings.ws_max_subscriptions,
+        )
         session = Session(
             principal,
             self.service,
@@ -217,10 +227,14 @@ class Gateway:
                 count(WS_CONNECTIONS, -1)
             if close is not None:
                 count(WS_CLOSES, 1, code=int(close.code))
-            # A peer that stopped reading cannot hold the close up forever.
+            # A peer that stopped reading cannot hold the close up: the wire sends the close
+            # frame behind what it holds and aborts the socket after the grace.
+            grace = self.settings.ws_close_grace
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(_CLOSE_TIMEOUT):
-                    await wire.close(close.code if close else None, close.reason if close else "")
+                async with asyncio.timeout(grace + _CLOSE_TIMEOUT):
+                    await wire.close(
+                        close.code if close else None, close.reason if close else "", grace
+                    )
         finally:
             await self._release(slot)
 

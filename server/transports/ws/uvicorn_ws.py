@@ -23,16 +23,22 @@ released once the connection is accepted; together a few KiB per open connection
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
 from websockets.protocol import State
 
 # The scope extension's key; its value is the protocol (a `server.transports.ws.wire.Wire`).
 WIRE = "threadline.wire"
+# SO_LINGER on, 0 s: close() resets the connection and frees the kernel's buffers at once,
+# instead of leaving an orphaned socket trying to deliver to a peer that does not read.
+_LINGER_RESET = struct.pack("ii", 1, 0)
 
 _last: tuple[bytes, bytes] = (b"", b"\x81\x00")
 
@@ -131,6 +137,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self.writable.set()
         self._on_writable: Callable[[], None] | None = None
         self._handed_over = False
+        self._abort_timer: asyncio.TimerHandle | None = None
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -154,11 +161,48 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self._handed_over = True
         return True
 
-    async def close(self, code: int | None, reason: str) -> None:
+    async def close(self, code: int | None, reason: str, grace: float) -> None:
+        """Send the close frame now, even when the peer stopped reading (it waits behind what
+        the transport holds, for a peer that resumes), and abort the socket if it is still
+        open `grace` seconds later: a consumer that never reads cannot keep it open."""
         if code is not None and not self.close_sent and not self.disconnected:
-            await self.send({"type": "websocket.close", "code": code, "reason": reason})
+            self._send_close(code, reason)
         if self._handed_over and self.close_timer is None:
             self.transport.close()  # what uvicorn does when the ASGI call returns
+        if not self.disconnected and self._abort_timer is None:
+            self._abort_timer = self.loop.call_later(grace, self.abort)
+
+    def _send_close(self, code: int, reason: str) -> None:
+        # uvicorn's `send({"type": "websocket.close"})` without its wait for a writable
+        # transport, which never comes for a peer that stopped reading.
+        if self.transport.is_closing():
+            return
+        try:
+            self.conn.send_close(code, reason)
+        except InvalidState:  # the peer's close came first: uvicorn answers it
+            return
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.resume_reading()  # the peer's closing frame completes the handshake
+        # uvicorn's own timer; what bounds a peer that never reads is `close`'s abort.
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)
+
+    def abort(self) -> None:
+        """Drop the connection now: a reset, buffered frames discarded."""
+        if self.disconnected:
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+            self._abort_timer = None
+        super().connection_lost(exc)
 
     async def run_asgi(self) -> None:
         """uvicorn's, except that the websocket stays open when the app returns after

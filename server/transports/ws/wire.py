@@ -56,9 +56,11 @@ class Wire(Protocol):
         """Let the ASGI call that accepted the websocket return while it stays open (True), or
         refuse (False: the call must last as long as the connection)."""
 
-    async def close(self, code: int | None, reason: str) -> None:
+    async def close(self, code: int | None, reason: str, grace: float) -> None:
         """Close with `code` (a closing handshake), or with None because the peer left; either
-        way the websocket is done once the ASGI call has returned or this was handed over."""
+        way the websocket is done once the ASGI call has returned or this was handed over.
+        Returns at once or within `grace` seconds, even for a peer that stopped reading; the
+        native wire then aborts the socket if it is still open after `grace`."""
 
 
 async def close_websocket(websocket: WebSocket, code: int, reason: str) -> None:
@@ -107,9 +109,13 @@ class AsgiWire:
     def hand_over(self) -> bool:
         return False  # receive() and send() belong to the ASGI call
 
-    async def close(self, code: int | None, reason: str) -> None:
+    async def close(self, code: int | None, reason: str, grace: float) -> None:
         if code is not None:  # else the server ends the websocket when the ASGI call returns
-            await close_websocket(self._websocket, code, reason)
+            # Plain ASGI offers no abort: a peer that stopped reading holds the send, and it is
+            # the server's own timeouts that end the socket once the ASGI call returns.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await close_websocket(self._websocket, code, reason)
 
     async def _read(self) -> None:
         while self._on_message is not None:

@@ -4,7 +4,7 @@ import { describe, test } from 'node:test';
 
 import { ApiError, createApi, describeError, resolvedBy } from '../../../static/js/api.js';
 import { readSession, threadUrl, TOKEN_KEY } from '../../../static/js/session.js';
-import { ThreadSocket, backoffDelay, socketUrl } from '../../../static/js/socket.js';
+import { ThreadSocket, backoffDelay, socketProtocols, socketUrl } from '../../../static/js/socket.js';
 
 // A fake clock for ThreadSocket: timeouts run in due order when the test advances time
 // (Node's own mock timers differ between Node 18, Debian bookworm's, and Node 20).
@@ -130,8 +130,9 @@ describe('api', () => {
 
 class FakeWebSocket {
   static instances = [];
-  constructor(url) {
+  constructor(url, protocols) {
     this.url = url;
+    this.protocols = protocols;
     this.sent = [];
     this.closed = null;
     FakeWebSocket.instances.push(this);
@@ -161,9 +162,18 @@ describe('socket', () => {
     assert.equal(backoffDelay(20, { random: () => 1 }), 15000);
   });
 
-  test('socketUrl matches the page scheme', () => {
-    assert.equal(socketUrl({ protocol: 'https:', host: 'x.io' }, 'a b'), 'wss://x.io/v1/ws?token=a%20b');
-    assert.equal(socketUrl({ protocol: 'http:', host: '127.0.0.1:8000' }, 't'), 'ws://127.0.0.1:8000/v1/ws?token=t');
+  test('socketUrl matches the page scheme and carries no token', () => {
+    assert.equal(socketUrl({ protocol: 'https:', host: 'x.io' }), 'wss://x.io/v1/ws');
+    assert.equal(socketUrl({ protocol: 'http:', host: '127.0.0.1:8000' }), 'ws://127.0.0.1:8000/v1/ws');
+  });
+
+  test('the token travels as a subprotocol, next to the one the server answers', () => {
+    assert.deepEqual(socketProtocols('tl_abc'), ['threadline.v1', 'bearer.tl_abc']);
+    FakeWebSocket.instances = [];
+    const sock = new ThreadSocket({ url: 'ws://x/v1/ws', protocols: socketProtocols('tl_abc'), WebSocketImpl: FakeWebSocket, clock: new FakeClock() });
+    sock.connect();
+    assert.equal(FakeWebSocket.instances[0].url, 'ws://x/v1/ws');
+    assert.deepEqual(FakeWebSocket.instances[0].protocols, ['threadline.v1', 'bearer.tl_abc']);
   });
 
   test('subscriptions are re-sent after a reconnect; frames reach the handler', () => {
@@ -171,7 +181,7 @@ describe('socket', () => {
     FakeWebSocket.instances = [];
     const frames = [];
     const states = [];
-    const sock = new ThreadSocket({ url: 'ws://x/v1/ws?token=t', WebSocketImpl: FakeWebSocket, clock, onFrame: (f) => frames.push(f), onStateChange: (s) => states.push(s) });
+    const sock = new ThreadSocket({ url: 'ws://x/v1/ws', WebSocketImpl: FakeWebSocket, clock, onFrame: (f) => frames.push(f), onStateChange: (s) => states.push(s) });
     sock.subscribe('t1');
     sock.connect();
     const first = FakeWebSocket.instances[0];

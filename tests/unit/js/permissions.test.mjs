@@ -23,3 +23,10 @@ test('permissions name exactly what may be done', () => {
   assert.equal(allowed.cancelQueued('q1'), false);
   assert.equal(allowed.cancelQueued('q2'), true);
 });
+
+test('retry is offered only when the snapshot allows it (and by servers that do not say)', () => {
+  assert.equal(permissionsOf({ permissions: { retry: false } }).retry, false);
+  assert.equal(permissionsOf({ permissions: { retry: true } }).retry, true);
+  assert.equal(permissionsOf({ permissions: { regenerate: true } }).retry, true);
+  assert.equal(permissionsOf({ messages: [] }).retry, true);
+});

@@ -2,7 +2,7 @@
 published canonical chunk) and thread-length scaling, with the demo model at zero delay.
 Prints its figures; asserts nothing.
 
-    python bench/runtime.py [--quick] [--chunks 400] [--runs 240] [--threads 8]
+    python bench/runtime_bench.py [--quick] [--chunks 400] [--runs 240] [--threads 8]
                             [--seq-runs 40] [--lengths 10,200,2000]
                             [--postgres ADMIN_DSN] [--redis URL] [--scale-out]
                             [--profile FILE] [--profile-scale-out FILE] [--no-split]
