@@ -32,6 +32,12 @@ from tests.conformance.store_helpers import (
 
 
 @pytest.fixture
+async def store(sql_store: SqlStore) -> SqlStore:
+    """`SqlHooks` shares a SQL store's pool: SQLite and Postgres."""
+    return sql_store
+
+
+@pytest.fixture
 async def hooks(store: SqlStore) -> AsyncIterator[SqlHooks]:
     yield SqlHooks(store, schedules_per_scope=3)
 
