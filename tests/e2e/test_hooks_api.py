@@ -120,3 +120,55 @@ async def test_websocket_frames_and_the_client(
         assert listed.status == "paused"
         await alice.delete_schedule(schedule.id)
         assert schedule.id not in {s.id for s in await alice.list_schedules()}
+
+
+def test_the_cli_manages_schedules_and_webhooks(server: harness.ServerHandle, api_for: Any) -> None:
+    alice: Api = api_for("alice")
+    thread = alice.create_thread(title="cli")["thread"]["id"]
+
+    def cli(*args: str) -> list[dict[str, Any]]:
+        done = harness.run_command(list(args), server.env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return [orjson.loads(line) for line in done.stdout.splitlines()]
+
+    [made] = cli(
+        "schedule",
+        "create",
+        "--scope",
+        "alpha",
+        "--thread",
+        thread,
+        "--cron",
+        "30 8 * * 1-5",
+        "--timezone",
+        "America/New_York",
+        "--text",
+        "standup",
+    )
+    assert made["created_by"] == "cli" and made["next_fire_at"] > time.time()
+    # What the CLI made, the API sees (one storage, one service).
+    listed = alice.request("GET", f"/v1/schedules/{made['id']}").json()["schedule"]
+    assert listed["cron"] == "30 8 * * 1-5"
+    [paused] = cli("schedule", "pause", "--scope", "alpha", made["id"])
+    assert paused["status"] == "paused"
+    refused = harness.run_command(["schedule", "pause", "--scope", "beta", made["id"]], server.env)
+    assert refused.returncode != 0 and "not_found" in refused.stderr
+    loopback = harness.run_command(
+        ["webhook", "create", "--scope", "alpha", "--url", "http://127.0.0.1:9/"], server.env
+    )
+    assert loopback.returncode != 0 and "loopback" in loopback.stderr
+    [hook] = cli(
+        "webhook",
+        "create",
+        "--scope",
+        "alpha",
+        "--url",
+        "https://93.184.215.14/h",
+        "--event",
+        "run.failed",
+    )
+    assert hook["secret"].startswith("whsec_") and hook["events"] == ["run.failed"]
+    cli("webhook", "disable", "--scope", "alpha", hook["id"])
+    cli("webhook", "delete", "--scope", "alpha", hook["id"])
+    cli("schedule", "delete", "--scope", "alpha", made["id"])
+    assert_error(alice.request("GET", f"/v1/schedules/{made['id']}"), 404, "not_found")
