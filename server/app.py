@@ -22,9 +22,14 @@ from runtime.agent import load_agent
 from runtime.engine.publisher import Publisher
 from runtime.engine.worker import Worker
 from runtime.errors import ThreadlineError
+from runtime.hooks.delivery import DeliveryPolicy, DeliveryWorker
+from runtime.hooks.hooks_service import HooksService, register_hooks
+from runtime.hooks.outbound import parse_networks
+from runtime.hooks.timer_loop import TimerLoop
 from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
 from runtime.storage.scope_cache import ScopeCache
+from runtime.storage.sql.hooks_sql import SqlHooks
 from server.auth import trust_issuers
 from server.drain import Drain
 from server.live.inbox import ActionInbox
@@ -100,6 +105,13 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             snapshot_messages=settings.snapshot_messages,
             queue_preview_chars=settings.queue_preview_chars,
         )
+        state.hooks_store = SqlHooks(
+            state.store,
+            schedules_per_scope=settings.schedules_per_scope,
+            webhooks_per_scope=settings.webhooks_per_scope,
+        )
+        allow = parse_networks(settings.webhook_allow_networks)
+        register_hooks(state.service, HooksService(state.hooks_store, allow=allow))
         counters = open_counters(settings.redis_url, settings.counters_prefix)
         stack.push_async_callback(counters.close)
         state.limiter = Limiter(settings, counters)
@@ -146,6 +158,29 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             )
             await stack.enter_async_context(worker)
             state.worker = worker
+            # Schedules fire and webhooks are delivered where runs are executed.
+            await stack.enter_async_context(
+                TimerLoop(
+                    state.hooks_store,
+                    state.publisher,
+                    limits=admission_limits(settings),
+                    poll_interval=settings.timer_poll_interval,
+                )
+            )
+            await stack.enter_async_context(
+                DeliveryWorker(
+                    state.hooks_store,
+                    DeliveryPolicy(
+                        timeout=settings.webhook_timeout,
+                        initial_backoff=settings.webhook_initial_backoff,
+                        max_backoff=settings.webhook_max_backoff,
+                        max_age=settings.webhook_max_age,
+                        max_response_bytes=settings.webhook_max_response_bytes,
+                        allow=allow,
+                    ),
+                    poll_interval=settings.webhook_poll_interval,
+                )
+            )
 
         log.info("threadline started (role=%s)", settings.role)
         yield

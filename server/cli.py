@@ -1,4 +1,5 @@
-"""The `threadline` command: serve, token create, list and revoke, migrate, config."""
+"""The `threadline` command: serve, token create, list and revoke, migrate, config, schedules
+and webhooks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import orjson
 from runtime.domain import Role
 from runtime.errors import InvalidInput
 from server.config_check import BadSettings, effective, load_settings
+from server.hooks_cli import schedule, webhook
 from server.logs import setup_logging, uvicorn_log_config
 from server.settings import Settings
 
@@ -304,6 +306,9 @@ def config_command() -> None:
             shown = orjson.dumps(value).decode()
         click.echo(f"{name}={shown}")
 
+
+main.add_command(schedule)
+main.add_command(webhook)
 
 if __name__ == "__main__":
     main()

@@ -126,6 +126,19 @@ class Settings(BaseSettings):
     # `threadline serve` mints a development token and prints a browser URL carrying it.
     dev_token: bool = True
     log_level: str = "info"
+    # Schedules and webhooks (docs/operations.md, "Schedules" and "Webhooks").
+    timer_poll_interval: float = Field(default=0.25, gt=0)
+    schedules_per_scope: int = Field(default=100, ge=1)
+    webhooks_per_scope: int = Field(default=20, ge=1)
+    # Networks webhooks may reach although private, loopback or link-local (comma-separated
+    # CIDRs, e.g. `127.0.0.0/8,::1/128`); empty: public addresses only.
+    webhook_allow_networks: str = ""
+    webhook_timeout: float = Field(default=10.0, gt=0, le=120)
+    webhook_initial_backoff: float = Field(default=1.0, gt=0)
+    webhook_max_backoff: float = Field(default=300.0, gt=0)
+    webhook_max_age: float = Field(default=24 * 3600.0, gt=0)
+    webhook_max_response_bytes: int = Field(default=64 * 1024, ge=1024)
+    webhook_poll_interval: float = Field(default=0.5, gt=0)
 
     # --- operations (docs/operations.md, "Metrics", "Logs", "Shutdown")
     # Prometheus exposition at /metrics; with metrics_port set, on that port only.

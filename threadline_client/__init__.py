@@ -17,6 +17,7 @@ from threadline_client.exceptions import (
     Unauthorized,
     Unavailable,
 )
+from threadline_client.hooks import Delivery, DeliveryAttempt, Schedule, ScheduleFire, Webhook
 from threadline_client.models import (
     Admission,
     Message,
@@ -36,6 +37,8 @@ __all__ = [
     "Admission",
     "Backoff",
     "Conflict",
+    "Delivery",
+    "DeliveryAttempt",
     "Forbidden",
     "InvalidInput",
     "InvalidPayload",
@@ -46,6 +49,8 @@ __all__ = [
     "RateLimited",
     "Run",
     "RunActive",
+    "Schedule",
+    "ScheduleFire",
     "ServerError",
     "Snapshot",
     "SyncThreadlineClient",
@@ -59,5 +64,6 @@ __all__ = [
     "Unavailable",
     "VersionAnswer",
     "WatchEvent",
+    "Webhook",
     "payload_dict",
 ]

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from threadline_client.base import AsyncClosing
 from threadline_client.exceptions import error_of_response
+from threadline_client.hooks import HooksCalls
 from threadline_client.models import (
     Admission,
     Message,
@@ -48,7 +49,7 @@ def payload_dict(payload: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
     return dict(payload)
 
 
-class ThreadlineClient(AsyncClosing):
+class ThreadlineClient(HooksCalls, AsyncClosing):
     """An async client bound to one server and one bearer token.
 
     ```

@@ -25,6 +25,7 @@ from server.protocol.answers import (
     threads_answer,
     version_answer,
 )
+from server.protocol.hooks_commands import rows as hooks_rows
 from server.protocol.inputs import (
     CancelQueued,
     CreateThread,
@@ -612,5 +613,9 @@ TOKEN_COMMANDS: tuple[Command[Any, Any], ...] = (
         note="administration over HTTP only (also `threadline token revoke --id`)",
     ),
 )
-COMMANDS = COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + SSE_COMMANDS + TOKEN_COMMANDS
+# Schedules and webhooks (docs/protocol.md, "Schedules", "Webhooks"), in a module of their own.
+HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = hooks_rows(Command, Http)
+COMMANDS = (
+    COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + SSE_COMMANDS + TOKEN_COMMANDS + HOOKS_COMMANDS
+)
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

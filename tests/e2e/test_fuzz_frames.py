@@ -302,6 +302,16 @@ class Pool:
                     ws.close()
 
 
+def schedule_of(api: Api, thread_id: str) -> str:
+    made = api.request(
+        "POST",
+        "/v1/schedules",
+        json={"thread_id": thread_id, "cron": "0 9 1 1 *", "text": "yearly"},
+    )
+    assert made.status_code == 201, made.text
+    return str(made.json()["schedule"]["id"])
+
+
 @pytest.fixture(scope="module")
 def pool(server: ServerHandle, tokens: dict[str, str]) -> Iterator[Pool]:
     alice = Api(server.url, tokens["alice"])
@@ -317,6 +327,10 @@ def pool(server: ServerHandle, tokens: dict[str, str]) -> Iterator[Pool]:
             "run_id": [sent["run_id"]],
             "message_id": [sent["message_id"]],
             "item_id": ["q-none"],
+            # Schedules, webhooks and deliveries: a real schedule and ids nobody has.
+            "schedule_id": [schedule_of(alice, thread_id), "sch-none"],
+            "webhook_id": ["wh-none"],
+            "delivery_id": ["msg-none"],
         }
     finally:
         alice.close()

@@ -65,6 +65,7 @@ def frame_type(model: type[BaseModel]) -> str:
 # Bodies that are wrong in some way, for routes that read one.
 BAD_BODIES: list[Any] = [b"{not json", [1, 2], {"unexpected": 1}, {"text": 7, "payload": "x"}]
 SUB_IDS = ("message_id", "action_id", "run_id", "item_id")
+HOOK_IDS = ("schedule_id", "webhook_id", "delivery_id")  # routes outside /v1/threads
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,15 @@ class Owned:
             "run_id": self.run_id,
             "item_id": self.item_id,
             "token_id": uuid.uuid4().hex[:24],  # the admin token routes' id
+            # Schedules, webhooks and deliveries belong to no thread: unknown ids here.
+            **{name: f"x-{name}" for name in HOOK_IDS},
         }
 
 
 def missing_ids() -> dict[str, str]:
+    names = ("thread_id", *SUB_IDS, *HOOK_IDS)
+    ids = {name: f"x-{uuid.uuid4().hex}" for name in names}
     # token_id: the admin token routes' id (a hash prefix), which names no thread at all.
-    ids = {name: f"x-{uuid.uuid4().hex}" for name in ("thread_id", *SUB_IDS)}
     return {**ids, "token_id": uuid.uuid4().hex[:24]}
 
 
@@ -357,7 +361,13 @@ async def test_every_frame_on_another_scope_is_not_found(
             # The inbox frames name a scope, not a thread: tests/e2e/test_inbox.py checks that
             # another scope is not_found there.
             scoped = {"actions.subscribe", "actions.unsubscribe"}
-            assert checked == set(CLIENT_FRAME_TYPES) - {"ping"} - scoped
+            # Schedule, webhook and delivery frames name their own ids: test_hooks_api.py.
+            hooks = {
+                kind
+                for kind in CLIENT_FRAME_TYPES
+                if kind.startswith(("schedule.", "webhook.", "delivery.")) and kind not in checked
+            }
+            assert checked == set(CLIENT_FRAME_TYPES) - {"ping"} - scoped - hooks
         finally:
             await ws.close()
         after = (await owner.get(f"/v1/threads/{owned.thread_id}")).json()

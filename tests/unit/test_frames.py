@@ -39,6 +39,13 @@ VALID: dict[str, dict[str, Any]] = {
     "actions.subscribe": {},  # every field optional: all the token's scopes
     "actions.unsubscribe": {},
     "presence.update": {"thread_id": "t1", "typing": True},
+    "schedule.create": {"thread_id": "t1", "cron": "0 9 * * *", "text": "digest"},
+    "schedule.pause": {"schedule_id": "s1"},
+    "schedule.resume": {"schedule_id": "s1"},
+    "schedule.delete": {"schedule_id": "s1"},
+    "webhook.update": {"webhook_id": "w1", "enabled": False},
+    "webhook.delete": {"webhook_id": "w1"},
+    "delivery.redeliver": {"delivery_id": "d1"},
 }
 
 

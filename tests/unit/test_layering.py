@@ -16,6 +16,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("runtime.__init__", "runtime.api"),  # the authors' façade re-exports every layer
     ("runtime.engine", "runtime.engine"),  # the spec's loop
     ("runtime.service", "runtime.service"),  # what the gateway calls
+    ("runtime.hooks", "runtime.hooks"),  # timers, schedules, webhook delivery
     ("runtime.storage", "runtime.storage"),
     ("runtime.providers", "runtime.authoring"),  # models are part of what authors write with
     ("runtime.demo", "runtime.demo"),
@@ -28,6 +29,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("server.protocol_catalog", "server.composition"),
     ("server.app", "server.composition"),
     ("server.cli", "server.composition"),
+    ("server.hooks_cli", "server.composition"),
     ("server.protocol", "server.protocol"),  # the command table and wire models
     ("server.transports", "server.transports"),  # http, ws, sse
     ("server.live", "server.live"),  # inbox, presence, revocation, quotas
@@ -49,18 +51,23 @@ ALLOWED: dict[str, frozenset[str]] = {
     # The engine never imports the service: the service starts what the engine runs.
     "runtime.engine": _RUNTIME_BELOW | {"runtime.storage", "runtime.mcp", "realtime"},
     "runtime.service": _RUNTIME_BELOW | {"runtime.storage", "runtime.engine", "realtime"},
+    # Beside the service: the engine never starts a timer's work, the service never delivers.
+    "runtime.hooks": _RUNTIME_BELOW
+    | {"runtime.storage", "runtime.engine", "runtime.service", "realtime"},
     "runtime.api": _RUNTIME_BELOW
     | {"runtime.demo", "runtime.engine", "runtime.service", "runtime.storage", "realtime"}
     | {"runtime.mcp"},
     "server.base": frozenset({"runtime.authoring", "runtime.service", "runtime.storage"}),
     "server.live": frozenset({"runtime.authoring", "runtime.storage", "server.base", "realtime"}),
-    "server.protocol": frozenset({"runtime.authoring", "runtime.service", "runtime.storage"})
+    "server.protocol": frozenset(
+        {"runtime.authoring", "runtime.service", "runtime.storage", "runtime.hooks"}
+    )
     | {"server.live", "server.base", "realtime", "threadline_wire"},
     # Transports never touch storage or the engine: every effect goes through the command table.
     "server.transports": frozenset({"runtime.authoring", "runtime.service"})
     | {"server.protocol", "server.live", "server.base", "realtime"},
     "server.composition": frozenset(
-        {"runtime.api", "runtime.authoring", "runtime.engine", "runtime.service"}
+        {"runtime.api", "runtime.authoring", "runtime.engine", "runtime.service", "runtime.hooks"}
         | {"runtime.storage", "runtime.demo", "realtime"}
         | {"server.base", "server.protocol", "server.transports", "server.live"}
     ),

@@ -13,9 +13,11 @@ from runtime.storage.decisions import (
     resolve_action,
     stale_action_error,
 )
+from runtime.storage.hooks_store import WebhookEvent
 from runtime.storage.sql.core import Conn, bump, lock_thread
 from runtime.storage.sql.rows import decode_parts, encode_parts
 from runtime.storage.sql.threads_tx import tail_row
+from runtime.storage.sql.webhooks_tx import record_event
 from runtime.storage.store import ResolveResult
 
 
@@ -69,6 +71,17 @@ async def resolve(
                 await conn.now(),
             )
             resumed = True
+    # The webhook outbox row, in this transaction: it exists if and only if the resolution does.
+    await record_event(
+        conn,
+        str(thread["scope"]),
+        WebhookEvent.ACTION_RESOLVED,
+        thread_id=thread_id,
+        run_id=run_id,
+        action_id=action_id,
+        message_id=str(tail["id"]),
+        detail=resolution.subject,
+    )
     return ResolveResult(
         thread_id=thread_id,
         version=await bump(conn, thread_id),
