@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from runtime.domain import MessageRole, TextPart, ToolCallPart, ToolState
+from runtime.providers.anthropic import _CREATE_PARAMS as anthropic_create_params
 from runtime.providers.anthropic import AnthropicModel, EventMapper
 from runtime.providers.model_api import (
     ContextMessage,
@@ -154,4 +155,9 @@ def test_request_settings_override_model_settings() -> None:
     claude = AnthropicModel("c", max_tokens=50).request_kwargs(request)
     assert claude["max_tokens"] == 50
     assert "system" not in claude
-    assert claude["extra_body"] == {"temperature": 0.9, "seed": 7, "repetition_penalty": 1.1}
+    # Which settings create() takes as keywords depends on the SDK's version (temperature
+    # left its signature): the rest travel in the body.
+    settings = dict(request.settings)
+    known = {k: v for k, v in settings.items() if k in anthropic_create_params}
+    assert {k: claude[k] for k in known} == known
+    assert claude["extra_body"] == {k: v for k, v in settings.items() if k not in known}
