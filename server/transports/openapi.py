@@ -9,6 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from server.auth_errors import CODES as TOKEN_CODES
 from server.protocol.commands import COMMANDS, Command
 from server.protocol.responses import JSONResponse
 from server.protocol.wire_errors import STATUS
@@ -52,7 +53,8 @@ _PROBES = {
 
 def error_codes(command: Command[Any, Any]) -> list[str]:
     """The error codes a command's route may answer (docs/protocol.md, "Errors")."""
-    return [*_ANY_ROUTE, *(_WRITES if command.limited else ())]
+    refused_tokens = [code for code in TOKEN_CODES if code not in _ANY_ROUTE]  # all 401
+    return [*_ANY_ROUTE, *refused_tokens, *(_WRITES if command.limited else ())]
 
 
 def _error_schema(codes: list[str]) -> dict[str, Any]:
@@ -92,7 +94,7 @@ def _responses(command: Command[Any, Any]) -> dict[str, Any]:
     return responses
 
 
-def _parameters(command: Command[Any, Any]) -> list[dict[str, Any]]:
+def _parameters(command: Command[Any, Any], definitions: dict[str, Any]) -> list[dict[str, Any]]:
     http = command.http
     assert http is not None
     parameters = [
@@ -100,7 +102,9 @@ def _parameters(command: Command[Any, Any]) -> list[dict[str, Any]]:
         for name in http.path_fields
     ]
     if http.query is not None:
-        schema = command.input.model_json_schema()
+        schema = command.input.model_json_schema(ref_template="#/components/schemas/{model}")
+        # An enum-typed query field refers to its model: it joins the components too.
+        definitions.update(schema.pop("$defs", {}))
         for name in command.input.model_fields:
             if name not in http.path_fields:
                 parameters.append(
@@ -121,7 +125,7 @@ def _operation(command: Command[Any, Any], definitions: dict[str, Any]) -> dict[
         "operationId": http.route,
         "summary": command.name,
         "security": [{"bearer": []}],
-        "parameters": _parameters(command),
+        "parameters": _parameters(command, definitions),
         "responses": _responses(command),
     }
     if command.note:

@@ -17,6 +17,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from runtime.service.client_threads import client_thread_id
 from tests.e2e import cluster
 from tests.services import require_postgres, require_redis
 
@@ -123,7 +124,9 @@ async def test_sigterm_drains_streams_and_the_runs_finish_elsewhere(
 
     # The runs go on: the second process takes them over and completes them.
     async with httpx.AsyncClient(base_url=second.url, headers=headers, timeout=10) as http:
-        runs = [await completed_run(http, thread_id) for thread_id in (agui_thread, chat_id)]
+        # Client-chosen ids live in the caller's scope (runtime/service/client_threads.py).
+        stored = [client_thread_id("drain", client_id) for client_id in (agui_thread, chat_id)]
+        runs = [await completed_run(http, thread_id) for thread_id in stored]
     events = [json.loads(line) for line in second.log().splitlines() if line.startswith("{")]
     finished = {e.get("run_id") for e in events if e["message"] == "episode ended: completed"}
     assert {run["id"] for run in runs} <= finished
