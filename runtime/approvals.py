@@ -12,7 +12,7 @@ RoleName = Literal["user", "backend", "admin"]
 
 
 class ApprovalPolicy(BaseModel):
-    """Declared on a `SuspendStep` (and overridable per deployment, `THREADLINE_APPROVAL_POLICIES`).
+    """Declared on a `SuspendStep` (`SuspendStep(Approval, policy=ApprovalPolicy(quorum=2))`).
 
     A decider must hold one of `roles` (empty: any role the step allows) and, when `subjects` or
     `groups` are set, be one of `subjects` or belong to one of `groups` (the principal's groups).

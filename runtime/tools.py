@@ -39,8 +39,7 @@ class SuspendStep:
     `denial` (approvals only) says which payloads refuse the call: for those the tool never
     runs and the call ends `rejected` with the reason (what an AI SDK client shows as
     `output-denied`); without it, every valid payload runs the tool, which decides itself.
-    `policy` routes an approval: its deciders, a quorum of distinct ones, four-eyes; a
-    deployment may override it per tool (`THREADLINE_APPROVAL_POLICIES`).
+    `policy` routes an approval: its deciders, a quorum of distinct ones, four-eyes.
     """
 
     payload: type[BaseModel]

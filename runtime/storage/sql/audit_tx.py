@@ -1,8 +1,7 @@
-"""Transaction functions of the audit log and decision records: append (chained per scope), read."""
+"""Transaction functions of the audit log and decision records: append, chained per scope."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
 import orjson
@@ -78,36 +77,3 @@ async def append(
         *(getattr(entry, c) for c in _COLUMNS),
     )
     return entry
-
-
-async def read(
-    conn: Conn,
-    scopes: Collection[str],
-    *,
-    scope: str | None = None,
-    thread_id: str | None = None,
-    after: int = 0,
-    limit: int = 1000,
-) -> list[AuditEntry]:
-    """Entries of one scope (in chain order) or of one thread, within `scopes`."""
-    wanted = sorted(scopes)
-    if scope is not None:
-        if scope not in scopes:
-            return []
-        rows = await conn.fetch(
-            f"SELECT {', '.join(_COLUMNS)} FROM audit_log WHERE scope = $1 AND seq > $2"
-            " ORDER BY seq LIMIT $3",
-            scope,
-            after,
-            limit,
-        )
-    else:
-        rows = await conn.fetch(
-            f"SELECT {', '.join(_COLUMNS)} FROM audit_log WHERE thread_id = $1 AND seq > $2"
-            " ORDER BY seq LIMIT $3",
-            thread_id,
-            after,
-            limit,
-        )
-        rows = [r for r in rows if r["scope"] in wanted]
-    return [AuditEntry(**{c: r[c] for c in _COLUMNS}) for r in rows]
