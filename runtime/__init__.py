@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime import lifecycle
 from runtime.agent import Agent
+from runtime.approvals import ApprovalDecision, ApprovalPolicy
 from runtime.chunks import (
     RunTakeoverChunk,
     StepFinishChunk,
@@ -112,6 +113,8 @@ __all__ = [
     "StepStartChunk",
     "StreamChunk",
     "SuspendStep",
+    "ApprovalPolicy",
+    "ApprovalDecision",
     "TextDelta",
     "TextDeltaChunk",
     "TextPart",

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from runtime.approvals import ApprovalDecision, ApprovalState
 from runtime.errors import IllegalTransition
 from threadline_wire import AdmissionAnswer
 
@@ -34,6 +35,8 @@ class Principal(_Frozen):
     role: Role
     scopes: frozenset[str]
     display_name: str | None = None  # what people see (presence); the subject when unset
+    # Groups from the caller's token claims: approval policies name their deciders by them.
+    groups: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
@@ -105,13 +108,28 @@ class WaitKind(StrEnum):
     MANUAL_RESULT = "manual-result"
 
 
+class Origin(_Frozen):
+    """Where a command came from, for the audit log: never stored in a snapshot."""
+
+    transport: str
+    client_address: str | None = None
+    user_agent: str | None = None
+    token_id: str | None = None
+
+
 class Resolution(_Frozen):
-    """Who resolved a pending action, and with what payload."""
+    """Who resolved a pending action, and with what payload. Under an approval policy it is one
+    decider's decision; `decisions` holds every decision once the policy settled it."""
 
     subject: str
     role: Role
     payload: dict[str, Any]
     at: float
+    display_name: str | None = None
+    decisions: tuple[ApprovalDecision, ...] = ()
+    # What the store reads for the decision record and the audit entry; never persisted.
+    decision: ApprovalDecision | None = Field(default=None, exclude=True)
+    origin: Origin | None = Field(default=None, exclude=True)
 
 
 class Waiting(_Frozen):
@@ -124,6 +142,8 @@ class Waiting(_Frozen):
     payload_schema: dict[str, Any] = Field(alias="schema")
     allowed_roles: tuple[Role, ...]
     resolution: Resolution | None = None
+    # The tool's approval policy and the decisions committed so far (None: one resolution).
+    approval: ApprovalState | None = None
 
 
 class TextPart(_Frozen):
@@ -329,6 +349,8 @@ class PendingAction(_Frozen):
     input: dict[str, Any]
     payload_schema: dict[str, Any] = Field(alias="schema")
     allowed_roles: tuple[Role, ...]
+    # Policy and progress of an approval under a policy: decisions so far, approvals needed.
+    approval: ApprovalState | None = None
 
 
 class ThreadView(_Frozen):
@@ -399,6 +421,7 @@ def pending_actions_of(message: Message) -> list[PendingAction]:
                     input=part.input,
                     payload_schema=part.waiting.payload_schema,
                     allowed_roles=part.waiting.allowed_roles,
+                    approval=part.waiting.approval,
                 )
             )
     return actions

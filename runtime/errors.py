@@ -41,8 +41,26 @@ class Forbidden(ThreadlineError):
     code = "forbidden"
 
 
+class RequesterExcluded(Forbidden):
+    """Four-eyes: the requester of an approval may not decide it."""
+
+    code = "requester_excluded"
+
+
+class NotADecider(Forbidden):
+    """The approval policy names other roles, subjects or groups as its deciders."""
+
+    code = "not_a_decider"
+
+
 class Conflict(ThreadlineError):
     code = "conflict"
+
+
+class AlreadyDecided(Conflict):
+    """A decider's second decision on one approval: each counts once."""
+
+    code = "already_decided"
 
 
 class ActionConflict(Conflict):

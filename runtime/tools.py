@@ -11,6 +11,7 @@ from typing import Any, Protocol, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict
 
+from runtime.approvals import ApprovalDecision, ApprovalPolicy
 from runtime.domain import Role, WaitKind
 from runtime.providers.model_api import ToolSpec
 
@@ -38,12 +39,16 @@ class SuspendStep:
     `denial` (approvals only) says which payloads refuse the call: for those the tool never
     runs and the call ends `rejected` with the reason (what an AI SDK client shows as
     `output-denied`); without it, every valid payload runs the tool, which decides itself.
+    `policy` routes an approval: its deciders, a quorum of distinct ones, four-eyes.
     """
 
     payload: type[BaseModel]
     allowed_roles: tuple[Role, ...] = ALL_ROLES
     kind: WaitKind = WaitKind.APPROVAL
     denial: DenialRule | None = None
+    # Approvals only: who decides, how many must, four-eyes (runtime.approvals); None: the
+    # first allowed resolution settles the action, as before policies existed.
+    policy: ApprovalPolicy | None = None
 
 
 DENIED = "denied"
@@ -76,6 +81,9 @@ class ToolContext:
     payload: BaseModel | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
     progress: ProgressFn | None = None
+    # Under an approval policy: every decider's decision, in commit order (the last one's
+    # payload is `payload`).
+    decisions: tuple[ApprovalDecision, ...] = ()
 
     @property
     def idempotency_key(self) -> str:

@@ -254,4 +254,14 @@ def principal_of(config: OIDCIssuer, claims: dict[str, Any]) -> Principal:
             raise InvalidToken(f"claim {config.role_claim!r} is not a role") from exc
     name = claims.get(config.name_claim) if config.name_claim else None
     display_name = name[:MAX_SUBJECT_CHARS] if isinstance(name, str) and name else None
-    return Principal(subject=subject, role=role, scopes=scopes, display_name=display_name)
+    # A `groups` claim (a list of names, as most issuers send it) names the caller's groups:
+    # what approval policies route by. Anything else is no group, never a refusal.
+    raw_groups = claims.get("groups")
+    groups = (
+        frozenset(g for g in raw_groups if isinstance(g, str))
+        if isinstance(raw_groups, list)
+        else frozenset()
+    )
+    return Principal(
+        subject=subject, role=role, scopes=scopes, display_name=display_name, groups=groups
+    )

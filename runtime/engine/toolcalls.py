@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from runtime import instruments
 from runtime.agent import Agent
+from runtime.approvals import ApprovalDecision, ApprovalState
 from runtime.chunks import ToolCallChunk, ToolProgressChunk, ToolStateChunk
 from runtime.domain import ToolCallPart, ToolState, Waiting, WaitKind
 from runtime.engine.shielding import runtime_cancelled, stray
@@ -125,11 +126,17 @@ class ToolPhase:
                 return ToolResult(ToolState.OUTPUT_ERROR, error=f"invalid input: {exc}")
             if tool_.suspend is None:
                 return tool_
+            policy = tool_.suspend.policy
             waiting = Waiting(
                 action_id=_action_id(),
                 kind=tool_.suspend.kind,
                 payload_schema=tool_.suspend.payload.model_json_schema(),
                 allowed_roles=tool_.suspend.allowed_roles,
+                # The requester is fixed when the action is asked for: four-eyes compares
+                # each decider with the run's starter, whoever resumes the run later.
+                approval=None
+                if policy is None or tool_.suspend.kind is not WaitKind.APPROVAL
+                else ApprovalState(policy=policy, requester=self.step.run.started_by),
             )
         else:
             waiting = Waiting(
@@ -272,6 +279,7 @@ class ToolPhase:
             payload=payload,
             state=self.step.run.state,
             progress=report,
+            decisions=_decisions(part),
         )
         try:
             # GenAI conventions: `execute_tool {name}` (`tool` kept for existing dashboards).
@@ -361,6 +369,11 @@ class ToolPhase:
             resolution=part.waiting.resolution if part.waiting else None,
             takeover=takeover,
         )
+
+
+def _decisions(part: ToolCallPart) -> tuple[ApprovalDecision, ...]:
+    resolution = part.waiting.resolution if part.waiting is not None else None
+    return () if resolution is None else resolution.decisions
 
 
 def _decided(part: ToolCallPart, decision: object) -> tuple[ToolCallPart, ToolResult | None]:

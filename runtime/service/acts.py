@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runtime.domain import InputPolicy, Principal, Resolution, WaitKind
+from runtime.domain import InputPolicy, Origin, Principal, WaitKind
 from runtime.storage.store import ActOp, ActResult, InputOp, ResolveOp, StopOp
 
 if TYPE_CHECKING:
@@ -44,7 +44,11 @@ ActPart = ResolvePart | StopPart | InputPart
 
 
 async def act(
-    service: ThreadService, principal: Principal, thread_id: str, parts: Sequence[ActPart]
+    service: ThreadService,
+    principal: Principal,
+    thread_id: str,
+    parts: Sequence[ActPart],
+    origin: Origin | None = None,
 ) -> ActResult:
     """Check every part as its own service method does, then commit them in one store
     transaction (`Store.act`) and publish once: all of them happen, or none.
@@ -59,11 +63,8 @@ async def act(
             await service.check_resume(
                 principal, thread_id, part.action_id, part.payload, kind=part.kind
             )
-            resolution = Resolution(
-                subject=principal.subject,
-                role=principal.role,
-                payload=dict(part.payload),
-                at=await service.store.db_time(),
+            resolution = await service.resolution(
+                principal, thread_id, part.action_id, part.payload, part.kind, origin
             )
             ops.append(
                 ResolveOp(

@@ -10,11 +10,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from runtime.agent import Agent
+from runtime.approvals import ApprovalDecision, check_eligible
 from runtime.compose import compose_lifecycle
 from runtime.domain import (
     Admission,
     InboxEntry,
     InputPolicy,
+    Origin,
     Principal,
     Resolution,
     Role,
@@ -241,6 +243,7 @@ class ThreadService:
         *,
         expected_version: int | None = None,
         kind: WaitKind | None = None,
+        origin: Origin | None = None,
     ) -> ResolveResult:
         """Validate `payload` once, with the tool's own payload model (and a submitted result's
         output with the tool's output model), then compare-and-set its resolution.
@@ -250,12 +253,7 @@ class ThreadService:
         generic resume (`kind` None) resolves approvals only and cannot walk around them.
         """
         await self.check_resume(principal, thread_id, action_id, payload, kind=kind)
-        resolution = Resolution(
-            subject=principal.subject,
-            role=principal.role,
-            payload=dict(payload),
-            at=await self.store.db_time(),
-        )
+        resolution = await self.resolution(principal, thread_id, action_id, payload, kind, origin)
         # The store re-checks everything atomically: a concurrent winner makes this a conflict.
         result = await self.store.resolve_action(
             thread_id, principal.scopes, action_id, resolution, expected_version
@@ -296,6 +294,51 @@ class ThreadService:
                     kind=part.waiting.kind.value,
                 )
             check_payload(self.agent, part, payload)
+            if part.waiting.approval is not None:
+                check_eligible(
+                    part.waiting.approval, principal.subject, principal.role, principal.groups
+                )
+
+    async def resolution(
+        self,
+        principal: Principal,
+        thread_id: str,
+        action_id: str,
+        payload: Mapping[str, Any],
+        kind: WaitKind | None,
+        origin: Origin | None,
+    ) -> Resolution:
+        """The resolution the store compare-and-sets. An approval's is also a decision (the
+        tool's denial rule says approve or deny), recorded and audited with `origin`."""
+        at = await self.store.db_time()
+        decision = None
+        part = await self._pending_part(principal, thread_id, action_id)
+        if part is not None and kind in (None, WaitKind.APPROVAL):
+            decision = ApprovalDecision(
+                subject=principal.subject,
+                display_name=principal.name,
+                approved=self._approves(part.name, payload),
+                payload=dict(payload),
+                at=at,
+            )
+        return Resolution(
+            subject=principal.subject,
+            role=principal.role,
+            payload=dict(payload),
+            at=at,
+            display_name=principal.display_name,
+            decision=decision,
+            origin=origin,
+        )
+
+    def _approves(self, tool_name: str, payload: Mapping[str, Any]) -> bool:
+        tool_ = self.agent.tool(tool_name)
+        if tool_ is None or tool_.suspend is None or tool_.suspend.denial is None:
+            return True
+        try:
+            return tool_.suspend.denial(tool_.suspend.payload.model_validate(dict(payload))) is None
+        except ValidationError:
+            return True  # check_payload refused it already; the store never sees it
 
     async def _pending_part(
         self, principal: Principal, thread_id: str, action_id: str

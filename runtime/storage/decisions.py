@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from runtime.approvals import ApprovalDecision
 from runtime.domain import (
     InputPolicy,
     Lease,
@@ -21,6 +22,7 @@ from runtime.domain import (
 )
 from runtime.errors import (
     ActionConflict,
+    AlreadyDecided,
     Conflict,
     Forbidden,
     InvalidInput,
@@ -289,6 +291,10 @@ class ResolvedAction:
     parts: tuple[Part, ...]
     # No pending action is left in the message: its waiting run becomes runnable again.
     last_pending: bool
+    # The decision this resolution added under an approval policy (None: no policy).
+    decision: ApprovalDecision | None = None
+    # False: the decision was recorded, the policy is not met yet, the action stays pending.
+    settled: bool = True
 
 
 def resolve_action(
@@ -305,11 +311,27 @@ def resolve_action(
         raise action_conflict(action_id, part)
     if resolution.role not in part.waiting.allowed_roles:
         raise Forbidden(f"role {resolution.role} may not resolve action {action_id}")
+    waiting = part.waiting
+    decision = resolution.decision
+    if waiting.approval is not None and decision is not None:
+        # Under the thread lock: of two concurrent decisions of one decider the second
+        # conflicts, and only the decision that meets the policy resolves the action.
+        if waiting.approval.decided_by(decision.subject) is not None:
+            raise AlreadyDecided(f"{decision.subject} has decided action {action_id} already")
+        approval = waiting.approval.with_decision(decision)
+        waiting = waiting.model_copy(update={"approval": approval})
+        if not approval.settled:
+            pending = part.model_copy(update={"waiting": waiting})
+            new_parts = (*parts[:index], pending, *parts[index + 1 :])
+            return ResolvedAction(new_parts, False, decision=decision, settled=False)
+        resolution = resolution.model_copy(update={"decisions": approval.decisions})
     resolved = part.model_copy(
-        update={"waiting": part.waiting.model_copy(update={"resolution": resolution})}
+        update={"waiting": waiting.model_copy(update={"resolution": resolution})}
     )
     new_parts = (*parts[:index], resolved, *parts[index + 1 :])
-    return ResolvedAction(parts=new_parts, last_pending=not has_pending(new_parts))
+    return ResolvedAction(
+        parts=new_parts, last_pending=not has_pending(new_parts), decision=decision
+    )
 
 
 def stale_action_error(

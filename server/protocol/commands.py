@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from realtime.bus_metrics import safe_add
-from runtime.domain import Principal, Role, WaitKind
+from runtime.domain import Origin, Principal, Role, WaitKind
 from runtime.errors import Forbidden, InvalidInput, QuotaExceeded
 from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart, act
 from runtime.service.client_threads import open_client_thread
@@ -90,6 +90,8 @@ class Caller:
     limiter: Limiter | None = None
     token_id: str = ""
     revoker: TokenRevoker | None = None
+    # Where the command came from (transport, client address, user agent): the audit log's.
+    origin: Origin | None = None
 
     def tokens(self) -> TokenRevoker:
         if self.revoker is None:
@@ -206,7 +208,7 @@ async def run_together(charged: Caller, thread_id: str, steps: Sequence[Step]) -
         if command.part is None or getattr(data, "thread_id", None) != thread_id:
             raise RuntimeError(f"{command.name} cannot be part of an act on {thread_id}")
         parts.append(command.part(data))
-    return await act(charged.service, charged.principal, thread_id, parts)
+    return await act(charged.service, charged.principal, thread_id, parts, charged.origin)
 
 
 def require_admin(principal: Principal) -> None:
@@ -283,6 +285,7 @@ def _tool_result(kind: WaitKind) -> Callable[[Caller, ToolResult], Awaitable[Any
             i.payload(),
             expected_version=i.expected_version,
             kind=kind,
+            origin=c.origin,
         )
 
     return call
@@ -416,7 +419,12 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         name="action.resume",
         input=ResumeAction,
         call=lambda c, i: c.service.resume_action(
-            c.principal, i.thread_id, i.action_id, i.payload, expected_version=i.expected_version
+            c.principal,
+            i.thread_id,
+            i.action_id,
+            i.payload,
+            expected_version=i.expected_version,
+            origin=c.origin,
         ),
         answer=lambda i, result: version_answer(result),
         answer_doc=f"{THREAD_VERSION}; errors `conflict` (409), `invalid_payload` (422)",

@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from runtime import log_context
+from runtime.domain import Origin
 from runtime.errors import InvalidInput, TooLarge
 from runtime.service.thread_service import ThreadService
 from server.auth import authenticate, bearer_token, token_key
@@ -45,6 +46,12 @@ async def request_caller(request: Request) -> Caller:
         limiter=getattr(request.app.state, "limiter", None),
         token_id=token_key(token or ""),
         revoker=getattr(request.app.state, "revoker", None),
+        origin=Origin(
+            transport="http",
+            client_address=request.client.host if request.client else None,
+            user_agent=request.headers.get("user-agent"),
+            token_id=token_key(token or ""),
+        ),
     )
 
 

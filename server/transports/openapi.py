@@ -39,6 +39,8 @@ _WRITES = (
     "queue_full",
     "scope_runs_exceeded",
 )
+# What deciding an approval under a policy may also answer (docs/protocol.md, "Approvals").
+_DECISIONS = ("requester_excluded", "not_a_decider", "already_decided")
 # Routes outside the command table: probes and metrics, no token.
 _PROBES = {
     "/healthz": ("healthz", "Liveness: the process answers.", {"200": "`{status, role, ...}`"}),
@@ -54,7 +56,8 @@ _PROBES = {
 def error_codes(command: Command[Any, Any]) -> list[str]:
     """The error codes a command's route may answer (docs/protocol.md, "Errors")."""
     refused_tokens = [code for code in TOKEN_CODES if code not in _ANY_ROUTE]  # all 401
-    return [*_ANY_ROUTE, *refused_tokens, *(_WRITES if command.limited else ())]
+    decides = _DECISIONS if command.name == "action.resume" else ()
+    return [*_ANY_ROUTE, *refused_tokens, *(_WRITES if command.limited else ()), *decides]
 
 
 def _error_schema(codes: list[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, MessageKind, encode
 from realtime.outbox import Outbox
-from runtime.domain import Admission, InputPolicy, Principal, Role, Thread, WaitKind
+from runtime.domain import Admission, InputPolicy, Origin, Principal, Role, Thread, WaitKind
 from runtime.errors import ActionConflict, NotFound
 from runtime.service.thread_service import ThreadService
 from runtime.storage.store import ResolveResult, RewriteResult
@@ -86,6 +86,7 @@ class FakeCommands(ThreadService):
         *,
         expected_version: int | None = None,
         kind: WaitKind | None = None,
+        origin: Origin | None = None,
     ) -> ResolveResult:
         kwargs = {"expected_version": expected_version, "kind": kind}
         self.calls.append(("resume_action", (thread_id, action_id, dict(payload), kwargs)))

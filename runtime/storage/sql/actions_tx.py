@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from runtime.domain import Part, Resolution, RunStatus
+from runtime.domain import Part, Resolution, RunStatus, ToolCallPart
 from runtime.errors import RunStopping
 from runtime.storage.decisions import (
+    ResolvedAction,
     action_ids,
     check_expected_version,
+    find_action,
     resolve_action,
     stale_action_error,
 )
 from runtime.storage.hooks_store import WebhookEvent
+from runtime.storage.sql import audit_tx
 from runtime.storage.sql.core import Conn, bump, lock_thread
 from runtime.storage.sql.rows import decode_parts, encode_parts
 from runtime.storage.sql.threads_tx import tail_row
@@ -59,6 +62,17 @@ async def resolve(
         encode_parts(outcome.parts),
         await conn.now(),
     )
+    scope = str(thread["scope"])
+    if outcome.decision is not None:
+        await _record(conn, scope, thread_id, action_id, resolution, outcome)
+    if not outcome.settled:
+        # A partial decision: committed and shown, but the action and its run stay waiting.
+        return ResolveResult(
+            thread_id=thread_id,
+            version=await bump(conn, thread_id),
+            run_id=run_id,
+            run_resumed=False,
+        )
     resumed = False
     if run_id is not None and outcome.last_pending:
         status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
@@ -74,7 +88,7 @@ async def resolve(
     # The webhook outbox row, in this transaction: it exists if and only if the resolution does.
     await record_event(
         conn,
-        str(thread["scope"]),
+        scope,
         WebhookEvent.ACTION_RESOLVED,
         thread_id=thread_id,
         run_id=run_id,
@@ -87,6 +101,38 @@ async def resolve(
         version=await bump(conn, thread_id),
         run_id=run_id,
         run_resumed=resumed,
+    )
+
+
+async def _record(
+    conn: Conn,
+    scope: str,
+    thread_id: str,
+    action_id: str,
+    resolution: Resolution,
+    outcome: ResolvedAction,
+) -> None:
+    """The decision's row and its audit entry, in the transaction that commits the decision."""
+    decision = outcome.decision
+    assert decision is not None
+    await audit_tx.record_decision(conn, thread_id, action_id, decision)
+    verdict = "approved" if decision.approved else "denied"
+    index = find_action(outcome.parts, action_id)
+    part = None if index is None else outcome.parts[index]
+    waiting = part.waiting if isinstance(part, ToolCallPart) else None
+    approval = None if waiting is None else waiting.approval
+    progress = "" if approval is None else f" ({approval.approvals} of {approval.policy.quorum})"
+    await audit_tx.append(
+        conn,
+        scope,
+        event=f"action.{verdict}",
+        thread_id=thread_id,
+        action_id=action_id,
+        subject=decision.subject,
+        display_name=decision.display_name,
+        detail=f"{verdict}{progress}{'; resolved' if outcome.settled else ''}",
+        payload=decision.payload,
+        origin=resolution.origin,
     )
 
 

@@ -14,7 +14,7 @@ from starlette.websockets import WebSocket
 from realtime.closecodes import CloseCode
 from realtime.hub import Hub
 from realtime.outbox import Outbox
-from runtime.domain import Principal
+from runtime.domain import Origin, Principal
 from runtime.errors import QuotaExceeded
 from runtime.service.thread_service import ThreadService
 from server.auth import (
@@ -164,7 +164,7 @@ class Gateway:
             self._keep_slots()
         wire = wire_for(websocket)
         try:
-            connection = self._open(wire, principal, token_hash, expires_at)
+            connection = self._open(wire, principal, token_hash, expires_at, _origin(websocket))
         except BaseException:
             await self._release(slot)
             raise
@@ -181,7 +181,12 @@ class Gateway:
             await self._end(connection, wire, slot)
 
     def _open(
-        self, wire: Wire, principal: Principal, token_hash: str, expires_at: float | None
+        self,
+        wire: Wire,
+        principal: Principal,
+        token_hash: str,
+        expires_at: float | None,
+        origin: Origin,
     ) -> Connection:
         connection: Connection | None = None
 
@@ -206,6 +211,7 @@ class Gateway:
             token_id=token_key_of_hash(token_hash),
             inbox=self.inbox,
             presence=self.presence,
+            origin=origin.model_copy(update={"token_id": token_key_of_hash(token_hash)}),
         )
         connection = Connection(wire, session, self.settings)
         connection.token_hash = token_hash
@@ -324,3 +330,13 @@ class WebSocketDispatch:
             await self.endpoint(WebSocket(scope, receive, send))
         else:
             await self.app(scope, receive, send)
+
+
+def _origin(websocket: WebSocket) -> Origin:
+    """Where a connection's commands come from, for the audit log."""
+    client = websocket.client
+    return Origin(
+        transport="websocket",
+        client_address=client.host if client else None,
+        user_agent=websocket.headers.get("user-agent"),
+    )

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from realtime.envelopes import MessageKind, chunk_position
 from realtime.outbox import Outbox
-from runtime.domain import Principal, Thread
+from runtime.domain import Origin, Principal, Thread
 from runtime.errors import InvalidInput, NotFound
 from runtime.service.thread_service import ThreadService
 from server.live.inbox import ActionInbox
@@ -128,8 +128,10 @@ class Session:
         presence: PresenceHub | None = None,
         limiter: Limiter | None = None,
         token_id: str = "",
+        origin: Origin | None = None,
     ) -> None:
         self.principal = principal
+        self.origin = origin
         self.service = service
         self.hub = hub
         self.outbox = outbox
@@ -173,7 +175,15 @@ class Session:
         command = BY_NAME[frame.type]
         if command.authorize is not None:
             command.authorize(self.principal)
-        caller = Caller(self.principal, self.service, self, frame.id, self.limiter, self.token_id)
+        caller = Caller(
+            self.principal,
+            self.service,
+            self,
+            frame.id,
+            self.limiter,
+            self.token_id,
+            origin=self.origin,
+        )
         fields = await command.run(caller, frame)
         if fields is not None and command.reply is not None:
             self._answer(command.reply(id=frame.id, **fields).to_bytes())

@@ -1,0 +1,79 @@
+"""Transaction functions of the audit log and decision records: append, chained per scope."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from runtime.approvals import ApprovalDecision
+from runtime.domain import Origin
+from runtime.storage.audit_chain import HASHED, AuditEntry, entry_hash, payload_hash
+from runtime.storage.sql.core import Conn
+
+_COLUMNS = (*HASHED, "hash")
+
+
+async def record_decision(
+    conn: Conn, thread_id: str, action_id: str, decision: ApprovalDecision
+) -> None:
+    """The decision's own row; its primary key (thread, action, subject) is a second guard of
+    the one-decision-per-decider rule the thread lock already enforces."""
+    await conn.execute(
+        "INSERT INTO action_decisions (thread_id, action_id, subject, display_name, approved,"
+        " payload, decided_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        thread_id,
+        action_id,
+        decision.subject,
+        decision.display_name,
+        decision.approved,
+        orjson.dumps(decision.payload).decode(),
+        decision.at,
+    )
+
+
+async def append(
+    conn: Conn,
+    scope: str,
+    *,
+    event: str,
+    thread_id: str,
+    action_id: str,
+    subject: str,
+    display_name: str,
+    detail: str,
+    payload: dict[str, Any],
+    origin: Origin | None,
+) -> AuditEntry:
+    """Append one entry to `scope`'s chain, in the caller's transaction: it exists if and only
+    if what it records does."""
+    if conn.dialect.scope_lock is not None:
+        # Entries of one scope come from many threads: their chain is appended one at a time.
+        await conn.execute(conn.dialect.scope_lock, scope)
+    last = await conn.fetchrow(
+        "SELECT seq, hash FROM audit_log WHERE scope = $1 ORDER BY seq DESC LIMIT 1", scope
+    )
+    fields: dict[str, Any] = {
+        "scope": scope,
+        "seq": 1 if last is None else int(last["seq"]) + 1,
+        "event": event,
+        "thread_id": thread_id,
+        "action_id": action_id,
+        "subject": subject,
+        "token_id": origin.token_id if origin else None,
+        "display_name": display_name,
+        "transport": origin.transport if origin else None,
+        "client_address": origin.client_address if origin else None,
+        "user_agent": origin.user_agent if origin else None,
+        "at": await conn.now(),
+        "detail": detail,
+        "payload_hash": payload_hash(payload),
+        "prev_hash": "" if last is None else str(last["hash"]),
+    }
+    entry = AuditEntry(**fields, hash=entry_hash(fields))
+    placeholders = ", ".join(f"${i}" for i in range(1, len(_COLUMNS) + 1))
+    await conn.execute(
+        f"INSERT INTO audit_log ({', '.join(_COLUMNS)}) VALUES ({placeholders})",
+        *(getattr(entry, c) for c in _COLUMNS),
+    )
+    return entry
