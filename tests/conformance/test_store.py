@@ -47,6 +47,7 @@ MIGRATIONS = [
     "0009_start_run",
     "0010_token_last_used",
     "0011_timers_schedules_webhooks",
+    "0012_approval_decisions_audit",
 ]
 
 
