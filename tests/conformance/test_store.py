@@ -46,6 +46,7 @@ MIGRATIONS = [
     "0008_acquire_run_lease",
     "0009_start_run",
     "0010_token_last_used",
+    "0014_thread_metadata_index",
 ]
 
 
