@@ -141,7 +141,6 @@ _RATE_CODES = (
     "queue_full",
     "scope_runs_exceeded",
     "too_many_connections",
-    "rate_limited",
 )
 
 

@@ -31,6 +31,11 @@ def readme_client_examples() -> list[str]:
     return [block for block in blocks if "threadline_client" in block]
 
 
+def completed(watch: Any) -> bool:
+    snapshot = watch.snapshot
+    return bool(watch.settled and snapshot.run is not None and snapshot.run.status == "completed")
+
+
 def pending_email(api: Api) -> str:
     thread_id = str(api.create_thread()["thread"]["id"])
     api.send(thread_id, "please email bob@example.com the notes")
@@ -64,7 +69,7 @@ async def test_an_action_from_a_snapshot_can_be_resumed(
         assert action.thread_id == thread_id
         await tl.resume(action, {"approved": True})
         async with tl.watch(thread_id) as watch:
-            await watch.until(lambda w: w.settled and w.snapshot.run.status == "completed")
+            await watch.until(completed)
 
 
 @pytest.mark.parametrize(("token", "error"), [("tl_not-a-token", Unauthorized)])
@@ -127,7 +132,8 @@ def test_the_sync_client_watches_and_finds_threads(
         assert sorted(found) == sorted(made)
         tl.send(made[1], "hello")
         with tl.watch(made[1]) as watch:
-            watch.until(lambda w: w.settled and w.snapshot.run.status == "completed")
+            watch.until(completed)
+            assert watch.snapshot is not None
             assert watch.snapshot.assistant_text() == "You said: hello"
         with tl.watch_actions() as inbox:
             inbox.until(lambda w: w.connections > 0, timeout=10)
