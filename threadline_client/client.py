@@ -11,25 +11,28 @@ import httpx
 from pydantic import BaseModel
 
 from threadline_client.base import AsyncClosing
-from threadline_client.exceptions import error_of_response
+from threadline_client.exceptions import ConnectionFailed, error_of_response
 from threadline_client.hooks import HooksCalls
 from threadline_client.models import (
     Admission,
     Message,
+    MetadataAnswer,
     PendingAction,
     Principal,
     RegenerateAnswer,
     Snapshot,
     StopAnswer,
     ThreadInfo,
+    ThreadPage,
     VersionAnswer,
 )
 from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch
 
 Policy = Literal["enqueue", "reject", "interrupt"]
-# A send is retried on transport errors with the same client_request_id, which the server
-# deduplicates: a retry can never create a second message.
-SEND_ATTEMPTS = 3
+# Requests retried after a transport failure (or a 503): idempotent methods, and bodies with a
+# client_request_id (a send), which the server deduplicates: a retry never acts twice.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+ATTEMPTS = 3
 
 
 def _ws_url(base_url: str) -> str:
@@ -70,7 +73,9 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
         timeout: float = 10.0,
         ws_url: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        attempts: int = ATTEMPTS,
     ) -> None:
+        self.attempts = max(1, attempts)
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.ws_url = ws_url or _ws_url(self.base_url)
@@ -85,11 +90,29 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
         await self.http.aclose()
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One request; the decoded body of a 2xx answer, a typed error otherwise."""
-        response = await self.http.request(method, path, **kwargs)
-        if response.is_success:
-            return response.json() if response.content else None
-        raise error_of_response(response)
+        """One request; the decoded body of a 2xx answer, a typed error otherwise.
+
+        Retried with backoff when that is safe: an idempotent method, or a body carrying a
+        `client_request_id` (the server deduplicates it), after a transport failure or a 503.
+        A server never reached raises `ConnectionFailed`, never httpx's own error."""
+        body = kwargs.get("json")
+        safe = method in IDEMPOTENT or (isinstance(body, dict) and "client_request_id" in body)
+        attempts = self.attempts if safe else 1
+        backoff = Backoff(initial=0.2, maximum=2.0)
+        for attempt in range(1, attempts + 1):
+            last = attempt == attempts
+            try:
+                response = await self.http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if last:
+                    raise ConnectionFailed("connection_failed", str(exc) or repr(exc)) from exc
+            else:
+                if response.is_success:
+                    return response.json() if response.content else None
+                if response.status_code != 503 or last:
+                    raise error_of_response(response)
+            await asyncio.sleep(backoff.next())
+        raise AssertionError("unreachable")
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -112,9 +135,50 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
             body["scope"] = scope
         return Snapshot.model_validate(await self.request("POST", "/v1/threads", json=body))
 
-    async def list_threads(self, limit: int = 100) -> list[ThreadInfo]:
-        body = await self.request("GET", "/v1/threads", params={"limit": limit})
-        return [ThreadInfo.model_validate(item) for item in body["threads"]]
+    async def list_threads(
+        self,
+        limit: int = 100,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        status: Literal["idle", "running", "waiting"] | None = None,
+        updated_after: float | None = None,
+        updated_before: float | None = None,
+        cursor: str | None = None,
+    ) -> ThreadPage:
+        """One page of the token's threads, newest update first (`GET /v1/threads`), filtered
+        by metadata values, status and update time; `page.next_cursor` (None on the last page)
+        is the `cursor` of the next. `threads()` follows every page."""
+        params: dict[str, Any] = {"limit": limit}
+        params.update({f"metadata.{k}": v for k, v in (metadata or {}).items()})
+        extra: dict[str, Any] = {"status": status, "updated_after": updated_after}
+        extra.update({"updated_before": updated_before, "cursor": cursor})
+        params.update({k: v for k, v in extra.items() if v is not None})
+        return ThreadPage.model_validate(await self.request("GET", "/v1/threads", params=params))
+
+    async def threads(
+        self,
+        *,
+        page_size: int = 100,
+        metadata: Mapping[str, str] | None = None,
+        status: Literal["idle", "running", "waiting"] | None = None,
+    ) -> AsyncIterator[ThreadInfo]:
+        """Every thread `list_threads` finds, page after page by its cursor."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_threads(
+                page_size, metadata=metadata, status=status, cursor=cursor
+            )
+            for thread in page.threads:
+                yield thread
+            cursor = page.next_cursor
+            if cursor is None:
+                return
+
+    async def update_metadata(self, thread_id: str, patch: Mapping[str, Any]) -> MetadataAnswer:
+        """Merge `patch` into the thread's metadata (RFC 7396: None removes a key)."""
+        path = f"/v1/threads/{thread_id}/metadata"
+        answer = await self.request("PATCH", path, json={"metadata": dict(patch)})
+        return MetadataAnswer.model_validate(answer)
 
     async def snapshot(
         self,
@@ -181,15 +245,7 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
         if policy is not None:
             body["policy"] = policy
         path = f"/v1/threads/{thread_id}/messages"
-        backoff = Backoff()
-        for attempt in range(1, SEND_ATTEMPTS + 1):
-            try:
-                return Admission.model_validate(await self.request("POST", path, json=body))
-            except httpx.TransportError:
-                if attempt == SEND_ATTEMPTS:
-                    raise
-                await asyncio.sleep(backoff.next())
-        raise AssertionError("unreachable")
+        return Admission.model_validate(await self.request("POST", path, json=body))
 
     async def stop(self, thread_id: str, run_id: str) -> StopAnswer:
         body = await self.request("POST", f"/v1/threads/{thread_id}/runs/{run_id}/stop")

@@ -59,6 +59,30 @@ class RunActive(Conflict):
     """Policy `reject` (or a history rewrite) while a run is active."""
 
 
+class RunStopping(Conflict):
+    """A resume or result for an action whose run has a stop request: the stop cancels it."""
+
+
+class IllegalTransition(Conflict):
+    """An out-of-order state change of a run or tool part."""
+
+
+class InvariantViolation(Conflict):
+    """A write that would break a storage invariant; nothing changed."""
+
+
+class LeaseLost(Conflict):
+    """Internal to the server (a fenced write lost its lease); not expected at the API."""
+
+
+class BadRequest(ThreadlineError):
+    """The request (or websocket frame) could not be read: `bad_request`, `invalid_json`."""
+
+
+class MethodNotAllowed(ThreadlineError):
+    """The route exists, the method does not (405)."""
+
+
 class InvalidInput(ThreadlineError):
     """The request does not match the route's schema (422 invalid_input)."""
 
@@ -95,15 +119,49 @@ class ServerError(ThreadlineError):
     """An unexpected server failure (5xx)."""
 
 
+class ConnectionFailed(Unavailable):
+    """The server could not be reached (refused, reset, timed out): no answer at all, so
+    `code` is `connection_failed` and `status` 0; the transport's error is `__cause__`."""
+
+
+# Every 401 code a JWT refusal names is an Unauthorized: the caller's answer is a new token.
+_UNAUTHORIZED_CODES = (
+    "unauthorized",
+    "invalid_token",
+    "invalid_issuer",
+    "invalid_audience",
+    "token_expired",
+    "token_not_yet_valid",
+    "invalid_signature",
+    "unsupported_algorithm",
+)
+_RATE_CODES = (
+    "token_rate_limited",
+    "scope_rate_limited",
+    "queue_full",
+    "scope_runs_exceeded",
+    "too_many_connections",
+)
+
+
+# Every error code of docs/protocol.md (tests/unit/test_client_errors.py compares the lists).
 _BY_CODE: dict[str, type[ThreadlineError]] = {
-    "unauthorized": Unauthorized,
+    **dict.fromkeys(_UNAUTHORIZED_CODES, Unauthorized),
+    **dict.fromkeys(_RATE_CODES, RateLimited),
     "forbidden": Forbidden,
     "not_found": NotFound,
+    "method_not_allowed": MethodNotAllowed,
+    "bad_request": BadRequest,
+    "invalid_json": BadRequest,
+    "conflict": Conflict,
     "run_active": RunActive,
+    "run_stopping": RunStopping,
+    "illegal_transition": IllegalTransition,
+    "invariant_violation": InvariantViolation,
+    "lease_lost": LeaseLost,
     "invalid_input": InvalidInput,
     "invalid_payload": InvalidPayload,
     "too_large": TooLarge,
-    "rate_limited": RateLimited,
     "unavailable": Unavailable,
     "internal_error": ServerError,
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from threadline_wire import AdmissionAnswer
 
@@ -73,6 +73,19 @@ class Page(WireModel):
     before: int | None = None
 
 
+class ThreadPage(WireModel):
+    """A page of `GET /v1/threads`; `next_cursor` pages on (None: the last page)."""
+
+    threads: list[ThreadInfo]
+    next_cursor: str | None = None
+
+
+class MetadataAnswer(WireModel):
+    thread_id: str
+    version: int
+    metadata: dict[str, Any]
+
+
 class Snapshot(WireModel):
     """A thread's projected, committed state at one version (its messages: one page)."""
 
@@ -82,6 +95,20 @@ class Snapshot(WireModel):
     run: Run | None = None
     queue: list[dict[str, Any]] = Field(default_factory=list)
     page: Page | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _actions_know_their_thread(cls, data: Any) -> Any:
+        """A snapshot's actions omit `thread_id` (it is the snapshot's); filled in so that one
+        can be passed to `resume` as the inbox's actions are."""
+        if not isinstance(data, dict) or not isinstance(data.get("thread"), dict):
+            return data
+        thread_id = data["thread"].get("id")
+        actions = [
+            {"thread_id": thread_id, **a} if isinstance(a, dict) else a
+            for a in data.get("pending_actions") or []
+        ]
+        return {**data, "pending_actions": actions}
 
     @property
     def version(self) -> int:

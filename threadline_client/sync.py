@@ -10,7 +10,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from threadline_client.client import ThreadlineClient
 from threadline_client.models import Snapshot
-from threadline_client.watch import ThreadWatch, WatchEvent
+from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch, WatchEvent
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -61,6 +61,46 @@ class _Iterating(Generic[P, T]):
             return instance._iterate(self.method(instance._client, *args, **kwargs))
 
         return call
+
+
+W = TypeVar("W", ThreadWatch, ActionsWatch)
+
+
+class SyncWatch(Generic[W]):
+    """A watch (`ThreadWatch` or `ActionsWatch`) driven from blocking code: `with` opens and
+    closes it, iterating yields its events, `until` blocks; its state (`snapshot`, `settled`,
+    `state`, `pending`, …) reads straight from the async watch, which the client's loop keeps
+    current."""
+
+    def __init__(self, client: SyncThreadlineClient, watch: W) -> None:
+        self._client = client
+        self.watch: W = watch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.watch, name)
+
+    def __enter__(self) -> Self:
+        self._client._call(self.watch.__aenter__())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client._call(self.watch.aclose())
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        return self._client._iterate(self.watch)
+
+    def until(self, predicate: Callable[[W], bool], timeout: float = 30.0) -> Self:
+        """Block until `predicate(watch)` holds (see the async `until`); returns self."""
+        self._client._call(self.watch.until(predicate, timeout))
+        return self
 
 
 class SyncThreadlineClient:
@@ -122,6 +162,24 @@ class SyncThreadlineClient:
     submit_result = _Blocking(ThreadlineClient.submit_result)
     pending = _Iterating(ThreadlineClient.pending)
     pages = _Iterating(ThreadlineClient.pages)
+    threads = _Iterating(ThreadlineClient.threads)
+    update_metadata = _Blocking(ThreadlineClient.update_metadata)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """`ThreadlineClient.request`, blocking."""
+        return self._call(self._client.request(method, path, **kwargs))
+
+    def watch(self, thread_id: str, *, backoff: Backoff | None = None) -> SyncWatch[ThreadWatch]:
+        """`ThreadlineClient.watch`, blocking: use with `with`."""
+        return SyncWatch(self, self._client.watch(thread_id, backoff=backoff))
+
+    def watch_actions(self, *, backoff: Backoff | None = None) -> SyncWatch[ActionsWatch]:
+        """`ThreadlineClient.watch_actions`, blocking: use with `with`."""
+        return SyncWatch(self, self._client.watch_actions(backoff=backoff))
+
+    def aclose(self) -> None:
+        """`close` under the async client's name (the two surfaces have the same names)."""
+        self.close()
 
     def wait(
         self,

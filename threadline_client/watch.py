@@ -19,7 +19,13 @@ from websockets.typing import Subprotocol
 
 from threadline_client.base import AsyncClosing
 from threadline_client.convergence import Refetch, ThreadState
-from threadline_client.exceptions import ThreadlineError, Unauthorized, error_from
+from threadline_client.exceptions import (
+    Forbidden,
+    NotFound,
+    ThreadlineError,
+    Unauthorized,
+    error_from,
+)
 from threadline_client.models import PendingAction, Snapshot
 
 if TYPE_CHECKING:
@@ -28,6 +34,34 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UNAUTHORIZED_CLOSE = 4401
+# Close codes no reconnect can cure with the same token: the watch ends with the typed error.
+FATAL_CLOSES: dict[int, tuple[type[ThreadlineError], str, int]] = {
+    UNAUTHORIZED_CLOSE: (Unauthorized, "unauthorized", 401),
+    4403: (Forbidden, "forbidden", 403),
+    4404: (NotFound, "not_found", 404),
+}
+_FATAL_STATUSES = {status: (kind, code) for kind, code, status in FATAL_CLOSES.values()}
+
+
+def _fatal(exc: BaseException) -> ThreadlineError | None:
+    """The typed error of a connection no reconnect can cure (a refused or revoked token, an
+    unknown thread): close codes 4401/4403/4404, or the same refusal as an HTTP status at the
+    upgrade; None for a connection worth opening again."""
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None:
+        known = FATAL_CLOSES.get(exc.rcvd.code)
+        if known is not None:
+            kind, code, status = known
+            return kind(code, exc.rcvd.reason or f"closed {exc.rcvd.code}", status)
+    if isinstance(exc, InvalidStatus):
+        refused = _FATAL_STATUSES.get(exc.response.status_code)
+        if refused is not None:
+            kind, code = refused
+            return kind(
+                code, f"upgrade refused: {exc.response.status_code}", exc.response.status_code
+            )
+    return None
+
+
 # Events waiting for a slow consumer; the state itself is never behind, only the event log.
 MAX_EVENTS = 10_000
 
@@ -174,6 +208,9 @@ class _LiveView(AsyncClosing):
                 try:
                     await self._connection()
                 except (OSError, ConnectionClosed, TimeoutError, InvalidStatus) as exc:
+                    fatal = _fatal(exc)
+                    if fatal is not None:
+                        raise fatal from exc
                     log.info("threadline websocket lost (%s); reconnecting", exc)
                 if self._closed:
                     return
@@ -222,9 +259,15 @@ class _LiveView(AsyncClosing):
                 if isinstance(frame, dict) and not socket.answer(frame):
                     self._on_frame(frame)
         except ConnectionClosed as exc:
-            if exc.rcvd is not None and exc.rcvd.code == UNAUTHORIZED_CLOSE:
-                raise Unauthorized("unauthorized", "the token was refused", 401) from exc
-            raise
+            # A request in flight (the subscribe of `_on_open`) learns of the close at once,
+            # with the typed error when it is final, instead of waiting out its timeout.
+            error: BaseException = _fatal(exc) or exc
+            for future in socket.answers.values():
+                if not future.done():
+                    future.set_exception(error)
+            if error is exc:
+                raise
+            raise error from exc
 
     async def _request(self, socket: _Socket, frame: dict[str, Any]) -> dict[str, Any]:
         answer = await socket.request(frame, timeout=self.client.http.timeout.read or 10.0)
@@ -276,8 +319,14 @@ class ThreadWatch(_LiveView):
 
     @property
     def settled(self) -> bool:
-        """No refetch running or owed: `state` reflects every announcement seen so far."""
-        return self._fetcher is None and not self.state.wants_more()
+        """A snapshot is in, and no refetch is running or owed: `state` reflects every
+        announcement seen so far (False before the first snapshot, so `w.settled and
+        w.snapshot...` never reads a snapshot that is not there)."""
+        return (
+            self.state.snapshot is not None
+            and self._fetcher is None
+            and not self.state.wants_more()
+        )
 
     def _helpers(self) -> tuple[asyncio.Task[None] | None, ...]:
         return (self._fetcher,)

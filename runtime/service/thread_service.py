@@ -43,6 +43,7 @@ from runtime.storage.store import (
     Store,
     Truncate,
 )
+from runtime.storage.thread_query import ThreadQuery
 from runtime.tools import client_tools_from
 
 log = logging.getLogger(__name__)
@@ -130,8 +131,19 @@ class ThreadService:
         await self.publisher.invalidate(thread_id, thread.version)
         return thread
 
-    async def list_threads(self, principal: Principal, limit: int = 100) -> list[Thread]:
-        return await self.store.list_threads(principal.scopes, limit)
+    async def update_metadata(
+        self, principal: Principal, thread_id: str, patch: dict[str, Any]
+    ) -> Thread:
+        """Merge `patch` into the public metadata; the rule of a rename (any principal of the
+        thread's scope: metadata describes the thread, it is no one's history)."""
+        thread = await self.store.update_metadata(thread_id, principal.scopes, patch)
+        await self.publisher.invalidate(thread_id, thread.version)
+        return thread
+
+    async def list_threads(
+        self, principal: Principal, limit: int = 100, query: ThreadQuery | None = None
+    ) -> list[Thread]:
+        return await self.store.list_threads(principal.scopes, limit, query)
 
     async def pending_actions(
         self, principal: Principal, limit: int = 100, after: str | None = None

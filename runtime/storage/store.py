@@ -55,6 +55,7 @@ from runtime.storage.store_models import (
     TailUpdate,
     Truncate,
 )
+from runtime.storage.thread_query import ThreadQuery
 
 
 class StoreLifecycle(Protocol):
@@ -98,7 +99,20 @@ class ThreadStore(ThreadIndex, Protocol):
         returned has it); `InvalidInput`/`TooLarge` for a title creation would refuse."""
         ...
 
-    async def list_threads(self, scopes: Scopes, limit: int = 100) -> list[Thread]: ...
+    async def update_metadata(
+        self, thread_id: str, scopes: Scopes, patch: dict[str, Any]
+    ) -> Thread:
+        """Apply a JSON merge patch (RFC 7396) to the public metadata: a change like any
+        other, so one version more; `TooLarge` when the result exceeds the metadata bound."""
+        ...
+
+    async def list_threads(
+        self, scopes: Scopes, limit: int = 100, query: ThreadQuery | None = None
+    ) -> list[Thread]:
+        """At most `limit` threads of `scopes` that `query` keeps, by update time (newest
+        first) then id; `query.after` pages on (`thread_query.page_cursor`)."""
+        ...
+
     async def snapshot(
         self,
         thread_id: str,

@@ -6,6 +6,7 @@ from typing import Any
 
 from runtime.domain import Admission, InboxEntry, Principal, Thread
 from runtime.storage.store import ResolveResult, RewriteResult, StopResult
+from runtime.storage.thread_query import page_cursor
 
 
 def admission_answer(admission: Admission) -> dict[str, Any]:
@@ -30,9 +31,12 @@ def regenerate_answer(result: RewriteResult) -> dict[str, Any]:
     return {"thread_id": result.thread_id, "version": result.version, "run_id": result.run_id}
 
 
-def threads_answer(threads: list[Thread]) -> dict[str, Any]:
-    # Private metadata never leaves the server.
+def threads_answer(threads: list[Thread], limit: int | None = None) -> dict[str, Any]:
+    # Private metadata never leaves the server. A full page may have more behind it: its last
+    # thread's cursor pages on (None: this was the last page).
+    full = limit is not None and bool(threads) and len(threads) >= limit
     return {
+        "next_cursor": page_cursor(threads[-1]) if full else None,
         "threads": [
             {
                 "id": thread.id,
@@ -44,7 +48,7 @@ def threads_answer(threads: list[Thread]) -> dict[str, Any]:
                 "updated_at": thread.updated_at,
             }
             for thread in threads
-        ]
+        ],
     }
 
 

@@ -49,6 +49,7 @@ from server.protocol.inputs import (
     StopRun,
     ThreadRef,
     ToolResult,
+    UpdateMetadata,
 )
 from server.protocol.replies import (
     Ack,
@@ -223,6 +224,26 @@ def _limit(query: Mapping[str, str]) -> dict[str, Any]:
     return {"limit": int(raw)}
 
 
+# Query parameters of `GET /v1/threads` besides `metadata.<key>`; others are refused, so a
+# misspelt filter is an error rather than a silently unfiltered list.
+_THREAD_FILTERS = ("limit", "status", "updated_after", "updated_before", "cursor")
+
+
+def _threads_query(query: Mapping[str, str]) -> dict[str, Any]:
+    fields: dict[str, Any] = _limit(query)
+    metadata: dict[str, str] = {}
+    for name, value in query.items():
+        if name.startswith("metadata."):
+            metadata[name.removeprefix("metadata.")] = value
+        elif name not in _THREAD_FILTERS:
+            raise InvalidInput(f"unknown query parameter {name!r}")
+        elif name != "limit" and value:
+            fields[name] = value
+    if metadata:
+        fields["metadata"] = metadata
+    return fields
+
+
 def _actions_query(query: Mapping[str, str]) -> dict[str, Any]:
     status = query.get("status", "pending")
     if status != "pending":
@@ -320,12 +341,14 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="thread.list",
         input=ListThreads,
-        call=lambda c, i: c.service.list_threads(c.principal, i.limit),
-        answer=lambda i, threads: threads_answer(threads),
+        call=lambda c, i: c.service.list_threads(c.principal, i.limit, i.query()),
+        answer=lambda i, threads: threads_answer(threads, i.limit),
         answer_doc='`{"threads": [{"id", "scope", "title", "version", "metadata", '
-        '"created_at", "updated_at"}]}`',
+        '"created_at", "updated_at"}], "next_cursor"}`: newest update first; '
+        "`?metadata.<key>=<value>`, `status` (idle, running, waiting), `updated_after`, "
+        "`updated_before`, `cursor`, `limit`",
         reply=None,
-        http=Http("GET", "/v1/threads", "list_threads", body=False, query=_limit),
+        http=Http("GET", "/v1/threads", "list_threads", body=False, query=_threads_query),
         note=READ,
         limited=False,
     ),
@@ -353,6 +376,19 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         answer=lambda i, thread: {"thread_id": thread.id, "version": thread.version},
         answer_doc=THREAD_VERSION,
         http=Http("PATCH", T, "rename_thread"),
+    ),
+    Command(
+        name="thread.update_metadata",
+        input=UpdateMetadata,
+        call=lambda c, i: c.service.update_metadata(c.principal, i.thread_id, i.metadata),
+        answer=lambda i, thread: {
+            "thread_id": thread.id,
+            "version": thread.version,
+            "metadata": thread.metadata,
+        },
+        answer_doc='`{"thread_id", "version", "metadata"}`: `metadata` a JSON merge patch '
+        "(RFC 7396: `null` removes a key); the answer has the whole result",
+        http=Http("PATCH", f"{T}/metadata", "update_thread_metadata"),
     ),
     Command(
         name="subscribe",

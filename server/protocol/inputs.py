@@ -15,6 +15,7 @@ from runtime.domain import (
     Visibility,
 )
 from runtime.errors import InvalidInput, TooLarge
+from runtime.storage.thread_query import ThreadQuery, ThreadStatus
 
 ID_MAX = 200
 ThreadId = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
@@ -110,12 +111,7 @@ class CreateThread(Input):
 
     def check(self) -> None:
         _check_title(self.title)
-        try:
-            size = len(orjson.dumps(self.metadata))
-        except TypeError as exc:  # nested deeper than orjson's limit (254)
-            raise InvalidInput(f"metadata is not JSON-serialisable: {exc}") from exc
-        if size > MAX_METADATA_BYTES:
-            raise TooLarge(f"metadata is larger than {MAX_METADATA_BYTES} bytes")
+        _check_metadata(self.metadata)
 
 
 class RenameThread(Input):
@@ -131,8 +127,53 @@ def _check_title(title: str) -> None:
         raise TooLarge(f"title is longer than {MAX_TITLE_CHARS} characters")
 
 
+class UpdateMetadata(Input):
+    """`PATCH /v1/threads/{thread_id}/metadata`: `metadata` is a JSON merge patch (RFC 7396)
+    of the public metadata: keys set, `null` removes a key, nested objects merge."""
+
+    thread_id: ThreadId
+    metadata: dict[str, Any]
+
+    def check(self) -> None:
+        _check_metadata(self.metadata)
+
+
+def _check_metadata(metadata: dict[str, Any]) -> None:
+    try:
+        size = len(orjson.dumps(metadata))
+    except TypeError as exc:  # nested deeper than orjson's limit (254)
+        raise InvalidInput(f"metadata is not JSON-serialisable: {exc}") from exc
+    if size > MAX_METADATA_BYTES:
+        raise TooLarge(f"metadata is larger than {MAX_METADATA_BYTES} bytes")
+
+
+MetadataKey = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
+
+
 class ListThreads(Input):
+    """`GET /v1/threads`: a page of the caller's threads, newest update first. Query:
+    `metadata.<key>=<value>` (each must match a string value), `status` (idle, running,
+    waiting), `updated_after`/`updated_before` (epoch seconds), `cursor` (the previous page's
+    `next_cursor`, opaque), `limit`."""
+
     limit: int = Field(default=100, ge=1, le=500)
+    metadata: dict[MetadataKey, Annotated[str, Field(max_length=MAX_TITLE_CHARS)]] = Field(
+        default_factory=dict, max_length=16
+    )
+    # A Literal, not the enum: the OpenAPI document inlines query parameters' schemas.
+    status: Literal["idle", "running", "waiting"] | None = None
+    updated_after: float | None = Field(default=None, allow_inf_nan=False)
+    updated_before: float | None = Field(default=None, allow_inf_nan=False)
+    cursor: str | None = Field(default=None, min_length=1, max_length=4 * ID_MAX)
+
+    def query(self) -> ThreadQuery:
+        return ThreadQuery(
+            metadata=self.metadata,
+            status=None if self.status is None else ThreadStatus(self.status),
+            updated_after=self.updated_after,
+            updated_before=self.updated_before,
+            after=self.cursor,
+        )
 
 
 class GetSnapshot(Input):

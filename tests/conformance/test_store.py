@@ -48,6 +48,7 @@ MIGRATIONS = [
     "0010_token_last_used",
     "0011_timers_schedules_webhooks",
     "0012_approval_decisions_audit",
+    "0013_thread_metadata_index",
 ]
 
 

@@ -61,6 +61,7 @@ class Api:
 VALID_BODIES: dict[str, Any] = {
     "snapshot": None,
     "rename_thread": {"title": "renamed"},
+    "update_thread_metadata": {"metadata": {"owner": "x"}},
     "send_message": {"text": "hello"},
     "set_visibility": {"visibility": "hidden"},
     "cancel_queued": None,

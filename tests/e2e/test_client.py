@@ -89,7 +89,7 @@ async def test_threads_send_is_idempotent_and_regenerate_and_stop_answer(setup: 
         created = await tl.create_thread("client", metadata={"k": 1})
         thread_id = created.thread.id
         assert created.thread.metadata == {"k": 1}
-        assert thread_id in [t.id for t in await tl.list_threads()]
+        assert thread_id in [t.id for t in (await tl.list_threads()).threads]
         first = await tl.send(thread_id, "hello", client_request_id="req-1")
         again = await tl.send(thread_id, "hello", client_request_id="req-1")
         assert again.duplicate and (again.run_id, again.message_id) == (

@@ -24,6 +24,7 @@ from server.protocol.wire_errors import wire_error
 M = TypeVar("M", bound=BaseModel)
 VALID: dict[str, dict[str, Any]] = {
     "thread.rename": {"thread_id": "t1", "title": "new"},
+    "thread.update_metadata": {"thread_id": "t1", "metadata": {"owner": "alice"}},
     "subscribe": {"thread_id": "t1"},
     "unsubscribe": {"thread_id": "t1"},
     "message.send": {"thread_id": "t1", "text": "hi"},

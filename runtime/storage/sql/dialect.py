@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 def _same(sql: str) -> str:
@@ -12,6 +13,20 @@ def _same(sql: str) -> str:
 
 def _octet_length(expression: str) -> str:
     return f"octet_length({expression})"
+
+
+def _json_each_match(metadata: Mapping[str, str], start: int) -> tuple[str, list[Any]]:
+    """Threads whose public metadata holds each key with that string value, key by key (no
+    index can serve `json_each`; SQLite scans the scope's threads, which its scale allows)."""
+    clauses, args = [], []
+    for offset, (key, value) in enumerate(sorted(metadata.items())):
+        k, v = start + 2 * offset, start + 2 * offset + 1
+        clauses.append(
+            "EXISTS (SELECT 1 FROM json_each(threads.metadata) j"
+            f" WHERE j.key = ${k} AND j.type = 'text' AND j.value = ${v})"
+        )
+        args += [key, value]
+    return " AND ".join(clauses) or "1 = 1", args
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +83,9 @@ class Dialect:
     # returns what that attempt computed (`SqlTransactions._run`). False: keys (Postgres,
     # where a connection can drop while COMMIT is in flight).
     commit_outcome_known: bool = False
+    # SQL (with its arguments, numbered from the int) keeping the threads whose public
+    # metadata has every key of the mapping at that string value.
+    metadata_match: Callable[[Mapping[str, str], int], tuple[str, list[Any]]] = _json_each_match
 
 
 __all__ = ["Dialect"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
+import orjson
 
 from runtime.storage.sql.core import Conn
 from runtime.storage.sql.dialect import Dialect
@@ -126,6 +127,14 @@ def _is_transient(exc: BaseException) -> bool:
     return False
 
 
+def _contains(metadata: Mapping[str, str], start: int) -> tuple[str, list[Any]]:
+    """JSON containment, in the form the `threads_metadata` GIN index (migration 0013)
+    answers: the expression must be exactly the indexed one."""
+    if not metadata:
+        return "1 = 1", []
+    return f"(metadata::jsonb) @> ${start}::jsonb", [orjson.dumps(dict(metadata)).decode()]
+
+
 POSTGRES = Dialect(
     name="postgres",
     now_sql="extract(epoch from clock_timestamp())::double precision",
@@ -138,6 +147,7 @@ POSTGRES = Dialect(
     scope_lock=f"SELECT pg_advisory_xact_lock({_SCOPE_LOCK_CLASS}, hashtext($1))",
     writing_ctes=True,
     run_lease_function="threadline_acquire_run_lease",
+    metadata_match=_contains,
     start_run_function="threadline_start_run",
 )
 

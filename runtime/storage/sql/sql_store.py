@@ -79,6 +79,7 @@ from runtime.storage.store import (
     StopResult,
     Truncate,
 )
+from runtime.storage.thread_query import ThreadQuery, read_cursor
 from runtime.storage.token_admin import LAST_USED_RESOLUTION, TOKEN_ID_CHARS, TokenInfo
 
 
@@ -158,10 +159,24 @@ class SqlStore(SqlTransactions):
     async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread:
         return await self._read(lambda conn: threads_tx.get_thread(conn, thread_id, scopes))
 
-    async def list_threads(self, scopes: Collection[str], limit: int = 100) -> list[Thread]:
+    async def update_metadata(
+        self, thread_id: str, scopes: Collection[str], patch: dict[str, Any]
+    ) -> Thread:
+        if not isinstance(patch, dict):
+            raise InvalidInput("a metadata patch must be a JSON object")
+        encode_metadata(patch, "metadata")  # the patch alone within the bound, before a lock
+        return await self._write(
+            lambda conn: threads_tx.update_metadata(conn, thread_id, scopes, patch)
+        )
+
+    async def list_threads(
+        self, scopes: Collection[str], limit: int = 100, query: ThreadQuery | None = None
+    ) -> list[Thread]:
         if limit <= 0:
             return []
-        return await self._read(lambda conn: threads_tx.list_threads(conn, scopes, limit))
+        if query is not None and query.after is not None:
+            read_cursor(query.after)  # a bad cursor is refused before any transaction
+        return await self._read(lambda conn: threads_tx.list_threads(conn, scopes, limit, query))
 
     async def snapshot(
         self,

@@ -26,12 +26,14 @@ from runtime.errors import Conflict, NotFound
 from runtime.storage.sql.core import Conn, bump, lock_thread, placeholders, scope_clause, thread_row
 from runtime.storage.sql.rows import (
     Row,
+    encode_metadata,
     item_from_row,
     loads,
     message_from_row,
     run_from_row,
     thread_from_row,
 )
+from runtime.storage.thread_query import ThreadQuery, ThreadStatus, merge_patch, read_cursor
 
 ACTIVE_STATUSES = "('queued', 'running', 'waiting')"
 RUN_SELECT = "SELECT r.*, t.scope FROM runs r JOIN threads t ON t.id = r.thread_id"
@@ -73,15 +75,66 @@ async def get_thread(conn: Conn, thread_id: str, scopes: Collection[str]) -> Thr
     return thread_from_row(await thread_row(conn, thread_id, scopes))
 
 
-async def list_threads(conn: Conn, scopes: Collection[str], limit: int) -> list[Thread]:
-    clause, values = scope_clause("scope", scopes, 1)
-    rows = await conn.fetch(
-        f"SELECT * FROM threads WHERE {clause} ORDER BY updated_at DESC, id"
-        f" LIMIT ${len(values) + 1}",
-        *values,
-        int(limit),
+async def update_metadata(
+    conn: Conn, thread_id: str, scopes: Collection[str], patch: dict[str, Any]
+) -> Thread:
+    row = await lock_thread(conn, thread_id, scopes)
+    metadata = merge_patch(loads(row["metadata"]), patch)
+    encoded = encode_metadata(metadata, "metadata")  # the merged object within the bound
+    await conn.execute("UPDATE threads SET metadata = $2 WHERE id = $1", thread_id, encoded)
+    version = await bump(conn, thread_id)
+    return thread_from_row(
+        {**row, "metadata": encoded, "version": version, "updated_at": await conn.now()}
     )
-    return [thread_from_row(row) for row in rows]
+
+
+# The thread's state by its active run (at most one: `runs_one_active`, which serves these).
+_STATUS_SQL = {
+    ThreadStatus.RUNNING: "EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = threads.id"
+    " AND r.status IN ('queued', 'running'))",
+    ThreadStatus.WAITING: "EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = threads.id"
+    " AND r.status = 'waiting')",
+    ThreadStatus.IDLE: "NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = threads.id"
+    f" AND r.status IN {ACTIVE_STATUSES})",
+}
+
+
+def list_threads_sql(
+    conn: Conn, scopes: Collection[str], limit: int, query: ThreadQuery
+) -> tuple[str, list[Any]]:
+    """The list's statement and arguments (apart, so a test can EXPLAIN it)."""
+    clause, args = scope_clause("scope", scopes, 1)
+    where = [clause]
+    if query.metadata:
+        sql, values = conn.dialect.metadata_match(query.metadata, len(args) + 1)
+        where.append(sql)
+        args += values
+    if query.status is not None:
+        where.append(_STATUS_SQL[query.status])
+    if query.updated_after is not None:
+        args.append(float(query.updated_after))
+        where.append(f"updated_at > ${len(args)}")
+    if query.updated_before is not None:
+        args.append(float(query.updated_before))
+        where.append(f"updated_at < ${len(args)}")
+    if query.after is not None:
+        position = read_cursor(query.after)
+        args += [position.updated_at, position.thread_id]
+        n = len(args)
+        where.append(f"(updated_at < ${n - 1} OR (updated_at = ${n - 1} AND id > ${n}))")
+    args.append(int(limit))
+    sql = (
+        f"SELECT * FROM threads WHERE {' AND '.join(where)}"
+        f" ORDER BY updated_at DESC, id LIMIT ${len(args)}"
+    )
+    return sql, args
+
+
+async def list_threads(
+    conn: Conn, scopes: Collection[str], limit: int, query: ThreadQuery | None = None
+) -> list[Thread]:
+    sql, args = list_threads_sql(conn, scopes, limit, query or ThreadQuery())
+    return [thread_from_row(row) for row in await conn.fetch(sql, *args)]
 
 
 async def thread_versions(conn: Conn, ids: Sequence[str]) -> dict[str, int]:
