@@ -149,6 +149,10 @@ _BY_CODE: dict[str, type[ThreadlineError]] = {
     **dict.fromkeys(_UNAUTHORIZED_CODES, Unauthorized),
     **dict.fromkeys(_RATE_CODES, RateLimited),
     "forbidden": Forbidden,
+    # An approval policy's refusals (docs/protocol.md, "Approval policies").
+    "requester_excluded": Forbidden,
+    "not_a_decider": Forbidden,
+    "already_decided": Conflict,
     "not_found": NotFound,
     "method_not_allowed": MethodNotAllowed,
     "bad_request": BadRequest,

@@ -73,6 +73,7 @@ class HooksCalls:
 
     async def create_schedule(
         self,
+        /,
         text: str,
         *,
         thread_id: str | None = None,

@@ -164,6 +164,20 @@ class SyncThreadlineClient:
     pages = _Iterating(ThreadlineClient.pages)
     threads = _Iterating(ThreadlineClient.threads)
     update_metadata = _Blocking(ThreadlineClient.update_metadata)
+    # Schedules and webhooks (threadline_client/hooks.py).
+    create_schedule = _Blocking(ThreadlineClient.create_schedule)
+    list_schedules = _Blocking(ThreadlineClient.list_schedules)
+    pause_schedule = _Blocking(ThreadlineClient.pause_schedule)
+    resume_schedule = _Blocking(ThreadlineClient.resume_schedule)
+    delete_schedule = _Blocking(ThreadlineClient.delete_schedule)
+    schedule_fires = _Blocking(ThreadlineClient.schedule_fires)
+    create_webhook = _Blocking(ThreadlineClient.create_webhook)
+    list_webhooks = _Blocking(ThreadlineClient.list_webhooks)
+    set_webhook_enabled = _Blocking(ThreadlineClient.set_webhook_enabled)
+    delete_webhook = _Blocking(ThreadlineClient.delete_webhook)
+    deliveries = _Blocking(ThreadlineClient.deliveries)
+    delivery_attempts = _Blocking(ThreadlineClient.delivery_attempts)
+    redeliver = _Blocking(ThreadlineClient.redeliver)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """`ThreadlineClient.request`, blocking."""
