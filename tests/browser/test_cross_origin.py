@@ -96,7 +96,8 @@ def test_an_origin_not_listed_is_refused_by_the_browser(
     context: BrowserContext, console: ConsoleLog, page_port: int, api_server: harness.ServerHandle
 ) -> None:
     # localhost and 127.0.0.1 are different origins: the same page, not on the list.
-    token = api_server.token("demo", "user", "mallory")
+    # A scope of its own: the thread list below then shows only what this page could open.
+    token = api_server.token("blocked-origin", "user", "mallory")
     page = context.new_page()
     blocked: list[str] = []
     page.on("console", lambda message: blocked.append(message.text))

@@ -331,6 +331,8 @@ def pool(server: ServerHandle, tokens: dict[str, str]) -> Iterator[Pool]:
             "schedule_id": [schedule_of(alice, thread_id), "sch-none"],
             "webhook_id": ["wh-none"],
             "delivery_id": ["msg-none"],
+            # The admin token routes' id (a hash prefix): one nobody has.
+            "token_id": ["0" * 24],
         }
     finally:
         alice.close()

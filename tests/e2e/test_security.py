@@ -299,6 +299,7 @@ SAMPLES: dict[str, Any] = {
     "payload": {"approved": True},
     "output": {"ok": True},
     "visibility": "hidden",
+    "metadata": {"owner": "intruder"},
 }
 
 
