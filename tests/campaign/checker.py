@@ -147,6 +147,10 @@ class Checker:
             for p in m["parts"]
             if p.get("type") == "tool-call" and p.get("state") == "awaiting-action"
         }
+        waiting = {r["thread_id"] for r in self.committed.runs if r["status"] == "waiting"}
+        for item in self.committed.queued:
+            if item["thread_id"] not in waiting:
+                self.flag("stuck queue", f"{item['thread_id']}: {item['text']!r} still queued")
         for run in self.committed.runs:
             status = run["status"]
             if status in ACTIVE_RUNS and not (status == "waiting" and run["id"] in pending_runs):

@@ -25,6 +25,11 @@ THREADS = 3
 CLIENTS_PER_THREAD = 3
 MAX_STEPS = 2000  # a bound on every client's loop, far beyond what a run reaches
 SETTLE_TIMEOUT = 90.0
+# Queued items with no run of their thread waiting on a person (which legitimately holds them).
+STUCK_QUEUE = (
+    "SELECT count(*) FROM queued_items q WHERE q.status = 'queued' AND NOT EXISTS"
+    " (SELECT 1 FROM runs r WHERE r.thread_id = q.thread_id AND r.status = 'waiting')"
+)
 
 
 @dataclass
@@ -42,6 +47,7 @@ class Result:
     seconds: float = 0.0
     history: History = field(default_factory=History)
     violations: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def report(self) -> str:
         ops = self.history.op_counts()
@@ -49,7 +55,9 @@ class Result:
         lines = [
             f"campaign seed={self.config.seed} topology={self.config.topology}"
             f" minutes={self.config.minutes} schedule={self.digest}",
-            f"duration: {self.seconds:.1f} s",
+            f"duration: {self.seconds:.1f} s ("
+            + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())
+            + ")",
             "operations: " + ", ".join(f"{k}={v}" for k, v in sorted(ops.items())),
             "faults: " + ", ".join(f"{k}={v}" for k, v in sorted(faults.items())),
             f"sessions: {len(self.history.frames)}"
@@ -76,6 +84,7 @@ async def campaign(config: Config) -> Result:
     result = Result(config, digest)
     began = time.monotonic()
     async with topology(config.topology) as top:
+        result.phases["start-up"] = time.monotonic() - began
         await play(config, top, steps, strikes, result)
     result.seconds = time.monotonic() - began
     return result
@@ -124,12 +133,17 @@ async def play(
     nemesis = Nemesis(top, history, strikes)
     try:
         await asyncio.gather(nemesis.run(started, deadline), *(c.run(deadline) for c in clients))
+        result.phases["operations"] = time.monotonic() - started
         # Settle: faults healed, every process up, every run ended or waiting on a person.
         top.heal()
         await top.ensure_alive()
+        mark = time.monotonic()
         await settle(top.dsn)
+        result.phases["settle"] = time.monotonic() - mark
         checker = Checker(history, await read_committed(top.dsn), config.seed)
+        mark = time.monotonic()
         await converge(clients, checker)
+        result.phases["converge"] = time.monotonic() - mark
     finally:
         for client in clients:
             for session in client.sessions:
@@ -149,10 +163,8 @@ async def settle(dsn: str) -> None:
             active = await conn.fetchval(
                 "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
             )
-            queued = await conn.fetchval(
-                "SELECT count(*) FROM queued_items WHERE status = 'queued'"
-            )
-            if active == 0 and queued == 0:
+            stuck = await conn.fetchval(STUCK_QUEUE)
+            if active == 0 and stuck == 0:
                 return
             await asyncio.sleep(0.25)
     finally:
