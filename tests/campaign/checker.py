@@ -114,8 +114,18 @@ class Checker:
         for op in self.history.ops:
             if op.kind == "resume":
                 by_action[op.args["action_id"]].append(op)
+        stops: dict[str, list[Op]] = defaultdict(list)
+        for op in self.history.ops:
+            if op.kind == "stop" and op.outcome == "ok":
+                stops[op.args["run_id"]].append(op)
         for action_id, ops in by_action.items():
             winners = [op for op in ops if op.outcome == "ok"]
+            for won in winners:
+                # Real-time order: a stop acknowledged before the resume was even sent cancels
+                # the action; a 200 for that resume is a lie.
+                earlier = [s for s in stops[won.args["run_id"]] if (s.end or 0) < won.start]
+                if earlier:
+                    self.flag("resume after stop", f"{action_id} answered 200", [*earlier, won])
             if len(winners) > 1:
                 self.flag("action resolved twice", f"{action_id}: {len(winners)} got 200", ops)
             elif winners and action_id in resolved:

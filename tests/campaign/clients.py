@@ -182,7 +182,12 @@ class Client:
 
         async def one(subject: str, approve: bool) -> None:
             op = self.history.invoke(
-                self.name, "resume", self.thread_id, action_id=action["id"], subject=subject
+                self.name,
+                "resume",
+                self.thread_id,
+                action_id=action["id"],
+                run_id=action["run_id"],
+                subject=subject,
             )
             body = {"payload": {"approved": approve}}
             await self.call(http, op, "POST", path, self.tokens[subject], body)

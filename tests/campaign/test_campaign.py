@@ -58,7 +58,7 @@ def test_checker_flags_a_send_committed_twice() -> None:
 def test_checker_flags_a_resolver_that_got_200_but_lost() -> None:
     history = History()
     for subject, outcome in (("alice", "ok"), ("bob", "fail")):
-        op = history.invoke("c0", "resume", "t", action_id="a1", subject=subject)
+        op = history.invoke("c0", "resume", "t", action_id="a1", run_id="r", subject=subject)
         History.complete(op, outcome, 200 if outcome == "ok" else 409)  # type: ignore[arg-type]
     part = {"type": "tool-call", "state": "output-available", "waiting": {"action_id": "a1"}}
     message = {"thread_id": "t", "role": "assistant", "run_id": "r", "parts": [part]}
@@ -66,8 +66,14 @@ def test_checker_flags_a_resolver_that_got_200_but_lost() -> None:
     assert _check(history, Committed([message], [], [])) == []
     part["waiting"] = {"action_id": "a1", "resolution": {"subject": "bob"}}
     assert "action resolver" in _check(history, Committed([message], [], []))[0]
+    part["waiting"] = {"action_id": "a1", "resolution": {"subject": "alice"}}
+    stop = history.invoke("c1", "stop", "t", run_id="r")
+    History.complete(stop, "ok", 202)
+    stop.end = history.ops[0].start - 1  # acknowledged before the resumes were sent
+    assert "resume after stop" in _check(history, Committed([message], [], []))[0]
     part["waiting"] = {"action_id": "a1", "resolution": None}  # stopped: cancelled, unresolved
-    assert "action resolver" in _check(history, Committed([message], [], []))[0]
+    found = _check(history, Committed([message], [], []))
+    assert any("action resolver" in v for v in found)
 
 
 def test_checker_flags_two_replies_unsettled_runs_and_versions() -> None:
