@@ -19,7 +19,8 @@ OP_TIMEOUT = 4.0  # past this an operation's outcome is unknown
 KINDS = (
     ("send", 34),
     ("resume", 20),
-    ("stop", 10),
+    ("stop", 8),
+    ("stop_resume", 5),
     ("regenerate", 7),
     ("retry", 7),
     ("reconnect", 6),
@@ -195,6 +196,29 @@ class Client:
         await asyncio.gather(
             *(one(s, step.approve if i == 0 else not step.approve) for i, s in enumerate(racers))
         )
+
+    async def _stop_resume(self, http: httpx.AsyncClient, step: Step) -> None:
+        """A person presses stop, then answers the action the page still shows: the answer
+        must be refused (the stop cancels the action), never 200."""
+        snapshot = await self.snapshot(http)
+        actions = (snapshot or {}).get("pending_actions") or []
+        if not actions:
+            return
+        action = actions[int(step.pick * len(actions))]
+        run_id = action["run_id"]
+        op = self.history.invoke(self.name, "stop", self.thread_id, run_id=run_id)
+        path = f"/v1/threads/{self.thread_id}"
+        await self.call(http, op, "POST", f"{path}/runs/{run_id}/stop", self.token, {})
+        op = self.history.invoke(
+            self.name,
+            "resume",
+            self.thread_id,
+            action_id=action["id"],
+            run_id=run_id,
+            subject=self.subject,
+        )
+        body = {"payload": {"approved": step.approve}}
+        await self.call(http, op, "POST", f"{path}/actions/{action['id']}/resume", self.token, body)
 
     async def _stop(self, http: httpx.AsyncClient, step: Step) -> None:
         run = ((await self.snapshot(http)) or {}).get("run")
