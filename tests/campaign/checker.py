@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -21,9 +22,9 @@ SEND_KINDS = ("send", "send_retry")
 class Committed:
     """The final committed state, read straight from Postgres."""
 
-    messages: list[Mapping[str, Any]]
-    runs: list[Mapping[str, Any]]
-    queued: list[Mapping[str, Any]]
+    messages: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    queued: list[dict[str, Any]]
     audit: list[str] = field(default_factory=list)
 
 
@@ -172,7 +173,7 @@ class Checker:
         every live session equal to the committed one."""
         for session, frames in self.history.frames.items():
             versions = [int(f["version"]) for f in frames if f.get("type") == "invalidate"]
-            if any(b <= a for a, b in zip(versions, versions[1:], strict=False)):
+            if any(b <= a for a, b in itertools.pairwise(versions)):
                 self.flag("versions", f"{session} saw invalidations {versions[-12:]}")
             newest: dict[str, int] = {}
             for frame in frames:

@@ -20,6 +20,7 @@ from tests.campaign.history import History
 from tests.campaign.nemesis import FAULT_KINDS, Nemesis, Strike, schedule
 from tests.campaign.topology import Topology, topology
 from tests.e2e import cluster
+from tests.e2e.follower import Follower
 
 THREADS = 3
 CLIENTS_PER_THREAD = 3
@@ -181,6 +182,10 @@ async def converge(clients: list[Client], checker: Checker) -> None:
             session = client.session
         assert session is not None
         committed = await session.server_snapshot()
+
+        def caught_up(follower: Follower, expected: dict[str, Any] = committed) -> bool:
+            return follower.snapshot == expected and follower._fetcher is None
+
         with contextlib.suppress(AssertionError, TimeoutError):
-            await session.wait_for(lambda s, c=committed: s.snapshot == c and s.idle(), 20)
+            await session.wait_for(caught_up, 20)
         checker.finals[session.name] = (session.snapshot, committed)

@@ -41,6 +41,3 @@ class Session(Follower):
 
     def versions_applied(self) -> list[int]:
         return [int(s["thread"]["version"]) for s in self.snapshots]
-
-    def idle(self) -> bool:
-        return self._fetcher is None

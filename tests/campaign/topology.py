@@ -88,25 +88,24 @@ async def topology(kind: str) -> AsyncIterator[Topology]:
     else:
         redis = await asyncio.to_thread(RedisServer().start)
         redis_url = redis.address
-    async with temporary_postgres_database() as dsn:
-        async with FaultProxy(*target(dsn)) as proxy:
-            extra = {
-                "THREADLINE_LEASE_TTL": str(LEASE_TTL),
-                "THREADLINE_DEMO_DELAY_MS": "15",
-                "THREADLINE_TOKEN_RATE": "1000",
-                "THREADLINE_TOKEN_BURST": "1000",
-                "THREADLINE_SCOPE_RATE": "1000",
-                "THREADLINE_SCOPE_BURST": "1000",
-            }
-            env = cluster.cluster_env(via(dsn, proxy), redis_url, extra)
-            running = cluster.Cluster(env, Path(tempfile.mkdtemp(prefix="threadline-campaign-")))
-            try:
-                await asyncio.to_thread(running.start, list(ROLES))
-                yield Topology(dsn, proxy, running, redis)
-            finally:
-                for handle in running.processes:
-                    with contextlib.suppress(ProcessLookupError):
-                        handle.process.send_signal(signal.SIGCONT)
-                await asyncio.to_thread(running.stop)
-                if isinstance(redis, RedisServer):
-                    redis.stop()
+    async with temporary_postgres_database() as dsn, FaultProxy(*target(dsn)) as proxy:
+        extra = {
+            "THREADLINE_LEASE_TTL": str(LEASE_TTL),
+            "THREADLINE_DEMO_DELAY_MS": "15",
+            "THREADLINE_TOKEN_RATE": "1000",
+            "THREADLINE_TOKEN_BURST": "1000",
+            "THREADLINE_SCOPE_RATE": "1000",
+            "THREADLINE_SCOPE_BURST": "1000",
+        }
+        env = cluster.cluster_env(via(dsn, proxy), redis_url, extra)
+        running = cluster.Cluster(env, Path(tempfile.mkdtemp(prefix="threadline-campaign-")))
+        try:
+            await asyncio.to_thread(running.start, list(ROLES))
+            yield Topology(dsn, proxy, running, redis)
+        finally:
+            for handle in running.processes:
+                with contextlib.suppress(ProcessLookupError):
+                    handle.process.send_signal(signal.SIGCONT)
+            await asyncio.to_thread(running.stop)
+            if isinstance(redis, RedisServer):
+                redis.stop()
