@@ -39,6 +39,7 @@ class Step:
     kind: str
     email: bool
     keyed: bool
+    resend: bool  # an at-least-once client: a keyed send sent again even after its answer
     approve: bool
     racers: int
     pick: float
@@ -52,6 +53,7 @@ def plan(rng: random.Random, steps: int) -> list[Step]:
             kind=rng.choices(names, weights)[0],
             email=rng.random() < 0.3,
             keyed=rng.random() < 0.6,
+            resend=rng.random() < 0.15,
             approve=rng.random() < 0.5,
             racers=rng.randint(1, 3),
             pick=rng.random(),
@@ -166,7 +168,7 @@ class Client:
         path = f"/v1/threads/{self.thread_id}/messages"
         op = self.history.invoke(self.name, "send", self.thread_id, marker=marker, keyed=step.keyed)
         await self.call(http, op, "POST", path, self.token, body)
-        if op.outcome == "unknown" and step.keyed:  # a retry with the same request id
+        if step.keyed and (op.outcome == "unknown" or step.resend):  # same request id
             again = self.history.invoke(self.name, "send_retry", self.thread_id, marker=marker)
             await self.call(http, again, "POST", path, self.token, body)
 
