@@ -38,6 +38,7 @@ class Step:
     pause: float
     kind: str
     email: bool
+    long: bool  # a reply that streams for about a second: faults land mid-stream
     keyed: bool
     resend: bool  # an at-least-once client: a keyed send sent again even after its answer
     approve: bool
@@ -52,6 +53,7 @@ def plan(rng: random.Random, steps: int) -> list[Step]:
             pause=rng.expovariate(1 / 0.4),
             kind=rng.choices(names, weights)[0],
             email=rng.random() < 0.3,
+            long=rng.random() < 0.25,
             keyed=rng.random() < 0.6,
             resend=rng.random() < 0.15,
             approve=rng.random() < 0.5,
@@ -162,6 +164,8 @@ class Client:
         self.sent += 1
         marker = f"m-{self.name}-{self.sent}"
         text = f"email {marker}@example.com now" if step.email else f"note {marker}"
+        if step.long:
+            text += " " + " ".join(f"word{i:02d}" for i in range(40))
         body: dict[str, Any] = {"text": text}
         if step.keyed:
             body["client_request_id"] = marker
