@@ -1,0 +1,1 @@
+"""A randomized fault campaign: seeded clients and nemesis, a history, one checker."""

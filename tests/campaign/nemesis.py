@@ -1,0 +1,97 @@
+"""The nemesis: a seeded schedule of faults, applied one at a time and always healed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+
+from tests.campaign.history import History
+from tests.campaign.topology import Topology
+
+FAULT_KINDS = ("kill", "stop", "pgcut", "pgcommit", "pgstall", "redis", "lease")
+
+
+@dataclass(frozen=True)
+class Strike:
+    at: float  # seconds after the start
+    kind: str
+    target: int  # which process (0-3: gateway, gateway, worker, worker) where it matters
+    seconds: float
+    forward: bool  # pgcommit: the COMMIT reaches Postgres before the cut (outcome unknown)
+
+
+def schedule(rng: random.Random, kinds: list[str], minutes: float) -> list[Strike]:
+    strikes, at = [], rng.uniform(1.0, 3.0)
+    while kinds and at < minutes * 60:
+        kind = rng.choice(kinds)
+        strikes.append(
+            Strike(at, kind, rng.randrange(4), rng.uniform(0.5, 2.5), rng.random() < 0.5)
+        )
+        at += rng.uniform(2.0, 6.0)
+    return strikes
+
+
+class Nemesis:
+    def __init__(self, topology: Topology, history: History, strikes: list[Strike]) -> None:
+        self.topology = topology
+        self.history = history
+        self.strikes = strikes
+
+    async def run(self, started: float, deadline: float) -> None:
+        for strike in self.strikes:
+            wait = started + strike.at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if time.monotonic() >= deadline:
+                return
+            await self.strike(strike)
+
+    async def strike(self, s: Strike) -> None:
+        top = self.topology
+        proxy = top.proxy
+        if s.kind in ("kill", "stop"):
+            handle = top.processes[s.target]
+            name = f"{handle.role}{s.target}"
+            if s.kind == "kill":
+                self.history.fault("kill", name)
+                handle.process.kill()
+                await asyncio.to_thread(handle.process.wait, 10)
+                await top.restart(s.target)
+            else:
+                self.history.fault("stop", name, s.seconds)
+                await self._freeze(handle.process.pid, s.seconds)
+        elif s.kind == "lease":
+            # A worker frozen past its lease: the other takes its runs over; thawed, it must
+            # write nothing and publish nothing the clients would show.
+            index = 2 + s.target % 2
+            self.history.fault("lease", f"worker{index}", top.lease_ttl + 1.5)
+            await self._freeze(top.processes[index].process.pid, top.lease_ttl + 1.5)
+        elif s.kind == "pgcut":
+            self.history.fault("pgcut", "postgres")
+            proxy.cut_all()
+        elif s.kind == "pgcommit":
+            self.history.fault("pgcommit", f"forward={s.forward}")
+            proxy.cut_at(b"COMMIT", forward=s.forward, after=b"BEGIN")
+            try:
+                await asyncio.wait_for(proxy.trap_fired.wait(), s.seconds * 2)
+            except TimeoutError:
+                pass
+            finally:
+                proxy.disarm()
+        elif s.kind == "pgstall":
+            self.history.fault("pgstall", "postgres", s.seconds)
+            await proxy.stall(s.seconds)
+        elif s.kind == "redis":
+            self.history.fault("redis", "redis")
+            await top.restart_redis()
+
+    async def _freeze(self, pid: int, seconds: float) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
