@@ -4,16 +4,14 @@ per-token cap still holds."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
 
 from realtime.closecodes import CloseCode
 from tests.e2e import cluster, harness
+from tests.e2e.capped_sockets import opened, refused_with
 from tests.services import require_postgres, unique_prefix
 
 PER_TOKEN = 3
@@ -41,24 +39,6 @@ def gateway(
     extra = {**CAPS, "THREADLINE_REDIS_PREFIX": unique_prefix()}
     with cluster.cluster(["all"], extra=extra) as running:
         yield running.gateways[0]
-
-
-async def opened(gateway: harness.ServerHandle, token: str) -> ClientConnection:
-    ws = await connect(f"{gateway.ws_url}?token={token}")
-    await ws.send('{"type": "ping"}')
-    await ws.recv()  # accepted: past the cap check
-    return ws
-
-
-async def refused_with(gateway: harness.ServerHandle, token: str) -> int | None:
-    """The close code of a connection the gateway refuses (None if it was accepted)."""
-    async with connect(f"{gateway.ws_url}?token={token}") as ws:
-        try:
-            await ws.send('{"type": "ping"}')
-            await asyncio.wait_for(ws.recv(), 10)
-        except ConnectionClosed as closed:
-            return closed.rcvd.code if closed.rcvd else None
-    return None
 
 
 async def test_a_subject_cap_is_per_scope_and_the_token_cap_still_holds(

@@ -12,11 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
 
 from realtime.closecodes import CloseCode
 from tests.e2e import cluster, harness
+from tests.e2e.capped_sockets import opened, refused_with
 from tests.e2e.jsclients import long_text
 from tests.services import require_postgres, unique_prefix
 
@@ -94,24 +93,6 @@ async def refused(http: httpx.AsyncClient, token: str, thread_id: str) -> None:
         assert response.headers["retry-after"]
 
 
-async def websocket(gateway: harness.ServerHandle, token: str) -> ClientConnection:
-    ws = await connect(f"{gateway.ws_url}?token={token}")
-    await ws.send('{"type": "ping"}')
-    await ws.recv()  # accepted: past the cap check
-    return ws
-
-
-async def ws_close_code(gateway: harness.ServerHandle, token: str) -> int | None:
-    """The close code of a websocket the gateway refuses (None if it was accepted)."""
-    async with connect(f"{gateway.ws_url}?token={token}") as ws:
-        try:
-            await ws.send('{"type": "ping"}')
-            await asyncio.wait_for(ws.recv(), 10)
-        except ConnectionClosed as closed:
-            return closed.rcvd.code if closed.rcvd else None
-    return None
-
-
 async def snapshot(http: httpx.AsyncClient, token: str, thread_id: str) -> Any:
     response = await http.get(f"/v1/threads/{thread_id}", headers=auth(token))
     assert response.status_code == 200, response.text
@@ -161,7 +142,7 @@ async def test_streams_fill_the_token_cap_and_a_closed_one_frees_its_slot(
         assert answer.json()["error"]["code"] == "too_many_connections"
         assert await snapshot(http, token, running) == before
         # A websocket of the same token draws from the same budget.
-        assert await ws_close_code(gateway, token) == CloseCode.TOO_MANY_CONNECTIONS
+        assert await refused_with(gateway, token) == CloseCode.TOO_MANY_CONNECTIONS
         await first.aclose()
         await eventually_open(kept, http, token, running)
         await refused(http, token, running)  # full again, with the new one
@@ -176,7 +157,7 @@ async def test_websockets_and_streams_share_the_subject_cap(
         httpx.AsyncClient(base_url=gateway.url, timeout=30.0) as http,
         AsyncExitStack() as kept,
     ):
-        ws = await websocket(gateway, one)
+        ws = await opened(gateway, one)
         kept.push_async_callback(ws.close)
         await hold(kept, http, one, running)
         # Token one: a websocket and a stream fill its cap.
@@ -185,7 +166,7 @@ async def test_websockets_and_streams_share_the_subject_cap(
         # The subject holds PER_SUBJECT connections over both tokens: token two is refused
         # on the subject cap though its own holds only one, by stream and by websocket.
         await refused(http, two, running)
-        assert await ws_close_code(gateway, two) == CloseCode.TOO_MANY_CONNECTIONS
+        assert await refused_with(gateway, two) == CloseCode.TOO_MANY_CONNECTIONS
         before = await snapshot(http, two, running)
         said = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": "hi"}]}
         chat = {"id": running, "trigger": "submit-message", "messages": [said]}
