@@ -76,7 +76,7 @@ class Episode:
         tool_source: ToolSource | None = None,
         traceparent: str | None = None,
     ) -> None:
-        # The trace context of the request that started the run, when its wakeup carried one.
+        # The trace context of the request that started (or resumed) the run, if one was traced.
         self.traceparent = traceparent
         self.deps = EpisodeDeps(
             store, publisher, agent, lifecycle, lease, history or HistoryCache(), tool_source
