@@ -1,4 +1,5 @@
-"""A real Prometheus scrapes a gateway and a worker (its own metrics port) during an e2e run."""
+"""A real Prometheus scrapes a gateway and a worker (its own metrics port) during an e2e run:
+run counters, the connection gauge, and the worker's webhook deliveries to a real receiver."""
 
 from __future__ import annotations
 
@@ -9,21 +10,39 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
+from runtime.hooks.hooks_service import new_secret
 from tests.e2e import cluster, harness
 from tests.e2e.prometheus_server import Prometheus, prometheus
+from tests.e2e.webhook_receiver import Receiver
 from tests.services import require_postgres, require_redis
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 RUNS = 3
+SECRET = new_secret()
+# The worker may post to the loopback receiver, and looks for due deliveries often.
+WEBHOOKS = {
+    "THREADLINE_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8",
+    "THREADLINE_WEBHOOK_POLL_INTERVAL": "0.1",
+}
 
 
 @pytest.fixture(scope="module")
-def scraped() -> Iterator[tuple[cluster.Cluster, Prometheus, int]]:
+def receiver() -> Iterator[Receiver]:
+    started = Receiver(SECRET)
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def scraped(receiver: Receiver) -> Iterator[tuple[cluster.Cluster, Prometheus, int]]:
     require_postgres()
     require_redis()
     worker_metrics = harness.free_port()
-    with cluster.cluster([]) as running:
+    with cluster.cluster([], extra=WEBHOOKS) as running:
         (gateway,) = running.start(["gateway"])
         running.start(["worker"], extra={"THREADLINE_METRICS_PORT": str(worker_metrics)})
         targets = [
@@ -44,11 +63,13 @@ def test_the_worker_serves_metrics_on_its_own_port_only(
 
 
 async def test_prometheus_sees_the_run_counters_and_the_connection_gauge(
-    scraped: tuple[cluster.Cluster, Prometheus, int],
+    scraped: tuple[cluster.Cluster, Prometheus, int], receiver: Receiver
 ) -> None:
     running, prom, _ = scraped
     gateway = running.gateways[0]
-    tokens = running.tokens({"alice": ("metrics", "user", "alice")})
+    tokens = running.tokens(
+        {"alice": ("metrics", "user", "alice"), "svc": ("metrics", "backend", "svc")}
+    )
     headers = {"Authorization": f"Bearer {tokens['alice']}"}
     up = await asyncio.to_thread(prom.wait_value, 'sum(up{job="threadline"})', 2.0)
     assert up == 2.0, prom.log()
@@ -58,6 +79,19 @@ async def test_prometheus_sees_the_run_counters_and_the_connection_gauge(
         connect(gateway.ws_url, additional_headers=headers),
         httpx.AsyncClient(base_url=gateway.url, headers=headers, timeout=10) as http,
     ):
+        # Odd-numbered requests fail (500), even ones are delivered: whatever the order of
+        # the attempts, the third delivery is the sixth request, after three retried ones.
+        receiver.behaviours["/metrics-hook"] = lambda n: 500 if n % 2 else 204
+        subscribed = await http.post(
+            "/v1/webhooks",
+            json={
+                "url": receiver.url("/metrics-hook"),
+                "secret": SECRET,
+                "events": ["run.completed"],
+            },
+            headers={"Authorization": f"Bearer {tokens['svc']}"},
+        )
+        assert subscribed.status_code == 201, subscribed.text
         for n in range(RUNS):
             thread = (await http.post("/v1/threads", json={})).json()["thread"]
             sent = await http.post(f"/v1/threads/{thread['id']}/messages", json={"text": f"hi {n}"})
@@ -78,6 +112,18 @@ async def test_prometheus_sees_the_run_counters_and_the_connection_gauge(
         assert prom.value('sum(threadline_runs_total{role="gateway"})') is None
         count = prom.value('sum(threadline_run_duration_seconds_count{role="worker"})')
         assert count == RUNS
+        # One run.completed per run.
+        delivered = await asyncio.to_thread(
+            prom.wait_value,
+            'threadline_webhook_attempts_total{role="worker", outcome="delivered"}',
+            float(RUNS),
+        )
+        assert delivered == RUNS, running.logs()
+        retried = 'threadline_webhook_attempts_total{role="worker", outcome="retried"}'
+        assert prom.value(retried) == RUNS
+        latencies = 'sum(threadline_webhook_attempt_duration_seconds_count{role="worker"})'
+        assert prom.value(latencies) == 2 * RUNS
+        assert len(receiver.of("/metrics-hook")) == 2 * RUNS
     closed = await asyncio.to_thread(
         prom.wait_value, 'threadline_ws_connections{role="gateway"}', 0.0
     )
