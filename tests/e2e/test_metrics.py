@@ -4,7 +4,9 @@ run counters, the connection gauge, and the worker's webhook deliveries to a rea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,7 +14,7 @@ from websockets.asyncio.client import connect
 
 from runtime.hooks.hooks_service import new_secret
 from tests.e2e import cluster, harness
-from tests.e2e.prometheus_server import Prometheus, prometheus
+from tests.e2e.prometheus_server import Prometheus, prometheus, scrape
 from tests.e2e.webhook_receiver import Receiver
 from tests.services import require_postgres, require_redis
 
@@ -132,3 +134,50 @@ async def test_prometheus_sees_the_run_counters_and_the_connection_gauge(
     names = prom.query('{job="threadline", __name__=~"threadline_.*"}')
     assert names
     assert not [s for s in names if {"thread_id", "run_id"} & set(s["metric"])]
+
+
+def _until(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_queue_depth_active_leases_and_refusals(tmp_path: Path) -> None:
+    """A gateway with no worker yet: a queued run and queued input behind it are the queue
+    depth, input past the queue's limit a `queue_full` refusal. Then a worker (its own metrics
+    port) takes the run: one active lease while it streams, no queued run left."""
+    env = harness.server_env(
+        harness.sqlite_url(tmp_path),
+        # About 16 s of streaming for the reply below: long enough to be seen running.
+        {"THREADLINE_QUEUE_MAX_ITEMS": "1", "THREADLINE_DEMO_DELAY_MS": "80"},
+    )
+    with harness.start("gateway", env, log_dir=tmp_path) as gateway:
+        token = gateway.token("depth")
+        metrics = f"{gateway.url}/metrics"
+        with httpx.Client(
+            base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=10
+        ) as http:
+            thread = http.post("/v1/threads", json={}).json()["thread"]["id"]
+            answers = [
+                http.post(f"/v1/threads/{thread}/messages", json={"text": text})
+                for text in ("drain " * 170, "second", "third")
+            ]
+        assert [a.status_code for a in answers[:2]] == [202, 202], answers[1].text
+        assert answers[2].json()["error"]["code"] == "queue_full", answers[2].text
+        depth = scrape(metrics, "threadline_queue_depth")
+        assert depth == {frozenset({("kind", "run")}): 1.0, frozenset({("kind", "item")}): 1.0}
+        refusals = scrape(metrics, "threadline_quota_refusals_total")
+        assert refusals == {frozenset({("code", "queue_full")}): 1.0}
+
+        port = harness.free_port()
+        worker_env = {**env, "THREADLINE_METRICS_PORT": str(port)}
+        with harness.start("worker", worker_env, log_dir=tmp_path):
+            leases = f"http://127.0.0.1:{port}/metrics"
+            _until(
+                "the worker's lease",
+                lambda: scrape(leases, "threadline_worker_active_leases") == {frozenset(): 1.0},
+            )
+            queued = scrape(metrics, "threadline_queue_depth")
+            assert queued[frozenset({("kind", "run")})] == 0.0
+            assert queued[frozenset({("kind", "item")})] == 1.0

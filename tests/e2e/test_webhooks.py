@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.hooks.hooks_service import new_secret
 from tests.e2e import harness
+from tests.e2e.prometheus_server import scrape
 from tests.e2e.webhook_receiver import Receiver
 
 SECRET = new_secret()
@@ -240,14 +240,8 @@ def test_a_sender_killed_mid_delivery_is_followed_by_the_same_webhook_id(
 
 def webhook_attempts(server: harness.ServerHandle) -> dict[str, float]:
     """The server's `threadline_webhook_attempts_total` by outcome, read from its /metrics."""
-    scraped = httpx.get(f"{server.url}/metrics", timeout=10)
-    assert scraped.status_code == 200, scraped.text
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(scraped.text):
-        for sample in family.samples:
-            if sample.name == "threadline_webhook_attempts_total":
-                counts[sample.labels["outcome"]] = sample.value
-    return counts
+    samples = scrape(f"{server.url}/metrics", "threadline_webhook_attempts_total")
+    return {dict(labels)["outcome"]: value for labels, value in samples.items()}
 
 
 def test_a_dead_lettered_delivery_is_counted_as_dead(tmp_path: Path, receiver: Receiver) -> None:
