@@ -4,13 +4,21 @@ listened (the trace context stored with the run, migration 0015)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import BaseModel
 
 from runtime.agent import Agent
 from runtime.domain import RunStatus
-from runtime.providers.scripted import ScriptedModel, text_response, tool_call_response
+from runtime.providers.model_api import ModelDelta, ModelRequest
+from runtime.providers.scripted import (
+    FunctionModel,
+    ScriptedModel,
+    text_response,
+    tool_call_response,
+)
 from runtime.tools import SuspendStep, ToolContext, tool
 from tests import otel
 from tests.conformance.conftest_bus import eventually
@@ -127,3 +135,44 @@ async def test_a_resumed_run_links_its_next_episode_to_the_resume(
     links = await _episodes(telemetry, admission.run_id, 2)
     assert links == [[(sent.trace_id, sent.span_id)], [(resumed.trace_id, resumed.span_id)]]
     model.assert_consumed()
+
+
+async def test_a_taken_over_run_links_every_episode_to_the_request(
+    runtime_for: RuntimeFactory,
+) -> None:
+    """A worker whose heartbeat froze loses the run; the worker that takes it over (by its
+    poll: no wakeup names a takeover) links its episode to the request too.
+
+    Breaks with: the worker's `_claim` not passing the polled run's `traceparent` (SQLite; on
+    Postgres the lease request reads it with the start as well)."""
+    from runtime.engine.worker import Worker
+    from tests.conformance.test_runtime_takeover import FrozenHeartbeat
+
+    telemetry = otel.install()
+    tracer = telemetry.tracer_provider.get_tracer("test-requests")
+    release, started = asyncio.Event(), asyncio.Event()
+
+    async def model(request: ModelRequest) -> AsyncIterator[ModelDelta]:
+        if not started.is_set():
+            started.set()
+            await asyncio.wait_for(release.wait(), 20)
+        yield text_response("answer")[0]
+
+    agent = Agent(model=FunctionModel(model))
+    rt = await runtime_for(agent, workers=0, lease_ttl=0.6)
+    stale = Worker(FrozenHeartbeat(rt.store), rt.bus, agent, lease_ttl=0.6, poll_interval=0.05)
+    await stale.start()
+    rt.workers.append(stale)
+    thread_id = await rt.thread()
+    with tracer.start_as_current_span("send") as send:
+        admission = await rt.service.send_message(ALICE, thread_id, "hello")
+    assert admission.run_id is not None
+    await asyncio.wait_for(started.wait(), 10)
+    await rt.start_worker()
+    await rt.wait_for(thread_id, settled, timeout=15)
+    release.set()
+    run = await rt.store.get_run(admission.run_id)
+    assert run.episode >= 2  # taken over at least once
+    context = send.get_span_context()
+    links = await _episodes(telemetry, admission.run_id, run.episode)
+    assert links == [[(context.trace_id, context.span_id)]] * run.episode
