@@ -278,6 +278,9 @@ class Run(_Frozen):
     client_tools: tuple[dict[str, Any], ...] = ()
     created_at: float
     updated_at: float
+    # The W3C trace context of the request that started the run (its episodes link to it);
+    # internal: never in a snapshot (`RunView`).
+    traceparent: str | None = None
 
 
 class QueuedItemStatus(StrEnum):

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from opentelemetry import metrics, trace
+from opentelemetry import metrics, propagate, trace
 
 # One definition for both layers (runtime may use realtime, never the reverse).
 from realtime.bus_metrics import safe_add as safe_add
@@ -47,6 +47,17 @@ RUN_DURATION = meter.create_histogram(
 STEP_DURATION = meter.create_histogram(
     "threadline.step.duration", unit="s", description="one step: model call, tools, commit"
 )
+# Webhook delivery attempts (runtime/hooks/delivery.py), labelled by `outcome` only: delivered,
+# retried (failed, tried again later), dead (failed, dead-lettered), taken_over (the claim was
+# lost before the attempt was logged: another worker posts it again).
+WEBHOOK_ATTEMPTS = meter.create_counter(
+    "threadline.webhook.attempts", description="webhook delivery attempts by outcome"
+)
+WEBHOOK_ATTEMPT_DURATION = meter.create_histogram(
+    "threadline.webhook.attempt.duration",
+    unit="s",
+    description="one webhook POST, from resolving the address to the answer read, by outcome",
+)
 
 
 def start_span(
@@ -84,3 +95,14 @@ def linked_span(
     """`span` with links to other traces (an episode to the request that started its run)."""
     with tracer.start_as_current_span(name, attributes=attributes, links=links) as current:
         yield current
+
+
+def current_traceparent() -> str | None:
+    """The W3C `traceparent` of the current span (a request's), None outside a sampled one:
+    carried by wakeups and stored with the runs a request enqueues or resumes."""
+    carrier: dict[str, str] = {}
+    try:
+        propagate.inject(carrier)
+    except Exception:  # telemetry never changes what is published or committed
+        return None
+    return carrier.get("traceparent")

@@ -76,7 +76,7 @@ class Episode:
         tool_source: ToolSource | None = None,
         traceparent: str | None = None,
     ) -> None:
-        # The trace context of the request that started the run, when its wakeup carried one.
+        # The trace context of the request that started (or resumed) the run, if one was traced.
         self.traceparent = traceparent
         self.deps = EpisodeDeps(
             store, publisher, agent, lifecycle, lease, history or HistoryCache(), tool_source
@@ -130,10 +130,7 @@ class Episode:
 
     async def run(self) -> RunStatus | None:
         with log_context.bound(run_id=self.run_id, thread_id=self.thread_id):
-            outcome = await self._traced()
-            # One line per episode: what an operator greps a run's id for.
-            log.info("episode ended: %s", outcome.value if outcome is not None else "lease lost")
-        return outcome
+            return await self._traced()
 
     async def _traced(self) -> RunStatus | None:
         attributes = {"run_id": self.run_id, "thread_id": self.thread_id}
@@ -158,6 +155,9 @@ class Episode:
                     )
             if self.failure is not None:
                 instruments.fail_span(span, self.failure)
+            # One line per episode: what an operator greps a run's id for; inside the span, so
+            # it carries the episode's trace id too.
+            log.info("episode ended: %s", outcome.value if outcome is not None else "lease lost")
             return outcome
 
     async def _run(self) -> RunStatus | None:

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import contextlib
 
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-
-def current_traceparent() -> str | None:
-    """The W3C `traceparent` of the current span (a request's), None outside a sampled one."""
-    carrier: dict[str, str] = {}
-    try:
-        propagate.inject(carrier)
-    except Exception:  # telemetry never changes what is published
-        return None
-    return carrier.get("traceparent")
+# Defined with the instruments: storage stores it with the runs a request enqueues.
+from runtime.instruments import current_traceparent as current_traceparent
 
 
 def request_links(traceparent: str | None) -> list[trace.Link]:

@@ -21,7 +21,7 @@ from runtime.engine.publisher import DEFAULT_REPLAY_MAX_BYTES, Publisher
 from runtime.errors import LeaseLost, NotFound
 from runtime.mcp.config import MCPHttp, MCPStdio
 from runtime.storage.scope_cache import ScopeCache
-from runtime.storage.store import EngineStore
+from runtime.storage.store import EngineStore, RunStart
 
 if TYPE_CHECKING:
     from runtime.mcp.pool import MCPPool
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 # Request trace contexts kept for runs not started yet (`Worker._remember_link`).
 MAX_LINKS = 1024
+
+
+def _stored_link(start: RunStart) -> str | None:
+    """The trace context stored with the run, where the lease request started it and read it."""
+    return None if start.started is None else start.started.run.traceparent
 
 
 class Worker:
@@ -76,7 +81,7 @@ class Worker:
         # episode that ends then polls again at once.
         self._backlog = False
         self._tasks: set[asyncio.Task[None]] = set()
-        # Trace contexts of the requests that started runs (wakeups), by run id.
+        # Trace contexts of the requests that started or resumed runs (wakeups), by run id.
         self._links: dict[str, str] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
@@ -196,7 +201,7 @@ class Worker:
         runs = await self.store.find_runnable_runs(limit=free)
         self._backlog = len(runs) >= free
         for run in runs:
-            await self._take(run.id, run.thread_id)
+            await self._take(run.id, run.thread_id, run.traceparent)
 
     async def _claim_named(self, named: list[tuple[str, str | None]]) -> None:
         """The runs wakeups named, by id: one lease request each, no poll. Only while no run
@@ -212,10 +217,14 @@ class Worker:
             with contextlib.suppress(NotFound):  # e.g. a thread deleted meanwhile
                 await self._take(run_id, thread_id)
 
-    async def _take(self, run_id: str, thread_id: str | None = None) -> None:
+    async def _take(
+        self, run_id: str, thread_id: str | None = None, traceparent: str | None = None
+    ) -> None:
         """Lease `run_id` and run an episode of it, unless running it already or closing. With
         the run's `thread_id`, the store may read the thread's messages with the run's start,
-        from the tail this worker has cached (`Store.start_run`)."""
+        from the tail this worker has cached (`Store.start_run`). The episode links to the
+        request that started (or resumed) the run: its wakeup's trace context, else the one
+        stored with the run (`traceparent`, as the poll read it, or as the start read it)."""
         if run_id in self.episodes or run_id in self._starting or self._closing:
             return
         # Before the request: the lease cannot expire earlier than this instant plus the TTL.
@@ -242,7 +251,7 @@ class Worker:
             start=start,
             history_from=cached,
             tool_source=self.mcp,
-            traceparent=self._links.pop(run_id, None),
+            traceparent=self._links.pop(run_id, None) or traceparent or _stored_link(start),
         )
         if stopped:
             episode.stop_requested.set()  # seen once the episode has started, as any stop

@@ -15,6 +15,7 @@ import httpx
 import orjson
 from standardwebhooks.webhooks import Webhook
 
+from runtime import instruments
 from runtime.hooks.outbound import Network, RefusedUrl, resolve
 from runtime.storage.hooks_store import AttemptOutcome, ClaimedDelivery, HooksStore
 from runtime.storage.sql.rows import new_id
@@ -139,6 +140,24 @@ def outcome_of(
     )
 
 
+def outcome_label(outcome: AttemptOutcome, logged: bool = True) -> str:
+    """The `outcome` label of an attempt's metrics: delivered, retried, dead, or taken_over
+    (not `logged`: the claim was lost, another worker posts the delivery again)."""
+    if not logged:
+        return "taken_over"
+    if outcome.delivered:
+        return "delivered"
+    return "retried" if outcome.retry_in is not None else "dead"
+
+
+def count_attempt(outcome: AttemptOutcome, logged: bool) -> None:
+    """Record one attempt in the webhook metrics; never raises (telemetry never changes a
+    delivery)."""
+    labels = {"outcome": outcome_label(outcome, logged)}
+    instruments.safe_add(instruments.WEBHOOK_ATTEMPTS, 1, labels)
+    instruments.safe_record(instruments.WEBHOOK_ATTEMPT_DURATION, outcome.latency_ms / 1000, labels)
+
+
 class DeliveryWorker:
     """Runs in every worker process; deliveries are leased, so any number may run. A worker
     killed mid-post leaves its lease to expire: the delivery is posted again, same id."""
@@ -199,10 +218,21 @@ class DeliveryWorker:
         assert self._client is not None
         result = await post(self._client, claimed, self.policy)
         outcome = outcome_of(claimed, self.policy, result, time.time())
-        if not await self.store.record_attempt(claimed, self.owner, outcome):
+        logged = await self.store.record_attempt(claimed, self.owner, outcome)
+        count_attempt(outcome, logged)
+        if not logged:
             log.info(
                 "delivery %s was taken over before its attempt was logged", claimed.delivery.id
             )
 
 
-__all__ = ["DeliveryPolicy", "DeliveryWorker", "outcome_of", "post", "retry_after_seconds", "sign"]
+__all__ = [
+    "DeliveryPolicy",
+    "DeliveryWorker",
+    "count_attempt",
+    "outcome_label",
+    "outcome_of",
+    "post",
+    "retry_after_seconds",
+    "sign",
+]

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.harness import free_port
 from tests.services import IN_CI
@@ -130,3 +131,16 @@ def _wait_ready(running: Prometheus, process: subprocess.Popen[bytes]) -> None:
                 return
         time.sleep(0.1)
     raise TimeoutError(f"prometheus not ready after {START_TIMEOUT}s\n{running.log()}")
+
+
+def scrape(url: str, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    """One scrape of `url` (a /metrics address) without Prometheus: the samples called `name`,
+    by their labels."""
+    answer = httpx.get(url, timeout=10)
+    assert answer.status_code == 200, answer.text
+    return {
+        frozenset(sample.labels.items()): sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+        if sample.name == name
+    }

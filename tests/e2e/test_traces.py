@@ -1,5 +1,6 @@
 """A real server exports its spans over OTLP: HTTP SERVER spans by the current conventions, the
-episode linked to the request's `traceparent`, GenAI spans for the model and the tool."""
+episode linked to the request's `traceparent` (also when a worker that gets no wakeup takes the
+run by its poll), GenAI spans for the model and the tool."""
 
 from __future__ import annotations
 
@@ -51,6 +52,59 @@ def test_request_episode_model_and_tool_spans(tmp_path: Path, model_server: Wire
         with harness.start(env=env, log_dir=tmp_path) as server:
             run(server, receiver)
         assert "Traceback" not in server.log(), server.log()[-3000:]
+
+
+def test_a_worker_that_only_polls_links_the_episode_to_the_request(
+    tmp_path: Path, model_server: WireServer
+) -> None:
+    """A gateway and a worker on one SQLite file and no shared bus: the request's wakeup never
+    reaches the worker, its poll takes the run, and the link comes from the stored run."""
+    model_server.reply(OpenAIVendor().text_reply(["polled."], usage=(3, 1)))
+    with otlp_receiver() as receiver:
+        env = harness.server_env(
+            harness.sqlite_url(tmp_path),
+            {
+                "THREADLINE_AGENT": "tests.e2e.traced_agent:agent",
+                "TRACED_MODEL_URL": f"{model_server.url}/v1",
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+                "OTEL_BSP_SCHEDULE_DELAY": "100",
+                "THREADLINE_DEV_TOKEN": "false",
+                "THREADLINE_POLL_INTERVAL": "0.2",
+            },
+        )
+        with (
+            harness.start("gateway", env, log_dir=tmp_path) as gateway,
+            harness.start("worker", env, log_dir=tmp_path) as worker,
+        ):
+            token = gateway.token("traces")
+            trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+            with httpx.Client(
+                base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=10
+            ) as http:
+                thread_id = http.post("/v1/threads", json={}).json()["thread"]["id"]
+                sent = http.post(
+                    f"/v1/threads/{thread_id}/messages",
+                    json={"text": "hello"},
+                    headers={"traceparent": f"00-{trace_id}-{parent_id}-01"},
+                )
+                assert sent.status_code == 202, sent.text
+                run_id = sent.json()["run_id"]
+            spans = receiver.wait_for(
+                lambda spans: (
+                    any(s.attributes.get("run_id") == run_id for s in spans)
+                    and any(s.trace_id == trace_id for s in spans)
+                )
+            )
+        for server in (gateway, worker):
+            assert "Traceback" not in server.log(), server.log()[-3000:]
+    [request] = [s for s in spans if s.trace_id == trace_id]
+    assert request.parent_span_id == parent_id
+    [episode] = [
+        s for s in named(spans, "threadline.episode") if s.attributes.get("run_id") == run_id
+    ]
+    assert episode.trace_id != trace_id
+    assert [(t, s) for t, s, _ in episode.links] == [(trace_id, request.span_id)]
 
 
 def run(server: harness.ServerHandle, receiver: Receiver) -> None:

@@ -1,5 +1,6 @@
 """Webhooks end to end: signed deliveries to a real receiver through failures and an outage, a
-sender SIGKILLed mid-delivery, and the addresses and redirects that are refused."""
+sender SIGKILLed mid-delivery, the addresses and redirects that are refused, and the attempts'
+metrics by outcome (the dead letter here; delivered and retried in test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from runtime.hooks.hooks_service import new_secret
 from tests.e2e import harness
+from tests.e2e.prometheus_server import scrape
 from tests.e2e.webhook_receiver import Receiver
 
 SECRET = new_secret()
@@ -234,3 +236,44 @@ def test_a_sender_killed_mid_delivery_is_followed_by_the_same_webhook_id(
         lambda: [d for d in deliveries(deployment.svc, webhook) if d["state"] == "delivered"],
     )
     assert delivery["id"] == held.webhook_id
+
+
+def webhook_attempts(server: harness.ServerHandle) -> dict[str, float]:
+    """The server's `threadline_webhook_attempts_total` by outcome, read from its /metrics."""
+    samples = scrape(f"{server.url}/metrics", "threadline_webhook_attempts_total")
+    return {dict(labels)["outcome"]: value for labels, value in samples.items()}
+
+
+def test_a_dead_lettered_delivery_is_counted_as_dead(tmp_path: Path, receiver: Receiver) -> None:
+    """Attempts that fail past the maximum age end in the dead letter: /metrics counts each
+    attempt by its outcome, as the attempt log has them."""
+    receiver.behaviours["/down"] = lambda n: 500
+    env = harness.server_env(
+        harness.sqlite_url(tmp_path), {**FAST_RETRIES, "THREADLINE_WEBHOOK_MAX_AGE": "1"}
+    )
+    with harness.start("all", env, log_dir=tmp_path) as server:
+        svc = httpx.Client(
+            base_url=server.url,
+            headers={"Authorization": f"Bearer {server.token('hooks', 'backend', 'svc')}"},
+            timeout=10,
+        )
+        user = server.token("hooks", "user", "alice")
+        with svc:
+            webhook = subscribe(svc, receiver.url("/down"), events=["run.completed"])
+            thread = svc.post("/v1/threads", json={}).json()["thread"]["id"]
+            sent = httpx.post(
+                f"{server.url}/v1/threads/{thread}/messages",
+                json={"text": "hi"},
+                headers={"Authorization": f"Bearer {user}"},
+            )
+            assert sent.status_code == 202, sent.text
+            [dead] = wait_for(
+                "the dead letter",
+                lambda: [d for d in deliveries(svc, webhook) if d["state"] == "dead"],
+            )
+            log = attempts(svc, dead["id"])
+            counts = webhook_attempts(server)
+    assert log and all(a["status_code"] == 500 for a in log)
+    assert counts.get("dead") == 1, counts
+    assert counts.get("retried", 0) == len(log) - 1, (counts, log)
+    assert counts.get("delivered", 0) == 0

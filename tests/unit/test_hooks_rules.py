@@ -9,7 +9,14 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from runtime.hooks.delivery import DeliveryPolicy, outcome_of, post, retry_after_seconds, sign
+from runtime.hooks.delivery import (
+    DeliveryPolicy,
+    outcome_label,
+    outcome_of,
+    post,
+    retry_after_seconds,
+    sign,
+)
 from runtime.hooks.hooks_service import new_secret
 from runtime.hooks.outbound import RefusedUrl, parse_networks, refusal, resolve
 from runtime.storage.hooks_store import ClaimedDelivery, Delivery, DeliveryState, MissedFire
@@ -132,6 +139,18 @@ def test_outcomes_retry_until_the_age_runs_out_then_park() -> None:
     assert not too_old.delivered and too_old.retry_in is None  # dead-lettered
     refused = outcome_of(_claimed(), policy, (None, "refused: loopback", None, 0.0), now=1001.0)
     assert refused.retry_in is None
+
+
+def test_the_metrics_label_of_an_attempt_is_its_outcome() -> None:
+    policy = DeliveryPolicy(initial_backoff=1.0, max_backoff=4.0, max_age=60.0)
+    ok = outcome_of(_claimed(), policy, (204, None, None, 5.0), now=1001.0)
+    failed = outcome_of(_claimed(), policy, (500, None, None, 5.0), now=1001.0)
+    too_old = outcome_of(_claimed(attempts=9), policy, (500, None, None, 5.0), now=1059.0)
+    refused = outcome_of(_claimed(), policy, (None, "refused: loopback", None, 0.0), now=1001.0)
+    labels = [outcome_label(o) for o in (ok, failed, too_old, refused)]
+    assert labels == ["delivered", "retried", "dead", "dead"]
+    # Not logged: another worker took the claim over and posts the delivery again.
+    assert {outcome_label(o, logged=False) for o in (ok, failed)} == {"taken_over"}
 
 
 def test_signatures_verify_with_the_standard_webhooks_package() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from runtime import instruments
 from runtime.domain import Part, Resolution, RunStatus, ToolCallPart
 from runtime.errors import RunStopping
 from runtime.storage.decisions import (
@@ -79,10 +80,12 @@ async def resolve(
         if status == RunStatus.WAITING:
             await conn.execute(
                 # The next episode resumes; one after it (episode past this count) is a takeover.
-                "UPDATE runs SET status = 'running', resumed_episode = episode, updated_at = $2"
-                " WHERE id = $1",
+                # It links to the request that resumed it (when one is traced), as a wakeup's.
+                "UPDATE runs SET status = 'running', resumed_episode = episode, updated_at = $2,"
+                " traceparent = COALESCE($3, traceparent) WHERE id = $1",
                 run_id,
                 await conn.now(),
+                instruments.current_traceparent(),
             )
             resumed = True
     # The webhook outbox row, in this transaction: it exists if and only if the resolution does.

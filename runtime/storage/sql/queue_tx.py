@@ -87,6 +87,7 @@ async def submit_input(
             started_by=submitted_by,
             input_message_id=message_id,
             client_tools_json=tools_json,
+            traceparent=instruments.current_traceparent(),
         )
         _queue_event(conn, "admitted")
         return Admission(
@@ -281,14 +282,18 @@ async def create_run(
     started_by: str,
     input_message_id: str | None,
     client_tools_json: str,
+    traceparent: str | None,
 ) -> str:
+    """A queued run. `traceparent`: the trace context of the request that started it (the
+    current one, `instruments.current_traceparent()`, or the queued input's), stored so the
+    episode links to it whichever way a worker takes the run."""
     version = await bump(conn, thread_id)
     run_id = new_id("run")
     await conn.execute_later(
         "INSERT INTO runs (id, thread_id, status, trigger, started_by, input_message_id,"
         " episode, next_seq, stop_requested, error, client_tools, created_version,"
-        " created_at, updated_at)"
-        " VALUES ($1, $2, 'queued', $3, $4, $5, 0, 0, FALSE, NULL, $6, $7, $8, $8)",
+        " created_at, updated_at, traceparent)"
+        " VALUES ($1, $2, 'queued', $3, $4, $5, 0, 0, FALSE, NULL, $6, $7, $8, $8, $9)",
         run_id,
         thread_id,
         trigger.value,
@@ -297,6 +302,7 @@ async def create_run(
         client_tools_json,
         version,
         await conn.now(),
+        traceparent,
     )
     return run_id
 
@@ -318,8 +324,8 @@ async def _enqueue(
     item_id = new_id("qi")
     await conn.execute(
         "INSERT INTO queued_items (id, thread_id, text, submitted_by, client_request_id,"
-        " status, interrupt, client_tools, position, created_at)"
-        " VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9)",
+        " status, interrupt, client_tools, position, created_at, traceparent)"
+        " VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10)",
         item_id,
         thread_id,
         text,
@@ -329,6 +335,7 @@ async def _enqueue(
         client_tools_json,
         int(position),
         await conn.now(),
+        instruments.current_traceparent(),  # the run admitted from it links to this request
     )
     return item_id
 
@@ -367,6 +374,7 @@ async def admit_next(
         started_by=item["submitted_by"],
         input_message_id=message_id,
         client_tools_json=item["client_tools"],
+        traceparent=item["traceparent"],  # the request that queued it, not this commit's
     )
     _queue_event(conn, "admitted")
     return run_id

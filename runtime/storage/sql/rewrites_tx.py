@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from runtime import instruments
 from runtime.domain import MAX_METADATA_BYTES, Lease, LeaseKind, MessageRole, RunTrigger, Visibility
 from runtime.errors import NotFound
 from runtime.storage.decisions import (
@@ -93,6 +94,7 @@ async def _truncate(conn: Conn, thread_id: str, op: Truncate) -> tuple[str, tupl
         started_by=op.started_by,
         input_message_id=plan.input_message_id,
         client_tools_json=tools or "[]",
+        traceparent=instruments.current_traceparent(),
     )
     return run_id, plan.removed_ids
 
@@ -125,6 +127,7 @@ async def _retry(conn: Conn, thread_id: str, op: RetryRun) -> tuple[str, tuple[s
         started_by=op.started_by,
         input_message_id=latest["input_message_id"],
         client_tools_json=latest["client_tools"] or "[]",
+        traceparent=instruments.current_traceparent(),
     )
     return run_id, tuple(row["id"] for row in removed)
 

@@ -159,6 +159,7 @@ def run_from_row(row: Row) -> Run:
         client_tools=tuple(loads(row["client_tools"])),
         created_at=float(row["created_at"]),
         updated_at=float(row["updated_at"]),
+        traceparent=row.get("traceparent"),
     )
 
 

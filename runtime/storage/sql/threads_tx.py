@@ -334,6 +334,7 @@ FIRST_QUEUED = Prefixed(
         "interrupt",
         "client_tools",
         "position",
+        "traceparent",
         "created_at",
     ),
 )
