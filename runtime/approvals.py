@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from runtime.errors import AlreadyDecided, NotADecider, RequesterExcluded
+from runtime.errors import AlreadyDecided, Forbidden, NotADecider, RequesterExcluded
 
 RoleName = Literal["user", "backend", "admin"]
 
@@ -52,6 +53,11 @@ class ApprovalState(BaseModel):
     policy: ApprovalPolicy
     requester: str | None = None
     decisions: tuple[ApprovalDecision, ...] = ()
+    # Deadlines and escalation (set by the approval timers when a policy has a deadline):
+    # when the current stage is due (database time), which stage, and who is waited for.
+    due_at: float | None = None
+    stage: int = 0
+    waiting_for: str = ""
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -73,6 +79,35 @@ class ApprovalState(BaseModel):
     def settled(self) -> bool:
         """The policy is met (quorum approvals) or refused (one denial): the action resolves."""
         return self.needed == 0 or any(not d.approved for d in self.decisions)
+
+
+_STATE_FIELDS = frozenset(ApprovalState.model_fields)
+
+
+def approval_from_wire(data: dict[str, Any]) -> ApprovalState:
+    """An `ApprovalState` from its wire form (which also carries the computed fields)."""
+    return ApprovalState.model_validate({k: v for k, v in data.items() if k in _STATE_FIELDS})
+
+
+def decide_refusal(
+    allowed_roles: Collection[str],
+    state: ApprovalState | None,
+    subject: str,
+    role: str,
+    groups: frozenset[str],
+) -> str | None:
+    """Why this caller may not decide an action now (an error code: `forbidden`,
+    `requester_excluded`, `not_a_decider`, `already_decided`), or None when it may: what the
+    inbox's `assigned=me` keeps and what a card shows, by the rules `check_eligible` enforces."""
+    if role not in allowed_roles:
+        return Forbidden.code
+    if state is None:
+        return None
+    try:
+        check_eligible(state, subject, role, groups)
+    except (RequesterExcluded, NotADecider, AlreadyDecided) as exc:
+        return exc.code
+    return None
 
 
 def check_eligible(state: ApprovalState, subject: str, role: str, groups: frozenset[str]) -> None:
