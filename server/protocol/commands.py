@@ -25,6 +25,7 @@ from server.protocol.answers import (
     threads_answer,
     version_answer,
 )
+from server.protocol.audit_commands import rows as audit_rows
 from server.protocol.hooks_commands import rows as hooks_rows
 from server.protocol.inputs import (
     CancelQueued,
@@ -666,7 +667,10 @@ TOKEN_COMMANDS: tuple[Command[Any, Any], ...] = (
 )
 # Schedules and webhooks (docs/protocol.md, "Schedules", "Webhooks"), in a module of their own.
 HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = hooks_rows(Command, Http)
+# The audit log (docs/protocol.md, "Audit log"), in a module of its own.
+AUDIT_COMMANDS: tuple[Command[Any, Any], ...] = audit_rows(Command, Http)
 COMMANDS = (
     COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + SSE_COMMANDS + TOKEN_COMMANDS + HOOKS_COMMANDS
 )
+COMMANDS += AUDIT_COMMANDS
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}
