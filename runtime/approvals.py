@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from runtime.errors import AlreadyDecided, Forbidden, NotADecider, RequesterExcluded
 
 RoleName = Literal["user", "backend", "admin"]
+_COMPUTED = frozenset({"approvals", "needed"})
 
 
 class ApprovalPolicy(BaseModel):
@@ -59,6 +60,14 @@ class ApprovalState(BaseModel):
     stage: int = 0
     waiting_for: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _computed_are_not_input(cls, data: Any) -> Any:
+        # A stored or wire form carries the computed fields too; they are derived, not read.
+        if isinstance(data, dict) and _COMPUTED & data.keys():
+            return {k: v for k, v in data.items() if k not in _COMPUTED}
+        return data
+
     @computed_field  # type: ignore[prop-decorator]
     @property
     def approvals(self) -> int:
@@ -81,12 +90,11 @@ class ApprovalState(BaseModel):
         return self.needed == 0 or any(not d.approved for d in self.decisions)
 
 
-_STATE_FIELDS = frozenset(ApprovalState.model_fields)
-
-
 def approval_from_wire(data: dict[str, Any]) -> ApprovalState:
-    """An `ApprovalState` from its wire form (which also carries the computed fields)."""
-    return ApprovalState.model_validate({k: v for k, v in data.items() if k in _STATE_FIELDS})
+    """An `ApprovalState` from its wire form (which also carries the computed fields, and may
+    carry fields of a newer server: those are left out)."""
+    known = ApprovalState.model_fields.keys()
+    return ApprovalState.model_validate({k: v for k, v in data.items() if k in known})
 
 
 def decide_refusal(

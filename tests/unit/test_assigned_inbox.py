@@ -111,3 +111,13 @@ def test_progress_of_a_pending_action_is_announced_again() -> None:
     # Only the thread's version moved: nothing to say.
     bumped = {"a1": {**before["a1"], "thread_version": 9}}
     assert inbox_frames("acme", "t1", 9, before, bumped) == []
+
+
+def test_a_stored_approval_state_reads_back() -> None:
+    # Stored parts carry the computed `approvals` and `needed`: reading them back must work
+    # (a suspended routed tool failed its run with "Extra inputs are not permitted").
+    state = _action("a1", decided_by=("bob",)).approval
+    assert state is not None
+    stored = state.model_dump(mode="json")
+    assert stored["approvals"] == 1 and stored["needed"] == 1
+    assert ApprovalState.model_validate(stored) == state
