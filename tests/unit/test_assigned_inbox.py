@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import orjson
 
 from runtime.approvals import ApprovalDecision, ApprovalPolicy, ApprovalState
@@ -9,6 +11,7 @@ from runtime.domain import InboxEntry, PendingAction, Principal, Role, WaitKind
 from runtime.service.assigned import assigned_to, decide_map, inbox_page, wire_refusal
 from server.live.inbox import inbox_frames
 from server.transports.ws.session import assigned_frame
+from threadline_client import SyncThreadlineClient, ThreadlineClient
 
 POLICY = ApprovalPolicy(quorum=2, subjects=("alice", "bob", "carol"), exclude_requester=True)
 
@@ -121,3 +124,13 @@ def test_a_stored_approval_state_reads_back() -> None:
     stored = state.model_dump(mode="json")
     assert stored["approvals"] == 1 and stored["needed"] == 1
     assert ApprovalState.model_validate(stored) == state
+
+
+def test_both_client_surfaces_take_assigned() -> None:
+    for method in (
+        ThreadlineClient.pending,
+        ThreadlineClient.watch_actions,
+        SyncThreadlineClient.watch_actions,
+        SyncThreadlineClient.pending.method,
+    ):
+        assert "assigned" in inspect.signature(method).parameters, method
