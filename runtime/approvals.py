@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from runtime.errors import AlreadyDecided, NotADecider, RequesterExcluded
+from runtime.errors import AlreadyDecided, Forbidden, NotADecider, RequesterExcluded
 
 RoleName = Literal["user", "backend", "admin"]
+_COMPUTED = frozenset({"approvals", "needed"})
 
 
 class ApprovalPolicy(BaseModel):
@@ -52,6 +54,19 @@ class ApprovalState(BaseModel):
     policy: ApprovalPolicy
     requester: str | None = None
     decisions: tuple[ApprovalDecision, ...] = ()
+    # Deadlines and escalation (set by the approval timers when a policy has a deadline):
+    # when the current stage is due (database time), which stage, and who is waited for.
+    due_at: float | None = None
+    stage: int = 0
+    waiting_for: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _computed_are_not_input(cls, data: Any) -> Any:
+        # A stored or wire form carries the computed fields too; they are derived, not read.
+        if isinstance(data, dict) and _COMPUTED & data.keys():
+            return {k: v for k, v in data.items() if k not in _COMPUTED}
+        return data
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -73,6 +88,34 @@ class ApprovalState(BaseModel):
     def settled(self) -> bool:
         """The policy is met (quorum approvals) or refused (one denial): the action resolves."""
         return self.needed == 0 or any(not d.approved for d in self.decisions)
+
+
+def approval_from_wire(data: dict[str, Any]) -> ApprovalState:
+    """An `ApprovalState` from its wire form (which also carries the computed fields, and may
+    carry fields of a newer server: those are left out)."""
+    known = ApprovalState.model_fields.keys()
+    return ApprovalState.model_validate({k: v for k, v in data.items() if k in known})
+
+
+def decide_refusal(
+    allowed_roles: Collection[str],
+    state: ApprovalState | None,
+    subject: str,
+    role: str,
+    groups: frozenset[str],
+) -> str | None:
+    """Why this caller may not decide an action now (an error code: `forbidden`,
+    `requester_excluded`, `not_a_decider`, `already_decided`), or None when it may: what the
+    inbox's `assigned=me` keeps and what a card shows, by the rules `check_eligible` enforces."""
+    if role not in allowed_roles:
+        return Forbidden.code
+    if state is None:
+        return None
+    try:
+        check_eligible(state, subject, role, groups)
+    except (RequesterExcluded, NotADecider, AlreadyDecided) as exc:
+        return exc.code
+    return None
 
 
 def check_eligible(state: ApprovalState, subject: str, role: str, groups: frozenset[str]) -> None:

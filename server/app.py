@@ -26,9 +26,11 @@ from runtime.hooks.delivery import DeliveryPolicy, DeliveryWorker
 from runtime.hooks.hooks_service import HooksService, register_hooks
 from runtime.hooks.outbound import parse_networks
 from runtime.hooks.timer_loop import TimerLoop
+from runtime.service.audit import AuditService, register_audit
 from runtime.service.thread_service import ThreadService
 from runtime.storage import open_store
 from runtime.storage.scope_cache import ScopeCache
+from runtime.storage.sql.audit_sql import SqlAuditLog
 from runtime.storage.sql.hooks_sql import SqlHooks
 from server.auth import trust_issuers
 from server.drain import Drain
@@ -112,6 +114,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         )
         allow = parse_networks(settings.webhook_allow_networks)
         register_hooks(state.service, HooksService(state.hooks_store, allow=allow))
+        register_audit(state.service, AuditService(state.service, SqlAuditLog(state.store)))
         counters = open_counters(settings.redis_url, settings.counters_prefix)
         stack.push_async_callback(counters.close)
         state.limiter = Limiter(settings, counters)

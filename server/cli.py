@@ -1,5 +1,5 @@
-"""The `threadline` command: serve, token create, list and revoke, migrate, config, schedules
-and webhooks."""
+"""The `threadline` command: serve, token create, list and revoke, migrate, config, schedules,
+webhooks and audit verify."""
 
 from __future__ import annotations
 
@@ -305,6 +305,37 @@ def config_command() -> None:
         elif isinstance(value, list | dict):
             shown = orjson.dumps(value).decode()
         click.echo(f"{name}={shown}")
+
+
+@main.group()
+def audit() -> None:
+    """The audit log of approvals (docs/operations.md, "Approvals and the audit log")."""
+
+
+# The exit status of `audit verify` when the chain is broken.
+CHAIN_BROKEN = 1
+
+
+@audit.command("verify")
+@click.option("--scope", required=True, help="The scope whose chain to check.")
+def audit_verify(scope: str) -> None:
+    """Check a scope's hash chain: exit 0 with a summary when it holds, 1 naming the first
+    broken entry when a row was edited or deleted."""
+    from runtime.service.audit import verify_scope
+    from runtime.storage.sql.audit_sql import SqlAuditLog
+
+    settings = _settings()
+
+    async def check() -> Any:
+        async with _migrated_store(settings) as store:
+            return await verify_scope(SqlAuditLog(store), scope)
+
+    report = asyncio.run(check())
+    if report.ok:
+        click.echo(f"audit chain of scope {scope}: {report.entries} entries, intact")
+        return
+    click.echo(f"audit chain of scope {scope} is broken at {report.problem}", err=True)
+    raise SystemExit(CHAIN_BROKEN)
 
 
 main.add_command(schedule)

@@ -277,12 +277,17 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
 
     # --- actions ---------------------------------------------------------------------------
 
-    async def pending(self, *, page_size: int = 100) -> AsyncIterator[PendingAction]:
+    async def pending(
+        self, *, page_size: int = 100, assigned: Literal["me"] | None = None
+    ) -> AsyncIterator[PendingAction]:
         """Every pending action the token's scopes can see, across threads, oldest first
-        (`GET /v1/actions?status=pending`, followed page by page)."""
+        (`GET /v1/actions?status=pending`, followed page by page); `assigned="me"`: only those
+        this caller may decide now."""
         cursor: str | None = None
         while True:
             params: dict[str, Any] = {"status": "pending", "limit": page_size}
+            if assigned is not None:
+                params["assigned"] = assigned
             if cursor is not None:
                 params["cursor"] = cursor
             body = await self.request("GET", "/v1/actions", params=params)
@@ -292,9 +297,12 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
             if not cursor:
                 return
 
-    def watch_actions(self, *, backoff: Backoff | None = None) -> ActionsWatch:
-        """A live view of the scope-wide inbox (see `ActionsWatch`); use with `async with`."""
-        return ActionsWatch(self, backoff=backoff)
+    def watch_actions(
+        self, *, backoff: Backoff | None = None, assigned: Literal["me"] | None = None
+    ) -> ActionsWatch:
+        """A live view of the scope-wide inbox (see `ActionsWatch`; `assigned="me"`: only what
+        this caller may decide now); use with `async with`."""
+        return ActionsWatch(self, backoff=backoff, assigned=assigned)
 
     async def resume(
         self,

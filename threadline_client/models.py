@@ -55,6 +55,8 @@ class PendingAction(WireModel):
     thread_id: str | None = None
     scope: str | None = None
     created_at: Any = None
+    # An approval under a policy: its policy and progress (docs/protocol.md, "Approval policies").
+    approval: dict[str, Any] | None = None
 
 
 class Run(WireModel):

@@ -6,7 +6,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, Self, TypeVar, overload
 
 from threadline_client.client import ThreadlineClient
 from threadline_client.models import Snapshot
@@ -187,9 +187,11 @@ class SyncThreadlineClient:
         """`ThreadlineClient.watch`, blocking: use with `with`."""
         return SyncWatch(self, self._client.watch(thread_id, backoff=backoff))
 
-    def watch_actions(self, *, backoff: Backoff | None = None) -> SyncWatch[ActionsWatch]:
+    def watch_actions(
+        self, *, backoff: Backoff | None = None, assigned: Literal["me"] | None = None
+    ) -> SyncWatch[ActionsWatch]:
         """`ThreadlineClient.watch_actions`, blocking: use with `with`."""
-        return SyncWatch(self, self._client.watch_actions(backoff=backoff))
+        return SyncWatch(self, self._client.watch_actions(backoff=backoff, assigned=assigned))
 
     def aclose(self) -> None:
         """`close` under the async client's name (the two surfaces have the same names)."""

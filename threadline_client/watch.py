@@ -78,6 +78,7 @@ EventKind = Literal[
     "synced",
     "frame",
     "presence",
+    "changed",
 ]
 
 
@@ -419,12 +420,20 @@ class ActionsWatch(_LiveView):
     (`GET /v1/actions?status=pending`) after every (re)subscription and `actions.resync`; live
     `action.pending` / `action.resolved` frames apply on top when they carry a thread version
     newer than the one the held entry came from. Events: `synced` (the list was refetched),
-    `pending` (data: the PendingAction), `resolved` (data: the action id), `connected`,
-    `disconnected`.
+    `pending` (data: the PendingAction), `changed` (data: the PendingAction, its progress
+    moved), `resolved` (data: the action id), `connected`, `disconnected`. With
+    `assigned="me"` it holds only the actions this caller may decide now.
     """
 
-    def __init__(self, client: ThreadlineClient, *, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self,
+        client: ThreadlineClient,
+        *,
+        backoff: Backoff | None = None,
+        assigned: Literal["me"] | None = None,
+    ) -> None:
         super().__init__(client, backoff)
+        self.assigned = assigned
         self.actions: dict[str, PendingAction] = {}
         self.versions: dict[str, int] = {}  # thread id -> the version our entries come from
         self.scopes: list[str] = []
@@ -437,7 +446,10 @@ class ActionsWatch(_LiveView):
         return (self._fetcher,)
 
     async def _on_open(self, socket: _Socket) -> None:
-        answer = await self._request(socket, {"type": "actions.subscribe"})
+        subscribe: dict[str, Any] = {"type": "actions.subscribe"}
+        if self.assigned is not None:
+            subscribe["assigned"] = self.assigned
+        answer = await self._request(socket, subscribe)
         self.scopes = list(answer.get("scopes", []))
         self._refetch()
 
@@ -459,9 +471,12 @@ class ActionsWatch(_LiveView):
             action = PendingAction.model_validate(
                 {**frame["action"], "thread_id": thread_id, "scope": frame.get("scope")}
             )
-            if action.id not in self.actions:
-                self.actions[action.id] = action
+            held = self.actions.get(action.id)
+            self.actions[action.id] = action
+            if held is None:
                 self._emit("pending", frame, action)
+            elif held != action:
+                self._emit("changed", frame, action)
         else:
             action_id = str(frame.get("action_id"))
             if self.actions.pop(action_id, None) is not None:
@@ -480,7 +495,7 @@ class ActionsWatch(_LiveView):
                 self._again = False
                 self._during_fetch = []
                 try:
-                    listed = [action async for action in self.client.pending()]
+                    listed = [a async for a in self.client.pending(assigned=self.assigned)]
                 except Unauthorized as exc:
                     self._failure = exc
                     return

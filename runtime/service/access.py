@@ -8,6 +8,7 @@ from typing import Any
 
 from runtime.domain import InputPolicy, MessageRole, Principal, Run, RunStatus, Snapshot
 from runtime.errors import Forbidden, NotFound
+from runtime.service.assigned import decide_map
 from runtime.service.permissions import Destructive, PermissionPolicy
 from runtime.storage.decisions import MessageRef, plan_truncate
 from runtime.storage.store import Store
@@ -162,6 +163,7 @@ class AccessControl:
             "visibility": [
                 m.id for m in snapshot.messages if may(Destructive.VISIBILITY, authors.get(m.id))
             ],
+            "decide": decide_map(principal, snapshot.pending_actions),
         }
         return snapshot.model_copy(update={"permissions": permissions})
 

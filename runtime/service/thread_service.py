@@ -14,7 +14,6 @@ from runtime.approvals import ApprovalDecision, check_eligible
 from runtime.compose import compose_lifecycle
 from runtime.domain import (
     Admission,
-    InboxEntry,
     InputPolicy,
     Origin,
     Principal,
@@ -29,6 +28,7 @@ from runtime.domain import (
 from runtime.engine.publisher import Publisher
 from runtime.errors import Forbidden, InvalidInput, NotFound
 from runtime.service.access import AccessControl, last_assistant_reply_start
+from runtime.service.assigned import InboxPage, inbox_page
 from runtime.service.payloads import check_payload
 from runtime.service.permissions import PermissionPolicy
 from runtime.service.rewrites import rewrite
@@ -146,11 +146,19 @@ class ThreadService:
         return await self.store.list_threads(principal.scopes, limit, query)
 
     async def pending_actions(
-        self, principal: Principal, limit: int = 100, after: str | None = None
-    ) -> list[InboxEntry]:
+        self,
+        principal: Principal,
+        limit: int = 100,
+        after: str | None = None,
+        *,
+        assigned: bool = False,
+    ) -> InboxPage:
         """The scope-wide inbox: pending actions of the principal's threads (one entry per
-        thread, at most `limit`, by thread id after the cursor `after`)."""
-        return await self.store.pending_actions(principal.scopes, limit=limit, after=after)
+        thread, at most `limit`, by thread id after the cursor `after`); with `assigned`, only
+        the actions the principal may decide now (its role, the policy's deciders, not the
+        requester under four-eyes, not one it decided already)."""
+        entries = await self.store.pending_actions(principal.scopes, limit=limit, after=after)
+        return inbox_page(principal, entries, limit, assigned)
 
     async def snapshot(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict
@@ -62,6 +62,17 @@ class ChainReport(BaseModel):
     ok: bool
     broken_seq: int | None = None
     problem: str | None = None
+
+
+class AuditLog(Protocol):
+    """Reads a scope's chain (appended by the store, in the transactions of what it records)."""
+
+    async def audit_entries(
+        self, scope: str, *, thread_id: str | None = None, after: int = 0, limit: int = 100
+    ) -> list[AuditEntry]:
+        """Up to `limit` entries of `scope` (of one thread's, when `thread_id` is set) with a
+        `seq` above `after`, in `seq` order."""
+        ...
 
 
 def payload_hash(payload: Mapping[str, Any]) -> str:

@@ -43,7 +43,8 @@ def inbox_frames(
     after: dict[str, dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """The frames telling a subscriber how a thread's pending actions went from `before` to
-    `after` (a pure decision: new ids are pending, vanished ids resolved or withdrawn)."""
+    `after` (a pure decision: new ids are pending, vanished ids resolved or withdrawn; an
+    action whose progress changed, a partial decision, is sent as pending again)."""
     frames: list[dict[str, Any]] = [
         {
             "type": "action.pending",
@@ -53,7 +54,7 @@ def inbox_frames(
             "action": action,
         }
         for action_id, action in after.items()
-        if action_id not in before
+        if action_id not in before or _changed(before[action_id], action)
     ]
     frames += [
         {
@@ -67,6 +68,13 @@ def inbox_frames(
         if action_id not in after
     ]
     return frames
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    # The thread's version moves with any commit; only the action itself counts.
+    return {k: v for k, v in before.items() if k != "thread_version"} != {
+        k: v for k, v in after.items() if k != "thread_version"
+    }
 
 
 @dataclass(eq=False)

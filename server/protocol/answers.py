@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.domain import Admission, InboxEntry, Principal, Thread
+from runtime.domain import Admission, Principal, Thread
+from runtime.service.assigned import InboxPage
 from runtime.storage.store import ResolveResult, RewriteResult, StopResult
 from runtime.storage.thread_query import page_cursor
 
@@ -61,10 +62,9 @@ def principal_answer(principal: Principal) -> dict[str, Any]:
     }
 
 
-def actions_answer(entries: list[InboxEntry], limit: int) -> dict[str, Any]:
-    # A full page may have more behind it; the cursor is the last thread read (opaque to clients).
-    cursor = entries[-1].thread_id if len(entries) >= limit and entries else None
+def actions_answer(page: InboxPage) -> dict[str, Any]:
+    # The cursor is the last thread read (opaque to clients), whatever `assigned` kept.
     return {
-        "actions": [item for entry in entries for item in entry.to_wire()],
-        "next_cursor": cursor,
+        "actions": [item for entry in page.entries for item in entry.to_wire()],
+        "next_cursor": page.next_cursor,
     }

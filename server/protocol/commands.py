@@ -25,12 +25,14 @@ from server.protocol.answers import (
     threads_answer,
     version_answer,
 )
+from server.protocol.audit_commands import rows as audit_rows
 from server.protocol.hooks_commands import rows as hooks_rows
 from server.protocol.inputs import (
     CancelQueued,
     CreateThread,
     GetQueued,
     GetSnapshot,
+    InboxSubscribe,
     Input,
     ListActions,
     ListThreads,
@@ -74,7 +76,7 @@ class Connection(Protocol):
 
     async def subscribe(self, thread_id: str, frame_id: Any) -> None: ...
     async def unsubscribe(self, thread_id: str) -> None: ...
-    async def subscribe_actions(self, scope: str | None) -> list[str]: ...
+    async def subscribe_actions(self, scope: str | None, assigned: bool = False) -> list[str]: ...
     async def unsubscribe_actions(self, scope: str | None) -> list[str]: ...
     async def update_presence(self, thread_id: str, changes: dict[str, Any]) -> None: ...
 
@@ -251,6 +253,8 @@ def _actions_query(query: Mapping[str, str]) -> dict[str, Any]:
     fields: dict[str, Any] = {"status": status, **_limit(query)}
     if query.get("cursor"):
         fields["cursor"] = query["cursor"]
+    if "assigned" in query:
+        fields["assigned"] = query["assigned"]  # the input refuses anything but "me"
     return fields
 
 
@@ -576,21 +580,25 @@ INBOX_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="actions.list",
         input=ListActions,
-        call=lambda c, i: c.service.pending_actions(c.principal, i.limit, i.cursor),
-        answer=lambda i, entries: actions_answer(entries, i.limit),
+        call=lambda c, i: c.service.pending_actions(
+            c.principal, i.limit, i.cursor, assigned=i.assigned == "me"
+        ),
+        answer=lambda i, page: actions_answer(page),
         answer_doc='`{"actions": [{"id", "kind", "thread_id", "scope", "thread_version", '
-        '"tool_name", "input", "schema", "allowed_roles", "created_at", ...}], "next_cursor"}`',
+        '"tool_name", "input", "schema", "allowed_roles", "created_at", ...}], "next_cursor"}`; '
+        "`?assigned=me`: only what the caller may decide now",
         reply=None,
         http=Http("GET", "/v1/actions", "list_actions", body=False, query=_actions_query),
         note=READ,
     ),
     Command(
         name="actions.subscribe",
-        input=ScopeRef,
-        call=lambda c, i: c.session().subscribe_actions(i.scope),
+        input=InboxSubscribe,
+        call=lambda c, i: c.session().subscribe_actions(i.scope, assigned=i.assigned == "me"),
         answer=lambda i, scopes: {"scopes": scopes},
         answer_doc='`{"type": "actions.subscribed", "scopes"}`, then `action.pending`, '
-        "`action.resolved` and `actions.resync` frames",
+        "`action.resolved` and `actions.resync` frames (`assigned`: `me`, only what the caller "
+        "may decide)",
         reply=ActionsSubscribed,
         note=WS_ONLY,
     ),
@@ -659,7 +667,10 @@ TOKEN_COMMANDS: tuple[Command[Any, Any], ...] = (
 )
 # Schedules and webhooks (docs/protocol.md, "Schedules", "Webhooks"), in a module of their own.
 HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = hooks_rows(Command, Http)
+# The audit log (docs/protocol.md, "Audit log"), in a module of its own.
+AUDIT_COMMANDS: tuple[Command[Any, Any], ...] = audit_rows(Command, Http)
 COMMANDS = (
     COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + SSE_COMMANDS + TOKEN_COMMANDS + HOOKS_COMMANDS
 )
+COMMANDS += AUDIT_COMMANDS
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

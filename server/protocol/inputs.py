@@ -267,12 +267,21 @@ class ListActions(Input):
     status: Literal["pending"] = "pending"
     limit: int = Field(default=100, ge=1, le=500)
     cursor: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+    # "me": only the actions the caller may decide now (docs/protocol.md, "Action inbox").
+    assigned: Literal["me"] | None = None
 
 
 class ScopeRef(Input):
     """A scope of the token's (none: all of them)."""
 
     scope: str | None = Field(default=None, min_length=1, max_length=ID_MAX)
+
+
+class InboxSubscribe(ScopeRef):
+    """`actions.subscribe`: a scope of the token's (none: all), and `assigned: "me"` for only
+    the actions the caller may decide now."""
+
+    assigned: Literal["me"] | None = None
 
 
 class PresenceUpdate(Input):

@@ -35,6 +35,14 @@ def service_of(request: Request) -> ThreadService:
     return service
 
 
+# The event-stream adapters' routes, named in the audit log's `transport` (others: `http`).
+_SSE_PREFIXES = (("/v1/ag-ui", "ag-ui"), ("/v1/ai-sdk/", "ai-sdk"))
+
+
+def _transport_of(path: str) -> str:
+    return next((name for prefix, name in _SSE_PREFIXES if path.startswith(prefix)), "http")
+
+
 async def request_caller(request: Request) -> Caller:
     """The authenticated caller of an HTTP request (raises `Unauthorized`), with the quotas and
     token administration of the app: every HTTP transport (routes, event streams) builds it so."""
@@ -47,7 +55,7 @@ async def request_caller(request: Request) -> Caller:
         token_id=token_key(token or ""),
         revoker=getattr(request.app.state, "revoker", None),
         origin=Origin(
-            transport="http",
+            transport=_transport_of(request.url.path),
             client_address=request.client.host if request.client else None,
             user_agent=request.headers.get("user-agent"),
             token_id=token_key(token or ""),

@@ -1,6 +1,7 @@
 // DOM rendering of the thread list and one thread. All server text goes through text nodes.
 
 import { formatValue, h, reconcile } from './dom.js';
+import { decidedText, decisionOf, refusalText, renderApproval } from './approval.js';
 import { buildSchemaForm } from './schema-form.js';
 import { ACTIVE_RUN_STATUSES } from './sync.js';
 
@@ -68,10 +69,11 @@ export function renderThread(els, model, on) {
 
   const actions = snapshot ? snapshot.pending_actions : [];
   const role = model.me && model.me.role;
+  // Progress and who may decide change while an approval is pending: both rebuild its card.
   reconcile(els.pendingActions, actions, {
     key: (a) => a.id,
-    signature: (a) => String(!role || (a.allowed_roles || []).includes(role)),
-    create: (a) => renderPendingAction(a, role, on),
+    signature: (a) => JSON.stringify([decisionOf(a, snapshot, role), a.approval || null]),
+    create: (a) => renderPendingAction(a, role, decisionOf(a, snapshot, role), on),
   });
 
   renderLive(els, live);
@@ -176,6 +178,7 @@ export function renderToolCall(p) {
     resolution
       ? h('p', { class: 'tool__resolution', testid: 'tool-resolution' }, `Action resolved by ${resolution.subject}`, describePayload(resolution.payload))
       : null,
+    decidedText(resolution) ? h('p', { class: 'tool__resolution', testid: 'tool-decisions' }, decidedText(resolution)) : null,
   );
 }
 
@@ -187,8 +190,8 @@ function describePayload(payload) {
 
 // --- pending actions -------------------------------------------------------------------
 
-function renderPendingAction(a, role, on) {
-  const allowed = !role || (a.allowed_roles || []).includes(role);
+function renderPendingAction(a, role, decision, on) {
+  const allowed = decision.allowed;
   const titleId = `action-title-${a.id}`.replace(/[^A-Za-z0-9_-]/g, '_');
   const status = h('p', { class: 'card__status', testid: 'action-status', role: 'status' });
   const form = buildSchemaForm({
@@ -203,7 +206,8 @@ function renderPendingAction(a, role, on) {
     h('h3', { class: 'card__title', id: titleId }, `Action needed: ${a.tool_name}`),
     h('p', { class: 'card__meta' }, `${a.kind || 'approval'} · allowed roles: ${(a.allowed_roles || []).join(', ') || 'any'}`),
     h('pre', { class: 'tool__json' }, formatValue(a.input || {})),
-    allowed ? null : h('p', { class: 'card__note' }, `Your role (${role}) may not resolve this action.`),
+    renderApproval(a.approval),
+    allowed ? null : h('p', { class: 'card__note', testid: 'action-refusal', dataset: { reason: decision.reason || '' } }, refusalText(decision.reason, role)),
     form.element,
     status,
   );

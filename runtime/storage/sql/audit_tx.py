@@ -77,3 +77,27 @@ async def append(
         *(getattr(entry, c) for c in _COLUMNS),
     )
     return entry
+
+
+async def entries(
+    conn: Conn, scope: str, thread_id: str | None, after: int, limit: int
+) -> list[AuditEntry]:
+    """A page of `scope`'s entries after `seq` `after` (of one thread's: `thread_id`)."""
+    columns = ", ".join(_COLUMNS)
+    if thread_id is None:
+        rows = await conn.fetch(
+            f"SELECT {columns} FROM audit_log WHERE scope = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            scope,
+            after,
+            limit,
+        )
+    else:
+        rows = await conn.fetch(
+            f"SELECT {columns} FROM audit_log WHERE scope = $1 AND thread_id = $2 AND seq > $3"
+            " ORDER BY seq LIMIT $4",
+            scope,
+            thread_id,
+            after,
+            limit,
+        )
+    return [AuditEntry(**{c: row[c] for c in _COLUMNS}) for row in rows]

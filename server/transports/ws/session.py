@@ -8,10 +8,13 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from realtime.envelopes import MessageKind, chunk_position
 from realtime.outbox import Outbox
 from runtime.domain import Origin, Principal, Thread
 from runtime.errors import InvalidInput, NotFound
+from runtime.service.assigned import wire_refusal
 from runtime.service.thread_service import ThreadService
 from server.live.inbox import ActionInbox
 from server.live.presence import Member, PresenceHub
@@ -284,8 +287,9 @@ class Session:
             raise NotFound(f"scope {scope} not found")  # as for threads: never confirm it
         return [scope]
 
-    async def subscribe_actions(self, scope: str | None) -> list[str]:
-        """Listen to the pending actions of one scope of the token's (None: all of them)."""
+    async def subscribe_actions(self, scope: str | None, assigned: bool = False) -> list[str]:
+        """Listen to the pending actions of one scope of the token's (None: all of them); with
+        `assigned`, to those this principal may decide now (`assigned_frame`)."""
         if self.inbox is None:
             raise InvalidInput("this server has no action inbox")
         scopes = self._inbox_scopes(scope)
@@ -295,6 +299,8 @@ class Session:
             key = f"actions:{name}"
 
             def deliver(data: bytes, key: str = key) -> None:
+                if assigned:
+                    data = assigned_frame(self.principal, data)
                 self.outbox.put(data, "action", key)
 
             self._inbox_listeners[name] = deliver
@@ -322,3 +328,17 @@ class Session:
 
     def _answer(self, data: bytes) -> None:
         self.outbox.put(data, ANSWER, "")
+
+
+def assigned_frame(principal: Principal, data: bytes) -> bytes:
+    """An inbox frame as an `assigned=me` subscriber sees it: an action it may not decide
+    (any more: it decided, or another stage is waited for) is `action.resolved` for it, so a
+    decision takes the action out of every inbox it leaves at once."""
+    frame = orjson.loads(data)
+    action = frame.get("action")
+    if frame.get("type") != "action.pending" or not isinstance(action, dict):
+        return data
+    if wire_refusal(principal, action) is None:
+        return data
+    left = {k: frame[k] for k in ("scope", "thread_id", "version") if k in frame}
+    return orjson.dumps({"type": "action.resolved", **left, "action_id": action.get("id")})
