@@ -3,7 +3,7 @@
 import type * as P from './generated/protocol.js';
 import { ApiError, HttpClient, type HttpOptions } from './http.js';
 import { applyPresence, type PresenceMembers } from './presence.js';
-import { type Frame, type SocketState, ThreadSocket, type WebSocketFactory, socketProtocols, socketUrl } from './socket.js';
+import { type Clock, type Frame, type SocketState, ThreadSocket, type WebSocketFactory, socketProtocols, socketUrl } from './socket.js';
 import { type ActiveRun, type ChunkFrame, type LiveView, ThreadSync, activeRun } from './sync.js';
 
 type Listener = () => void;
@@ -253,6 +253,8 @@ export interface ClientOptions extends HttpOptions {
   /** The websocket URL; by default derived from `baseUrl` (or the page's location). */
   wsUrl?: string;
   WebSocket?: WebSocketFactory;
+  /** Timers of the socket's backoff and keepalive (a fake clock in tests). */
+  clock?: Clock;
 }
 
 export class ThreadlineClient {
@@ -270,6 +272,7 @@ export class ThreadlineClient {
       url: options.wsUrl ?? socketUrl(base),
       protocols: socketProtocols(options.token),
       WebSocketImpl: options.WebSocket,
+      ...(options.clock ? { clock: options.clock } : {}),
       onFrame: (frame) => this.onFrame(frame),
       onStateChange: (state) => this.onSocketState(state),
     });
