@@ -869,6 +869,7 @@ var ThreadlineClient = class {
       url: options.wsUrl ?? socketUrl(base),
       protocols: socketProtocols(options.token),
       WebSocketImpl: options.WebSocket,
+      ...options.clock ? { clock: options.clock } : {},
       onFrame: (frame) => this.onFrame(frame),
       onStateChange: (state) => this.onSocketState(state)
     });
