@@ -87,7 +87,20 @@ def schema() -> dict[str, Any]:
         adapted = TypeAdapter(union).json_schema(ref_template=REF, mode="serialization")
         defs.update(adapted.pop("$defs", {}))
         defs[name] = adapted
+    inputs = {m.__name__ for m in _inputs()}  # a client may leave an input's default out
+    for name, definition in defs.items():
+        if name not in inputs:
+            _literals_required(definition)
     return {"title": "ThreadlineProtocol", "$defs": dict(sorted(defs.items()))}
+
+
+def _literals_required(definition: dict[str, Any]) -> None:
+    """A `Literal` discriminator (`type`) is always on the wire, default or not: required, so
+    TypeScript can narrow the unions on it."""
+    properties = definition.get("properties", {})
+    constants = [name for name, field in properties.items() if "const" in field]
+    if constants:
+        definition["required"] = sorted({*definition.get("required", []), *constants})
 
 
 def commands() -> list[dict[str, Any]]:

@@ -32,6 +32,9 @@ function untitle(node, keep) {
       out[key] = untitle(value, false);
     }
   }
+  // `Any` is the empty schema: any JSON value, not an object.
+  const meaningful = Object.keys(out).filter((k) => !['description', 'default', 'title'].includes(k));
+  if (!meaningful.length && !keep) out.tsType = 'unknown';
   return out;
 }
 document.schema = untitle(document.schema, true);

@@ -101,7 +101,7 @@ export type ToolState1 =
  */
 export interface Ack {
   id?: string | number | null;
-  type?: 'ack';
+  type: 'ack';
   [k: string]: unknown | undefined;
 }
 /**
@@ -111,7 +111,7 @@ export interface Ack {
 export interface ActionsSubscribed {
   id?: string | number | null;
   scopes: string[];
-  type?: 'actions.subscribed';
+  type: 'actions.subscribed';
   [k: string]: unknown | undefined;
 }
 /**
@@ -121,7 +121,7 @@ export interface ActionsSubscribed {
 export interface ActionsUnsubscribed {
   id?: string | number | null;
   scopes: string[];
-  type?: 'actions.unsubscribed';
+  type: 'actions.unsubscribed';
   [k: string]: unknown | undefined;
 }
 /**
@@ -219,7 +219,7 @@ export interface ChunkEnvelope {
   run_id: string;
   seq: number;
   thread_id: string;
-  type?: 'chunk';
+  type: 'chunk';
 }
 /**
  * A tool the browser executes; the model may call it, the client posts its result.
@@ -288,7 +288,7 @@ export interface ErrorFrame {
   code: string;
   id?: string | number | null;
   message: string;
-  type?: 'error';
+  type: 'error';
   [k: string]: unknown | undefined;
 }
 /**
@@ -317,7 +317,7 @@ export interface GetSnapshot {
  */
 export interface InvalidateEnvelope {
   thread_id: string;
-  type?: 'invalidate';
+  type: 'invalidate';
   version: number;
 }
 /**
@@ -427,7 +427,7 @@ export interface Page {
  */
 export interface TextPart {
   text: string;
-  type?: 'text';
+  type: 'text';
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -439,12 +439,10 @@ export interface ToolCallPart {
     [k: string]: unknown | undefined;
   };
   name: string;
-  output?: {
-    [k: string]: unknown | undefined;
-  };
+  output?: unknown;
   state?: ToolState;
   tool_call_id: string;
-  type?: 'tool-call';
+  type: 'tool-call';
   waiting?: Waiting | null;
 }
 /**
@@ -486,9 +484,7 @@ export interface Resolution {
  */
 export interface PendingAction {
   allowed_roles?: string[];
-  created_at?: {
-    [k: string]: unknown | undefined;
-  };
+  created_at?: unknown;
   id: string;
   input?: {
     [k: string]: unknown | undefined;
@@ -511,7 +507,7 @@ export interface PendingAction {
  */
 export interface Pong {
   id?: string | number | null;
-  type?: 'pong';
+  type: 'pong';
   [k: string]: unknown | undefined;
 }
 /**
@@ -584,7 +580,7 @@ export interface ResumeAction {
  */
 export interface ResyncEnvelope {
   thread_id: string;
-  type?: 'resync';
+  type: 'resync';
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -614,9 +610,7 @@ export interface RevokeTokenById {
  * via the `definition` "Run".
  */
 export interface Run {
-  error?: {
-    [k: string]: unknown | undefined;
-  };
+  error?: unknown;
   id: string;
   next_seq?: number;
   started_by?: string | null;
@@ -631,7 +625,7 @@ export interface Run {
  */
 export interface RunTakeoverChunk {
   episode: number;
-  type?: 'run-takeover';
+  type: 'run-takeover';
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -703,18 +697,14 @@ export interface Snapshot {
  * via the `definition` "ThreadInfo".
  */
 export interface ThreadInfo {
-  created_at?: {
-    [k: string]: unknown | undefined;
-  };
+  created_at?: unknown;
   id: string;
   metadata?: {
     [k: string]: unknown | undefined;
   };
   scope: string;
   title: string;
-  updated_at?: {
-    [k: string]: unknown | undefined;
-  };
+  updated_at?: unknown;
   version: number;
   [k: string]: unknown | undefined;
 }
@@ -725,7 +715,7 @@ export interface ThreadInfo {
 export interface StepFinishChunk {
   finish_reason?: string | null;
   step: number;
-  type?: 'step-finish';
+  type: 'step-finish';
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -733,7 +723,7 @@ export interface StepFinishChunk {
  */
 export interface StepStartChunk {
   step: number;
-  type?: 'step-start';
+  type: 'step-start';
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -760,7 +750,7 @@ export interface StopRun {
  */
 export interface TextDeltaChunk {
   delta: string;
-  type?: 'text-delta';
+  type: 'text-delta';
 }
 /**
  * A complete tool call from the model (input assembled from its deltas).
@@ -774,7 +764,7 @@ export interface ToolCallChunk {
   };
   name: string;
   tool_call_id: string;
-  type?: 'tool-call';
+  type: 'tool-call';
 }
 /**
  * A tool part changed state (running, output-available, awaiting-action, ...).
@@ -784,12 +774,10 @@ export interface ToolCallChunk {
  */
 export interface ToolStateChunk {
   error?: string | null;
-  output?: {
-    [k: string]: unknown | undefined;
-  };
+  output?: unknown;
   state: string;
   tool_call_id: string;
-  type?: 'tool-state';
+  type: 'tool-state';
 }
 /**
  * A running tool reported progress (an MCP progress notification, `ctx.report_progress`).
@@ -803,7 +791,7 @@ export interface ToolProgressChunk {
   progress: number;
   tool_call_id: string;
   total?: number | null;
-  type?: 'tool-progress';
+  type: 'tool-progress';
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -812,7 +800,7 @@ export interface ToolProgressChunk {
 export interface Subscribed {
   id?: string | number | null;
   thread_id: string;
-  type?: 'subscribed';
+  type: 'subscribed';
   version: number;
   [k: string]: unknown | undefined;
 }
@@ -844,9 +832,7 @@ export interface ToolResult {
   action_id: string;
   error?: string | null;
   expected_version?: number | null;
-  output?: {
-    [k: string]: unknown | undefined;
-  };
+  output?: unknown;
   thread_id: string;
 }
 /**
@@ -856,7 +842,7 @@ export interface ToolResult {
 export interface Unsubscribed {
   id?: string | number | null;
   thread_id: string;
-  type?: 'unsubscribed';
+  type: 'unsubscribed';
   [k: string]: unknown | undefined;
 }
 /**
