@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, Route, expect
 
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.browser.helpers import Api, ConsoleLog, echo, long_text
+from tests.browser.helpers import Api, ConsoleLog, committed_assistant_texts, echo, long_text
 from tests.e2e import harness
 
 PACKAGE = harness.ROOT / "clients" / "typescript"
@@ -198,7 +198,13 @@ def test_two_users_stream_approve_and_resync(
     missed = long_text(8, "while you were away ")
     bob.get_by_test_id("composer").fill(missed)
     bob.get_by_test_id("send").click()
-    snapshot = api.wait_run(thread_id)
+    snapshot = api.wait(
+        thread_id,
+        "bob's reply committed",
+        lambda s: (
+            s["run"]["status"] == "completed" and echo(missed) in committed_assistant_texts(s)
+        ),
+    )
     expect(bob.locator('[data-testid="message"][data-role="assistant"]').last).to_have_text(
         echo(missed)
     )
