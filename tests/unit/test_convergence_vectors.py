@@ -2,83 +2,70 @@
 
 The same files run in node through the TypeScript core (clients/typescript/test/) and in
 Chromium through the static page's bundle (tests/browser/test_core_vectors.py). Here they feed
-`threadline_client.convergence.ThreadState`, scheduled as `ThreadWatch` schedules it: at most
-one fetch in flight, one more queued behind it (forced, or for a newer announced version).
+the client's own `ThreadWatch` (its `ThreadState` and its refetch scheduling: one fetch in
+flight, one more owed behind it), with the websocket left out: frames go to the handlers the
+socket loop calls, and snapshot fetches wait for the vector's answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from threadline_client.convergence import Refetch, ThreadState
+from threadline_client import ThreadlineClient
 from threadline_client.models import Snapshot
+from threadline_client.watch import ThreadWatch
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "convergence"
 FILES = sorted(VECTORS.glob("*.json"))
+LOADED = {path: json.loads(path.read_text()) for path in FILES}
 
 
-@dataclass
-class Replay:
-    """A ThreadState and the fetch scheduling around it; fetches answer in order."""
+class Snapshots:
+    """Stands in for the HTTP client: each `snapshot` call waits for the vector's next answer."""
 
-    state: ThreadState
-    fetches: int = 0
-    outstanding: list[int] = field(default_factory=list)  # ordinal at each fetch's start
-    queued: bool = False
-    force_pending: bool = False
+    def __init__(self) -> None:
+        self.calls = 0
+        self.outstanding: list[asyncio.Future[Snapshot]] = []
 
-    def trigger(self, refetch: Refetch | None) -> None:
-        if refetch is None:
-            return
-        self.force_pending = self.force_pending or refetch.force
-        if self.outstanding:
-            self.queued = True
-        else:
-            self.start()
+    async def snapshot(self, thread_id: str) -> Snapshot:
+        self.calls += 1
+        future: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
+        self.outstanding.append(future)
+        return await future
 
-    def start(self) -> None:
-        self.fetches += 1
-        self.force_pending = False
-        self.queued = False
-        self.outstanding.append(self.state.ordinal)
 
-    def answer(self, snapshot: dict[str, Any]) -> None:
-        ordinal = self.outstanding.pop(0)
-        self.state.apply_snapshot(Snapshot.model_validate(snapshot), ordinal)
-        if self.queued and (self.force_pending or self.state.wants_more()):
-            self.start()
-        self.queued = False
+async def settle() -> None:
+    for _ in range(10):  # the fetch loop's few awaits; bounded
+        await asyncio.sleep(0)
 
-    def frame(self, frame: dict[str, Any]) -> None:
-        kind = frame["type"]
-        if kind == "subscribed":
-            self.trigger(self.state.subscribed(frame["version"]))
-        elif kind == "invalidate":
-            self.trigger(self.state.invalidate(frame["version"]))
-        elif kind == "resync":
-            self.trigger(self.state.resync())
-        elif kind == "chunk":
-            self.trigger(self.state.chunk(frame))
-        else:
-            raise AssertionError(f"unknown frame type {kind}")
 
-    def observe(self) -> dict[str, Any]:
-        snap = self.state.snapshot
-        return {
-            "version": self.state.version,
-            "live_run": self.state.run.id if self.state.run is not None else None,
-            "live_text": self.state.live_text(),
-            "run_status": snap.run.status if snap is not None and snap.run is not None else None,
-            "pending_actions": [a.id for a in snap.pending_actions] if snap is not None else [],
-            "fetches": self.fetches,
-            "inflight": bool(self.outstanding),
-            "discarded": self.state.discarded,
-        }
+def feed(watch: ThreadWatch, frame: dict[str, Any]) -> None:
+    if frame["type"] == "subscribed":
+        # The subscribe answer, as `_on_open` hands it over.
+        watch._trigger(watch.state.subscribed(int(frame["version"])))
+    elif frame["type"] in ("invalidate", "resync", "chunk"):
+        watch._on_frame(frame)
+    else:
+        raise AssertionError(f"unknown frame type {frame['type']}")
+
+
+def observe(watch: ThreadWatch, http: Snapshots) -> dict[str, Any]:
+    state, snap = watch.state, watch.state.snapshot
+    return {
+        "version": state.version,
+        "live_run": state.run.id if state.run is not None else None,
+        "live_text": state.live_text(),
+        "run_status": snap.run.status if snap is not None and snap.run is not None else None,
+        "pending_actions": [a.id for a in snap.pending_actions] if snap is not None else [],
+        "fetches": http.calls,
+        "inflight": bool(http.outstanding),
+        "discarded": state.discarded,
+    }
 
 
 def mismatches(where: str, want: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -89,21 +76,28 @@ def mismatches(where: str, want: dict[str, Any], got: dict[str, Any]) -> list[st
     ]
 
 
-def replay(vector: dict[str, Any]) -> list[str]:
-    run = Replay(ThreadState(vector["thread_id"]))
+async def replay(vector: dict[str, Any]) -> list[str]:
+    http = Snapshots()
+    watch = ThreadWatch(cast(ThreadlineClient, http), vector["thread_id"])
     failures: list[str] = []
-    for index, step in enumerate(vector["steps"]):
-        where = f"{vector['name']} step {index}"
-        if "frame" in step:
-            run.frame(step["frame"])
-        elif "answer" in step:
-            if not run.outstanding:
-                failures.append(f"{where}: a snapshot answers, but no fetch is outstanding")
-                continue
-            run.answer(step["answer"])
-        if "expect" in step:
-            failures += mismatches(where, step["expect"], run.observe())
-    return failures + mismatches(f"{vector['name']} final", vector["final"], run.observe())
+    try:
+        for index, step in enumerate(vector["steps"]):
+            where = f"{vector['name']} step {index}"
+            if "frame" in step:
+                feed(watch, step["frame"])
+            elif "answer" in step:
+                if not http.outstanding:
+                    failures.append(f"{where}: a snapshot answers, but no fetch is outstanding")
+                    continue
+                http.outstanding.pop(0).set_result(Snapshot.model_validate(step["answer"]))
+            await settle()
+            if "expect" in step:
+                failures += mismatches(where, step["expect"], observe(watch, http))
+        return failures + mismatches(
+            f"{vector['name']} final", vector["final"], observe(watch, http)
+        )
+    finally:
+        await watch.aclose()
 
 
 def test_there_are_vectors() -> None:
@@ -111,7 +105,7 @@ def test_there_are_vectors() -> None:
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
-def test_vector(path: Path) -> None:
-    vector = json.loads(path.read_text())
+async def test_vector(path: Path) -> None:
+    vector = LOADED[path]
     assert vector["name"] == path.stem
-    assert replay(vector) == []
+    assert await replay(vector) == []
