@@ -845,7 +845,7 @@ var ActionInbox = class extends Emitter {
   apply(frame) {
     const threadId = String(frame.thread_id);
     const version = Number(frame.version);
-    if (version <= (this.versions.get(threadId) ?? -1)) return;
+    if (version < (this.versions.get(threadId) ?? -1)) return;
     this.versions.set(threadId, version);
     if (frame.type === "action.pending") {
       const action = frame.action;

@@ -169,7 +169,7 @@ export interface InboxView {
 /**
  * The scope-wide action inbox: the list fetched after `actions.subscribed`, `actions.resync`
  * and each reconnection, with `action.pending`/`action.resolved` applied on top; per thread,
- * frames not newer than the version the entries come from are ignored.
+ * frames older than the version the entries come from are ignored (as `ActionsWatch` does).
  */
 export class ActionInbox extends Emitter {
   private actions = new Map<string, P.PendingAction>();
@@ -238,7 +238,8 @@ export class ActionInbox extends Emitter {
   private apply(frame: Frame): void {
     const threadId = String(frame.thread_id);
     const version = Number(frame.version);
-    if (version <= (this.versions.get(threadId) ?? -1)) return;
+    // Older than the entries held: stale. Equal is news: one commit may suspend two tools.
+    if (version < (this.versions.get(threadId) ?? -1)) return;
     this.versions.set(threadId, version);
     if (frame.type === 'action.pending') {
       const action = frame.action as P.PendingAction;
