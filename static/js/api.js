@@ -1,81 +1,25 @@
-// HTTP client for the /v1 API: bearer token, JSON bodies, errors as ApiError.
+// HTTP client for the /v1 API: the TypeScript client's core (core.js), whose routes are
+// generated from the command table; bearer token, JSON bodies, errors as ApiError.
+import { ApiError, HttpClient } from './core.js';
 
-export class ApiError extends Error {
-  /**
-   * @param {number} status HTTP status, 0 for a network failure
-   * @param {string} code the server's snake_case error code (or network_error / http_<status>)
-   * @param {string} message human sentence
-   * @param {object} details the whole `error` object of the body (resolved_by, errors, ...)
-   */
-  constructor(status, code, message, details = {}) {
-    super(message);
-    this.name = 'ApiError';
-    this.status = status;
-    this.code = code;
-    this.details = details;
-  }
-}
-
-const seg = encodeURIComponent;
+export { ApiError };
 
 export function createApi(token, { fetchImpl = globalThis.fetch.bind(globalThis), base = '' } = {}) {
-  async function request(method, path, body) {
-    const headers = { Accept: 'application/json', Authorization: `Bearer ${token}` };
-    const init = { method, headers, cache: 'no-store' };
-    if (body !== undefined) {
-      headers['Content-Type'] = 'application/json';
-      init.body = JSON.stringify(body);
-    }
-    let res;
-    try {
-      res = await fetchImpl(base + path, init);
-    } catch {
-      throw new ApiError(0, 'network_error', 'Network error: the server could not be reached.');
-    }
-    const text = await res.text().catch(() => '');
-    let data = null;
-    if (text) {
-      try {
-        data = JSON.parse(text);
-      } catch {
-        data = null;
-      }
-    }
-    if (!res.ok) {
-      const err = data && typeof data.error === 'object' && data.error ? data.error : {};
-      throw new ApiError(
-        res.status,
-        err.code || `http_${res.status}`,
-        err.message || `${res.status} ${res.statusText || 'error'}`.trim(),
-        err,
-      );
-    }
-    return data;
-  }
-
+  const http = new HttpClient({ token, baseUrl: base, fetch: fetchImpl });
   return {
-    me: () => request('GET', '/v1/me'),
-    listThreads: () => request('GET', '/v1/threads'),
-    createThread: (title) => request('POST', '/v1/threads', title ? { title } : {}),
+    me: () => http.me(),
+    listThreads: () => http.listThreads(),
+    createThread: (title) => http.createThread(title ? { title } : {}),
     snapshot: (threadId, before = null) =>
-      request('GET', `/v1/threads/${seg(threadId)}?include_hidden=true${before === null ? '' : `&before=${Number(before)}`}`),
-    sendMessage: (threadId, text, clientRequestId) =>
-      request('POST', `/v1/threads/${seg(threadId)}/messages`, {
-        text,
-        client_request_id: clientRequestId,
-      }),
-    resume: (threadId, actionId, payload) =>
-      request('POST', `/v1/threads/${seg(threadId)}/actions/${seg(actionId)}/resume`, { payload }),
-    stopRun: (threadId, runId) =>
-      request('POST', `/v1/threads/${seg(threadId)}/runs/${seg(runId)}/stop`),
-    regenerate: (threadId) => request('POST', `/v1/threads/${seg(threadId)}/regenerate`, {}),
-    retry: (threadId, runId) => request('POST', `/v1/threads/${seg(threadId)}/runs/${seg(runId)}/retry`, {}),
+      http.snapshot(threadId, before === null ? { include_hidden: true } : { include_hidden: true, before: Number(before) }),
+    sendMessage: (threadId, text, clientRequestId) => http.send(threadId, text, { client_request_id: clientRequestId }),
+    resume: (threadId, actionId, payload) => http.resume(threadId, actionId, payload),
+    stopRun: (threadId, runId) => http.stop(threadId, runId),
+    regenerate: (threadId) => http.regenerate(threadId),
+    retry: (threadId, runId) => http.retry(threadId, runId),
     setVisibility: (threadId, messageId, visibility) =>
-      request('POST', `/v1/threads/${seg(threadId)}/messages/${seg(messageId)}/visibility`, {
-        visibility,
-      }),
-    cancelQueued: (threadId, itemId) =>
-      request('DELETE', `/v1/threads/${seg(threadId)}/queue/${seg(itemId)}`),
+      http.call('message.visibility', { thread_id: threadId, message_id: messageId, visibility }),
+    cancelQueued: (threadId, itemId) => http.call('queue.cancel', { thread_id: threadId, item_id: itemId }),
   };
 }
 

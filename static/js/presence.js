@@ -1,43 +1,9 @@
 // Presence of one thread: who is here, who types, who reviews which action (docs/protocol.md,
 // "Presence"). Pure: no DOM, no network; the clock and timers are injected.
 
-/** The member map after one presence frame (a new object; unknown frames change nothing). */
-export function applyPresence(members, frame) {
-  if (!frame || typeof frame !== 'object') return members;
-  if (frame.type === 'presence') {
-    const next = {};
-    for (const m of frame.members || []) if (m && m.subject) next[m.subject] = m;
-    return next;
-  }
-  if ((frame.type === 'presence.join' || frame.type === 'presence.update') && frame.member) {
-    return { ...members, [frame.member.subject]: frame.member };
-  }
-  if (frame.type === 'presence.leave') {
-    const next = { ...members };
-    delete next[frame.subject];
-    return next;
-  }
-  return members;
-}
-
-/**
- * What to show: everyone here (me first, then by name), the names of others typing, and per
- * action id the names of others reviewing it.
- */
-export function presenceView(members, me) {
-  const all = Object.values(members || {});
-  const here = all
-    .map((m) => ({ subject: m.subject, name: m.name || m.subject, role: m.role, connections: m.connections || 1, me: m.subject === me }))
-    .sort((a, b) => (a.me === b.me ? a.name.localeCompare(b.name) : a.me ? -1 : 1));
-  const others = all.filter((m) => m.subject !== me);
-  const typing = others.filter((m) => m.typing).map((m) => m.name || m.subject).sort();
-  const reviewing = {};
-  for (const m of others) {
-    if (m.reviewing) (reviewing[m.reviewing] = reviewing[m.reviewing] || []).push(m.name || m.subject);
-  }
-  for (const names of Object.values(reviewing)) names.sort();
-  return { here, typing, reviewing };
-}
+// The member map and what to show of it: the TypeScript client's core
+// (clients/typescript/src/presence.ts), bundled into core.js.
+export { applyPresence, presenceView } from './core.js';
 
 /** "alice is typing…", "alice and bob are typing…", "alice, bob and 2 others are typing…". */
 export function typingText(names) {

@@ -15,6 +15,7 @@ from playwright.sync_api import (
     Browser,
     BrowserContext,
     Page,
+    Playwright,
     ViewportSize,
     expect,
     sync_playwright,
@@ -104,15 +105,22 @@ def chromium_present() -> None:
 
 
 @pytest.fixture(scope="package")
-def browser(chromium_present: None) -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield instance
-        finally:
-            instance.close()
+def playwright(chromium_present: None) -> Iterator[Playwright]:
+    """One driver for the suite (the sync API allows one per thread): modules that need a
+    Chromium launched differently launch it from here."""
+    with sync_playwright() as driver:
+        yield driver
+
+
+@pytest.fixture(scope="package")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    instance = playwright.chromium.launch(
+        executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+    )
+    try:
+        yield instance
+    finally:
+        instance.close()
 
 
 @pytest.fixture

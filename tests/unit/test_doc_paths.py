@@ -14,7 +14,7 @@ TOP = ("runtime", "realtime", "server", "threadline_client", "examples", "bench"
 # or `.Attr` tail; a markdown link's target is a path too.
 CODE = re.compile(r"`([^`\s]+)`")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
-PATH = re.compile(rf"^(?:{'|'.join(TOP)}|docs|static|deploy|scripts)/[\w./-]*$")
+PATH = re.compile(rf"^(?:{'|'.join(TOP)}|docs|static|deploy|scripts|clients)/[\w./-]*$")
 MODULE = re.compile(rf"^(?:{'|'.join(TOP)})(?:\.\w+)+$")
 
 
