@@ -43,7 +43,8 @@ var COMMANDS = {
   "webhook.delete": { method: "DELETE", path: "/v1/webhooks/{webhook_id}", status: 200, query: false, websocket: true },
   "webhook.deliveries": { method: "GET", path: "/v1/webhooks/{webhook_id}/deliveries", status: 200, query: true, websocket: false },
   "delivery.attempts": { method: "GET", path: "/v1/deliveries/{delivery_id}/attempts", status: 200, query: false, websocket: false },
-  "delivery.redeliver": { method: "POST", path: "/v1/deliveries/{delivery_id}/redeliver", status: 200, query: false, websocket: true }
+  "delivery.redeliver": { method: "POST", path: "/v1/deliveries/{delivery_id}/redeliver", status: 200, query: false, websocket: true },
+  "audit.list": { method: "GET", path: "/v1/audit", status: 200, query: true, websocket: false }
 };
 
 // src/http.ts

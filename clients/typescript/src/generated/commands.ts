@@ -45,6 +45,7 @@ export const COMMANDS = {
   "webhook.deliveries": { method: "GET", path: "/v1/webhooks/{webhook_id}/deliveries", status: 200, query: true, websocket: false },
   "delivery.attempts": { method: "GET", path: "/v1/deliveries/{delivery_id}/attempts", status: 200, query: false, websocket: false },
   "delivery.redeliver": { method: "POST", path: "/v1/deliveries/{delivery_id}/redeliver", status: 200, query: false, websocket: true },
+  "audit.list": { method: "GET", path: "/v1/audit", status: 200, query: true, websocket: false },
 } as const;
 
 export type CommandName = keyof typeof COMMANDS;
@@ -72,7 +73,7 @@ export interface CommandInputs {
   "ping": P.NoInput;
   "me": P.NoInput;
   "actions.list": P.ListActions;
-  "actions.subscribe": P.ScopeRef;
+  "actions.subscribe": P.InboxSubscribe;
   "actions.unsubscribe": P.ScopeRef;
   "presence.update": P.PresenceUpdate;
   "thread.open": P.OpenThread;
@@ -92,4 +93,5 @@ export interface CommandInputs {
   "webhook.deliveries": P.ListDeliveries;
   "delivery.attempts": P.DeliveryRef;
   "delivery.redeliver": P.DeliveryRef;
+  "audit.list": P.ReadAudit;
 }

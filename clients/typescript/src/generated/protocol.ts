@@ -189,9 +189,12 @@ export interface ApprovalPolicy {
 export interface ApprovalState {
   approvals: number;
   decisions?: ApprovalDecision[];
+  due_at?: number | null;
   needed: number;
   policy: ApprovalPolicy;
   requester?: string | null;
+  stage?: number;
+  waiting_for?: string;
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -310,6 +313,17 @@ export interface GetSnapshot {
   thread_id: string;
 }
 /**
+ * `actions.subscribe`: a scope of the token's (none: all), and `assigned: "me"` for only
+ * the actions the caller may decide now.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "InboxSubscribe".
+ */
+export interface InboxSubscribe {
+  assigned?: 'me' | null;
+  scope?: string | null;
+}
+/**
  * Watch invalidation: the thread committed `version`; refetch if you hold an older one.
  *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -328,6 +342,7 @@ export interface InvalidateEnvelope {
  * via the `definition` "ListActions".
  */
 export interface ListActions {
+  assigned?: 'me' | null;
   cursor?: string | null;
   limit?: number;
   status?: 'pending';
@@ -484,6 +499,9 @@ export interface Resolution {
  */
 export interface PendingAction {
   allowed_roles?: string[];
+  approval?: {
+    [k: string]: unknown | undefined;
+  } | null;
   created_at?: unknown;
   id: string;
   input?: {
@@ -532,6 +550,18 @@ export interface Principal {
   scopes: string[];
   subject: string;
   [k: string]: unknown | undefined;
+}
+/**
+ * `GET /v1/audit?thread=…` (or `?scope=…`): a page of the chain after `seq` `after`.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "ReadAudit".
+ */
+export interface ReadAudit {
+  after?: number;
+  limit?: number;
+  scope?: string | null;
+  thread?: string | null;
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
