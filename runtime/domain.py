@@ -214,6 +214,9 @@ class Thread(_Frozen):
     private_metadata: dict[str, Any]
     created_at: float
     updated_at: float
+    # The subject of the principal that created it (None: created before owners were kept,
+    # or by a schedule): committed state an authorization hook may decide by.
+    owner: str | None = None
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -359,6 +362,7 @@ class ThreadView(_Frozen):
     title: str
     version: int
     metadata: dict[str, Any]
+    owner: str | None = None
 
 
 class MessageView(_Frozen):

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from runtime.agent import Agent
 from runtime.approvals import ApprovalDecision, check_eligible
+from runtime.authorization import AuthorizeHook, ThreadMatch
 from runtime.compose import compose_lifecycle
 from runtime.domain import (
     Admission,
@@ -94,8 +95,12 @@ class ThreadService:
         permissions: PermissionPolicy | None = None,
         snapshot_messages: int | None = None,
         queue_preview_chars: int | None = None,
+        authorize_hook: AuthorizeHook | None = None,
     ) -> None:
         self.store = store
+        # The deployment's authorization hook (docs/authorization.md), which the command table
+        # asks before every command; None: today's scope and permission rules alone.
+        self.authorize_hook = authorize_hook
         # Bounded snapshots: the last `snapshot_messages` messages, queued texts cut to a preview.
         self.snapshot_messages = snapshot_messages
         self.queue_preview_chars = queue_preview_chars
@@ -121,7 +126,9 @@ class ThreadService:
         target = scope or _default_scope(principal)
         if not principal.can_access(target):
             raise Forbidden(f"you may not create threads in scope {target!r}")
-        thread = await self.store.create_thread(target, title, dict(metadata or {}))
+        thread = await self.store.create_thread(
+            target, title, dict(metadata or {}), owner=principal.subject
+        )
         return await self.snapshot(principal, thread.id)
 
     async def rename_thread(self, principal: Principal, thread_id: str, title: str) -> Thread:
@@ -146,11 +153,18 @@ class ThreadService:
         return await self.store.list_threads(principal.scopes, limit, query)
 
     async def pending_actions(
-        self, principal: Principal, limit: int = 100, after: str | None = None
+        self,
+        principal: Principal,
+        limit: int = 100,
+        after: str | None = None,
+        allowed: Sequence[ThreadMatch] | None = None,
     ) -> list[InboxEntry]:
         """The scope-wide inbox: pending actions of the principal's threads (one entry per
-        thread, at most `limit`, by thread id after the cursor `after`)."""
-        return await self.store.pending_actions(principal.scopes, limit=limit, after=after)
+        thread, at most `limit`, by thread id after the cursor `after`), of the threads
+        matching `allowed` when an authorization hook narrowed it."""
+        return await self.store.pending_actions(
+            principal.scopes, limit=limit, after=after, allowed=allowed
+        )
 
     async def snapshot(
         self,

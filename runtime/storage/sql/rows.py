@@ -123,6 +123,7 @@ def thread_from_row(row: Row) -> Thread:
         private_metadata=loads(row["private_metadata"]),
         created_at=float(row["created_at"]),
         updated_at=float(row["updated_at"]),
+        owner=row["owner"],
     )
 
 
