@@ -26,8 +26,8 @@ async def pending_actions(
 ) -> list[InboxEntry]:
     """The pending actions of up to `limit` threads in `scopes` (threads with none are left
     out), in thread id order after the thread `after` (the page cursor); `thread_ids` and
-    `allowed` (an authorization hook's `Narrow`) narrow the threads. Pending actions live only in a thread's tail, so one row per thread
-    suffices."""
+    `allowed` (an authorization hook's `Narrow`) narrow the threads. Pending actions live
+    only in a thread's tail, so one row per thread suffices."""
     if thread_ids is not None and not thread_ids:
         return []
     entries: list[InboxEntry] = []
