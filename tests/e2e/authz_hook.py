@@ -7,19 +7,23 @@ deployment does. Async, to prove the command path awaits a hook that is."""
 
 from __future__ import annotations
 
-from runtime import Allow, Authorization, Narrow, Role, ThreadMatch
+from runtime import AccessKind, Allow, Authorization, Deny, Narrow, Role, ThreadMatch
 
 DIRECTORY: dict[str, frozenset[str]] = {
     "alice": frozenset({"sales"}),
     "bob": frozenset({"finance"}),
     "carol": frozenset({"finance"}),
 }
+# Auditors read what their groups see, and change nothing (a refusal code of the hook's own).
+AUDITORS = frozenset({"carol"})
 
 
-async def authorize(request: Authorization) -> Allow | Narrow:
+async def authorize(request: Authorization) -> Allow | Deny | Narrow:
     principal = request.principal
     if principal.role is not Role.USER:
         return Allow()
+    if principal.subject in AUDITORS and request.action in (AccessKind.WRITE, AccessKind.CREATE):
+        return Deny("auditors read, they change nothing", code="read_only")
     groups = principal.groups | DIRECTORY.get(principal.subject, frozenset())
     return Narrow(
         any_of=(

@@ -202,6 +202,30 @@ def test_every_transport_refuses_what_the_hook_denies_and_changes_nothing(
     assert d.committed() == before
 
 
+def test_a_deny_with_its_own_code_holds_on_every_transport(deployment: Deployment) -> None:
+    """Carol may read the finance thread but not write to it: the hook's `Deny` for writes,
+    asked for each step of an event-stream request after the thread was opened for reading."""
+    d = deployment
+    before = d.committed()
+    assert d.ok("carol", "GET", f"{T}/{d.shared}")["thread"]["id"] == d.shared
+    response = d.http("carol", "POST", f"{T}/{d.shared}/messages", json={"text": "hi"})
+    assert (response.status_code, response.json()["error"]["code"]) == (403, "read_only")
+    created = d.http("carol", "POST", T, json={"title": "x"})
+    assert (created.status_code, created.json()["error"]["code"]) == (403, "read_only")
+    with d.socket("carol") as ws:
+        answer = frame_answer(ws, {"type": "message.send", "thread_id": d.shared, "text": "hi"})
+        assert (answer["type"], answer.get("code")) == ("error", "read_only"), answer
+        subscribed = frame_answer(ws, {"type": "subscribe", "thread_id": d.shared})
+        assert subscribed["type"] == "subscribed"
+    assert stream_refusal(d.http("carol", "POST", "/v1/ag-ui", json=agui(d.shared, "hi"))) == (
+        "read_only"
+    )
+    assert stream_refusal(d.http("carol", "POST", "/v1/ai-sdk/chat", json=chat(d.shared))) == (
+        "read_only"
+    )
+    assert d.committed() == before
+
+
 def test_what_the_hook_allows_works_on_every_transport(deployment: Deployment) -> None:
     d = deployment
     # Bob reads the finance thread, and watches it.
