@@ -179,12 +179,13 @@ def test_every_transport_refuses_what_the_hook_denies_and_changes_nothing(
         assert response.json()["error"]["code"] == POLICY, response.text
     # Websocket: subscribe, send, resume; the live inbox cannot be narrowed, so it is refused.
     with d.socket("bob") as ws:
-        for frame in [
+        frames: list[dict[str, Any]] = [
             {"type": "subscribe", "thread_id": d.mine},
             {"type": "message.send", "thread_id": d.mine, "text": "hi"},
             {"type": "action.resume", "thread_id": d.mine, "action_id": d.action, **resume},
             {"type": "actions.subscribe"},
-        ]:
+        ]
+        for frame in frames:
             answer = frame_answer(ws, frame)
             assert (answer["type"], answer.get("code")) == ("error", POLICY), (frame, answer)
         # The same socket may watch what the hook lets bob see.
