@@ -440,6 +440,10 @@ class InboxEntry(_Frozen):
     thread_version: int
     created_at: float
     actions: tuple[PendingAction, ...]
+    # The thread's owner and public metadata, for an authorization hook's narrowing of the
+    # live inbox (server/live/inbox.py); never on the wire, which `to_wire` shapes.
+    thread_owner: str | None = None
+    thread_metadata: dict[str, Any] = Field(default_factory=dict)
 
     def to_wire(self) -> list[dict[str, Any]]:
         """One inbox item per action: the snapshot's action plus where and when it waits."""

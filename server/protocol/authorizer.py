@@ -44,12 +44,9 @@ ACTIONS: dict[str, AccessKind] = {
     "ping": AccessKind.SESSION,
     "me": AccessKind.SESSION,
 }
-# Lists whose answer a `Narrow` filters (the store applies it); elsewhere it is a condition on
-# the thread the command names (none named: nothing to narrow).
-NARROWED = frozenset({"thread.list", "actions.list"})
-# Lists that cannot be narrowed yet: the live inbox fans one scope's frames out to every
-# subscriber alike, so a narrowed caller is refused it (and reads GET /v1/actions instead).
-UNNARROWABLE = frozenset({"actions.subscribe"})
+# Lists whose answer a `Narrow` filters (the store applies it; the live inbox frame by frame);
+# elsewhere it is a condition on the thread the command names (none named: nothing to narrow).
+NARROWED = frozenset({"thread.list", "actions.list", "actions.subscribe"})
 
 
 class ForbiddenByPolicy(Forbidden):
@@ -103,10 +100,6 @@ class Authorizer:
             raise ForbiddenByPolicy(decision.message, decision.code)
         narrowing = None
         if isinstance(decision, Narrow):
-            if command in UNNARROWABLE:
-                raise ForbiddenByPolicy(
-                    "the live action inbox cannot be narrowed: read GET /v1/actions instead"
-                )
             if command in NARROWED:
                 narrowing = decision.any_of
             elif thread is not None and not decision.matches(thread):
@@ -182,4 +175,4 @@ def _thread_id(data: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-__all__ = ["ACTIONS", "NARROWED", "UNNARROWABLE", "Authorizer", "ForbiddenByPolicy"]
+__all__ = ["ACTIONS", "NARROWED", "Authorizer", "ForbiddenByPolicy"]

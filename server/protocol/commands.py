@@ -77,7 +77,9 @@ class Connection(Protocol):
 
     async def subscribe(self, thread_id: str, frame_id: Any) -> None: ...
     async def unsubscribe(self, thread_id: str) -> None: ...
-    async def subscribe_actions(self, scope: str | None) -> list[str]: ...
+    async def subscribe_actions(
+        self, scope: str | None, allowed: tuple[ThreadMatch, ...] | None = None
+    ) -> list[str]: ...
     async def unsubscribe_actions(self, scope: str | None) -> list[str]: ...
     async def update_presence(self, thread_id: str, changes: dict[str, Any]) -> None: ...
 
@@ -619,7 +621,7 @@ INBOX_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="actions.subscribe",
         input=ScopeRef,
-        call=lambda c, i: c.session().subscribe_actions(i.scope),
+        call=lambda c, i: c.session().subscribe_actions(i.scope, c.narrow),
         answer=lambda i, scopes: {"scopes": scopes},
         answer_doc='`{"type": "actions.subscribed", "scopes"}`, then `action.pending`, '
         "`action.resolved` and `actions.resync` frames",

@@ -177,13 +177,12 @@ def test_every_transport_refuses_what_the_hook_denies_and_changes_nothing(
         response = d.http("bob", method, path, json=body)
         assert response.status_code == 403, (path, response.text)
         assert response.json()["error"]["code"] == POLICY, response.text
-    # Websocket: subscribe, send, resume; the live inbox cannot be narrowed, so it is refused.
+    # Websocket: subscribe, send, resume.
     with d.socket("bob") as ws:
         frames: list[dict[str, Any]] = [
             {"type": "subscribe", "thread_id": d.mine},
             {"type": "message.send", "thread_id": d.mine, "text": "hi"},
             {"type": "action.resume", "thread_id": d.mine, "action_id": d.action, **resume},
-            {"type": "actions.subscribe"},
         ]
         for frame in frames:
             answer = frame_answer(ws, frame)
@@ -246,3 +245,26 @@ def test_what_the_hook_allows_works_on_every_transport(deployment: Deployment) -
         frame = {"type": "action.resume", "thread_id": d.mine, "action_id": d.action}
         answer = frame_answer(ws, {**frame, "payload": {"approved": False}})
         assert answer["type"] == "ack", answer
+
+
+def test_the_live_inbox_shows_a_narrowed_caller_only_its_threads(deployment: Deployment) -> None:
+    """Bob's live inbox announces the finance thread's action, never alice's own thread's:
+    alice's action is announced first (her socket sees it), so bob would see it first."""
+    d = deployment
+    private = d.ok("alice", "POST", T, json={"title": "private"})["thread"]["id"]
+    with d.socket("alice") as alice, d.socket("bob") as bob:
+        for ws in (alice, bob):
+            assert frame_answer(ws, {"type": "actions.subscribe"})["type"] == "actions.subscribed"
+        d.ok("alice", "POST", f"{T}/{private}/messages", json={"text": "email p@example.com"})
+        assert next_pending(alice)["thread_id"] == private
+        d.ok("alice", "POST", f"{T}/{d.shared}/messages", json={"text": "email s@example.com"})
+        assert next_pending(alice)["thread_id"] == d.shared
+        assert next_pending(bob)["thread_id"] == d.shared
+
+
+def next_pending(ws: ClientConnection) -> dict[str, Any]:
+    for _ in range(100):
+        frame: dict[str, Any] = json.loads(ws.recv(timeout=20))
+        if frame["type"] == "action.pending":
+            return frame
+    raise AssertionError("no action.pending frame")

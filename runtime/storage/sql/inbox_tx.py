@@ -7,7 +7,7 @@ from collections.abc import Collection, Sequence
 from runtime.authorization import ThreadMatch
 from runtime.domain import InboxEntry, pending_actions_of
 from runtime.storage.sql.core import Conn, placeholders, scope_clause
-from runtime.storage.sql.rows import Row, like_pattern, message_from_row
+from runtime.storage.sql.rows import Row, like_pattern, loads, message_from_row
 from runtime.storage.sql.threads_tx import allowed_clause
 
 # Only a candidate filter on the encoded parts; the projection decides (pending_actions_of).
@@ -46,6 +46,8 @@ async def pending_actions(
                         thread_version=int(row["thread_version"]),
                         created_at=message.created_at,
                         actions=actions,
+                        thread_owner=row["thread_owner"],
+                        thread_metadata=loads(row["thread_metadata"]),
                     )
                 )
         if len(rows) < limit or len(entries) >= limit:
@@ -64,7 +66,8 @@ async def _candidates(
 ) -> list[Row]:
     clause, values = scope_clause("t.scope", scopes, 1)
     sql = (
-        "SELECT m.*, t.scope AS thread_scope, t.version AS thread_version"
+        "SELECT m.*, t.scope AS thread_scope, t.version AS thread_version,"
+        " t.owner AS thread_owner, t.metadata AS thread_metadata"
         " FROM threads t JOIN messages m ON m.thread_id = t.id"
         f" WHERE {clause}"
         " AND m.position = (SELECT MAX(position) FROM messages x WHERE x.thread_id = t.id)"

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from realtime.envelopes import MessageKind, chunk_position
 from realtime.outbox import Outbox
+from runtime.authorization import ThreadMatch
 from runtime.domain import Origin, Principal, Thread
 from runtime.errors import InvalidInput, NotFound
 from runtime.service.thread_service import ThreadService
@@ -284,8 +285,11 @@ class Session:
             raise NotFound(f"scope {scope} not found")  # as for threads: never confirm it
         return [scope]
 
-    async def subscribe_actions(self, scope: str | None) -> list[str]:
-        """Listen to the pending actions of one scope of the token's (None: all of them)."""
+    async def subscribe_actions(
+        self, scope: str | None, allowed: tuple[ThreadMatch, ...] | None = None
+    ) -> list[str]:
+        """Listen to the pending actions of one scope of the token's (None: all of them), of
+        the threads matching `allowed` when the authorization hook narrowed the caller."""
         if self.inbox is None:
             raise InvalidInput("this server has no action inbox")
         scopes = self._inbox_scopes(scope)
@@ -299,7 +303,7 @@ class Session:
 
             self._inbox_listeners[name] = deliver
             try:
-                await self.inbox.add(name, deliver)
+                await self.inbox.add(name, deliver, allowed)
             except BaseException:
                 await self.unsubscribe_actions(name)
                 raise
