@@ -85,6 +85,10 @@ class ThreadService:
     `NotFound`, exactly like a missing one.
     """
 
+    # The deployment's authorization hook (docs/authorization.md), which the command table asks
+    # before every command; None: today's scope and permission rules alone.
+    authorize_hook: AuthorizeHook | None = None
+
     def __init__(
         self,
         store: Store,
@@ -98,8 +102,6 @@ class ThreadService:
         authorize_hook: AuthorizeHook | None = None,
     ) -> None:
         self.store = store
-        # The deployment's authorization hook (docs/authorization.md), which the command table
-        # asks before every command; None: today's scope and permission rules alone.
         self.authorize_hook = authorize_hook
         # Bounded snapshots: the last `snapshot_messages` messages, queued texts cut to a preview.
         self.snapshot_messages = snapshot_messages

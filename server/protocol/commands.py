@@ -377,7 +377,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
             c.principal, i.limit, _narrowed(i.query(), c.narrow)
         ),
         answer=lambda i, threads: threads_answer(threads, i.limit),
-        answer_doc='`{"threads": [{"id", "scope", "title", "version", "metadata", '
+        answer_doc='`{"threads": [{"id", "scope", "title", "version", "metadata", "owner", '
         '"created_at", "updated_at"}], "next_cursor"}`: newest update first; '
         "`?metadata.<key>=<value>`, `status` (idle, running, waiting), `updated_after`, "
         "`updated_before`, `cursor`, `limit`",
