@@ -28,8 +28,9 @@ from runtime.storage.store import ThreadStore
 
 log = logging.getLogger(__name__)
 
-# What each command does, for hooks that decide by kind; a thread-bound command not listed is a
-# write, any other one not listed is administration (schedules, webhooks, tokens).
+# What each command does, for hooks that decide by kind; administration (schedules, webhooks,
+# tokens) by its prefix, even when it names a thread; any other thread-bound command is a write.
+ADMIN_PREFIXES = ("schedule.", "webhook.", "delivery.", "token.")
 ACTIONS: dict[str, AccessKind] = {
     "thread.create": AccessKind.CREATE,
     "thread.list": AccessKind.LIST,
@@ -87,7 +88,8 @@ class Authorizer:
         if new:
             action = AccessKind.CREATE
         elif action is None:
-            action = AccessKind.WRITE if _thread_id(data) is not None else AccessKind.ADMIN
+            admin = command.startswith(ADMIN_PREFIXES) or _thread_id(data) is None
+            action = AccessKind.ADMIN if admin else AccessKind.WRITE
         request = Authorization(
             principal=principal,
             command=command,
@@ -132,7 +134,9 @@ class Authorizer:
     ) -> tuple[ThreadResource | None, bool]:
         """The thread `data` names, and whether the command creates it."""
         if command == "thread.create":
-            scope = data.scope or next(iter(sorted(principal.scopes)), "")
+            # A token of several scopes must name one (the command refuses it otherwise).
+            only = next(iter(principal.scopes)) if len(principal.scopes) == 1 else ""
+            scope = data.scope or only
             return ThreadResource(None, scope, principal.subject, dict(data.metadata or {})), True
         if command == "thread.open":
             return await self._client_thread(principal, data.thread_id, data.create, pending)

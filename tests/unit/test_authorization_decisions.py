@@ -72,9 +72,11 @@ async def test_sync_and_async_hooks_are_both_asked_once() -> None:
     with pytest.raises(ForbiddenByPolicy) as refused:
         await authorizer(asynchronous).admit(ALICE, "ping", NoInput())
     assert refused.value.code == "custom" and refused.value.message == "no"
+    await authorizer(sync).admit(ALICE, "token.list", NoInput())
     assert [(r.command, r.action) for r in asked] == [
         ("me", AccessKind.SESSION),
         ("ping", AccessKind.SESSION),
+        ("token.list", AccessKind.ADMIN),
     ]
     # A code of the hook's own is a refusal, 403, like forbidden_by_policy.
     assert wire_error(refused.value).status == 403
