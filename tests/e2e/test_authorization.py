@@ -195,8 +195,17 @@ def test_every_transport_refuses_what_the_hook_denies_and_changes_nothing(
     interrupt = [{"interruptId": d.action, "status": "resolved", "payload": {"approved": True}}]
     for body in (agui(d.mine, "hi"), agui(d.mine, resume=interrupt)):
         assert stream_refusal(d.http("bob", "POST", "/v1/ag-ui", json=body)) == POLICY
-    # AI SDK: a message, and the resumable stream of the thread.
+    # AI SDK: a message, an approval of alice's action, and the resumable stream of the thread.
     assert stream_refusal(d.http("bob", "POST", "/v1/ai-sdk/chat", json=chat(d.mine))) == POLICY
+    approval = {
+        "type": "tool-send_email",
+        "toolCallId": before[d.mine]["pending_actions"][0]["tool_call_id"],
+        "state": "approval-responded",
+        "approval": {"id": d.action, "approved": True},
+    }
+    answer = {"id": uuid.uuid4().hex, "role": "assistant", "parts": [approval]}
+    body = {"id": d.mine, "trigger": "submit-message", "messages": [answer]}
+    assert stream_refusal(d.http("bob", "POST", "/v1/ai-sdk/chat", json=body)) == POLICY
     stream = d.http("bob", "GET", f"/v1/ai-sdk/chat/{d.mine}/stream")
     assert stream_refusal(stream) == POLICY
     assert d.committed() == before
