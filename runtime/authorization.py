@@ -18,7 +18,7 @@ class AccessKind(StrEnum):
     """What a command does to its resource, so a hook need not know every command's name."""
 
     CREATE = "create"  # a new thread (thread.create, thread.open of a new client id)
-    READ = "read"  # snapshots, queued items, subscribing, opening an existing client thread
+    READ = "read"  # snapshots, queued items, subscribing and presence, opening a client thread
     LIST = "list"  # lists across threads: thread.list, actions.list, actions.subscribe
     WRITE = "write"  # every command that changes a thread (send, resume, stop, rename, …)
     ADMIN = "admin"  # tokens, schedules, webhooks

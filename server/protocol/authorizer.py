@@ -39,6 +39,7 @@ ACTIONS: dict[str, AccessKind] = {
     "thread.snapshot": AccessKind.READ,
     "queue.item": AccessKind.READ,
     "subscribe": AccessKind.READ,
+    "presence.update": AccessKind.READ,  # live state of a watcher's, never stored
     "thread.open": AccessKind.READ,  # CREATE when the client id names no thread yet
     "unsubscribe": AccessKind.SESSION,
     "actions.unsubscribe": AccessKind.SESSION,
