@@ -204,8 +204,8 @@ def test_every_transport_refuses_what_the_hook_denies_and_changes_nothing(
         "approval": {"id": d.action, "approved": True},
     }
     answer = {"id": uuid.uuid4().hex, "role": "assistant", "parts": [approval]}
-    body = {"id": d.mine, "trigger": "submit-message", "messages": [answer]}
-    assert stream_refusal(d.http("bob", "POST", "/v1/ai-sdk/chat", json=body)) == POLICY
+    responded: dict[str, Any] = {"id": d.mine, "trigger": "submit-message", "messages": [answer]}
+    assert stream_refusal(d.http("bob", "POST", "/v1/ai-sdk/chat", json=responded)) == POLICY
     stream = d.http("bob", "GET", f"/v1/ai-sdk/chat/{d.mine}/stream")
     assert stream_refusal(stream) == POLICY
     assert d.committed() == before
