@@ -8,6 +8,15 @@ from typing import TYPE_CHECKING, Any
 from runtime import lifecycle
 from runtime.agent import Agent
 from runtime.approvals import ApprovalDecision, ApprovalPolicy
+from runtime.authorization import (
+    AccessKind,
+    Allow,
+    Authorization,
+    Deny,
+    Narrow,
+    ThreadMatch,
+    ThreadResource,
+)
 from runtime.chunks import (
     RunTakeoverChunk,
     StepFinishChunk,
@@ -79,6 +88,13 @@ if TYPE_CHECKING:
     from runtime.storage import PostgresStore, SqliteStore
 
 __all__ = [
+    "AccessKind",
+    "Allow",
+    "Authorization",
+    "Deny",
+    "Narrow",
+    "ThreadMatch",
+    "ThreadResource",
     "ALL_ROLES",
     "TRUSTED_ROLES",
     "Agent",

@@ -214,6 +214,9 @@ class Thread(_Frozen):
     private_metadata: dict[str, Any]
     created_at: float
     updated_at: float
+    # The subject of the principal that created it (None: created before owners were kept,
+    # or by a schedule): committed state an authorization hook may decide by.
+    owner: str | None = None
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -362,6 +365,7 @@ class ThreadView(_Frozen):
     title: str
     version: int
     metadata: dict[str, Any]
+    owner: str | None = None
 
 
 class MessageView(_Frozen):
@@ -439,6 +443,10 @@ class InboxEntry(_Frozen):
     thread_version: int
     created_at: float
     actions: tuple[PendingAction, ...]
+    # The thread's owner and public metadata, for an authorization hook's narrowing of the
+    # live inbox (server/live/inbox.py); never on the wire, which `to_wire` shapes.
+    thread_owner: str | None = None
+    thread_metadata: dict[str, Any] = Field(default_factory=dict)
 
     def to_wire(self) -> list[dict[str, Any]]:
         """One inbox item per action: the snapshot's action plus where and when it waits."""

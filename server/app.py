@@ -19,6 +19,7 @@ from realtime import connect_bus, open_bus
 from realtime.counters import open_counters
 from realtime.hub import Hub
 from runtime.agent import load_agent
+from runtime.authorization import load_authorize_hook
 from runtime.engine.publisher import Publisher
 from runtime.engine.worker import Worker
 from runtime.errors import ThreadlineError
@@ -106,6 +107,9 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             permissions=settings.permissions,
             snapshot_messages=settings.snapshot_messages,
             queue_preview_chars=settings.queue_preview_chars,
+            authorize_hook=None
+            if settings.authorize is None
+            else load_authorize_hook(settings.authorize),
         )
         state.hooks_store = SqlHooks(
             state.store,

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     # How long a starting process waits for an unreachable Redis before giving up.
     bus_connect_timeout: float = Field(default=30.0, ge=0)
     agent: str = "runtime.demo:demo_agent"
+    # The authorization hook (docs/authorization.md): `module:callable`, asked before every
+    # command of every transport. None: today's scope and permission rules alone.
+    authorize: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     role: ServerRole = "all"

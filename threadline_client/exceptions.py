@@ -152,6 +152,8 @@ _BY_CODE: dict[str, type[ThreadlineError]] = {
     # An approval policy's refusals (docs/protocol.md, "Approval policies").
     "requester_excluded": Forbidden,
     "not_a_decider": Forbidden,
+    # The deployment's authorization hook (docs/authorization.md); its own codes are 403 too.
+    "forbidden_by_policy": Forbidden,
     "already_decided": Conflict,
     "not_found": NotFound,
     "method_not_allowed": MethodNotAllowed,
@@ -180,6 +182,8 @@ def error_from(code: str, message: str, status: int, details: dict[str, Any]) ->
         kind = _BY_CODE.get(code) or (
             Unauthorized
             if status == 401
+            else Forbidden
+            if status == 403
             else RateLimited
             if status == 429
             else ServerError

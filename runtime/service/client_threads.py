@@ -64,7 +64,9 @@ async def open_client_thread(
     if not create:
         return ClientThread(thread_id, None)
     try:
-        created = await service.store.create_thread(scope, thread_id=thread_id)
+        created = await service.store.create_thread(
+            scope, thread_id=thread_id, owner=principal.subject
+        )
     except Conflict:
         # A concurrent request of the same scope created it first: the id is derived from the
         # scope, so nobody else can have.

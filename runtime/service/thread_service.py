@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from runtime.agent import Agent
 from runtime.approvals import ApprovalDecision, check_eligible
+from runtime.authorization import AuthorizeHook, ThreadMatch
 from runtime.compose import compose_lifecycle
 from runtime.domain import (
     Admission,
@@ -84,6 +85,10 @@ class ThreadService:
     `NotFound`, exactly like a missing one.
     """
 
+    # The deployment's authorization hook (docs/authorization.md), which the command table asks
+    # before every command; None: today's scope and permission rules alone.
+    authorize_hook: AuthorizeHook | None = None
+
     def __init__(
         self,
         store: Store,
@@ -94,8 +99,10 @@ class ThreadService:
         permissions: PermissionPolicy | None = None,
         snapshot_messages: int | None = None,
         queue_preview_chars: int | None = None,
+        authorize_hook: AuthorizeHook | None = None,
     ) -> None:
         self.store = store
+        self.authorize_hook = authorize_hook
         # Bounded snapshots: the last `snapshot_messages` messages, queued texts cut to a preview.
         self.snapshot_messages = snapshot_messages
         self.queue_preview_chars = queue_preview_chars
@@ -121,7 +128,9 @@ class ThreadService:
         target = scope or _default_scope(principal)
         if not principal.can_access(target):
             raise Forbidden(f"you may not create threads in scope {target!r}")
-        thread = await self.store.create_thread(target, title, dict(metadata or {}))
+        thread = await self.store.create_thread(
+            target, title, dict(metadata or {}), owner=principal.subject
+        )
         return await self.snapshot(principal, thread.id)
 
     async def rename_thread(self, principal: Principal, thread_id: str, title: str) -> Thread:
@@ -152,12 +161,16 @@ class ThreadService:
         after: str | None = None,
         *,
         assigned: bool = False,
+        allowed: Sequence[ThreadMatch] | None = None,
     ) -> InboxPage:
         """The scope-wide inbox: pending actions of the principal's threads (one entry per
         thread, at most `limit`, by thread id after the cursor `after`); with `assigned`, only
         the actions the principal may decide now (its role, the policy's deciders, not the
-        requester under four-eyes, not one it decided already)."""
-        entries = await self.store.pending_actions(principal.scopes, limit=limit, after=after)
+        requester under four-eyes, not one it decided already); of the threads matching
+        `allowed` when an authorization hook narrowed it."""
+        entries = await self.store.pending_actions(
+            principal.scopes, limit=limit, after=after, allowed=allowed
+        )
         return inbox_page(principal, entries, limit, assigned)
 
     async def snapshot(

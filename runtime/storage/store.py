@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Admission,
     InboxEntry,
@@ -92,7 +93,12 @@ class ThreadStore(ThreadIndex, Protocol):
         private_metadata: dict[str, Any] | None = None,
         *,
         thread_id: str | None = None,
-    ) -> Thread: ...
+        owner: str | None = None,
+    ) -> Thread:
+        """A new thread; `owner` is the creating principal's subject (kept as committed state,
+        shown in snapshots and lists; None: no owner)."""
+        ...
+
     async def get_thread(self, thread_id: str, scopes: Scopes) -> Thread: ...
     async def rename_thread(self, thread_id: str, scopes: Scopes, title: str) -> Thread:
         """Set the thread's title: a change like any other, so one version more (the thread
@@ -247,7 +253,10 @@ class ActionStore(Protocol):
         limit: int = 100,
         after: str | None = None,
         thread_ids: Sequence[str] | None = None,
-    ) -> list[InboxEntry]: ...
+        allowed: Sequence[ThreadMatch] | None = None,
+    ) -> list[InboxEntry]:
+        """`allowed`: an authorization hook's `Narrow.any_of` (None: every thread of `scopes`)."""
+        ...
 
 
 class RewriteStore(Protocol):

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from runtime.authorization import ThreadMatch
 from runtime.domain import Thread
 from runtime.errors import InvalidInput
 
@@ -30,7 +31,9 @@ class ThreadQuery:
 
     `metadata`: public metadata keys that must hold these string values (all of them);
     `updated_after`/`updated_before`: bounds on `updated_at` (epoch seconds, exclusive);
-    `after`: the cursor of the previous page (`page_cursor` of its last thread).
+    `after`: the cursor of the previous page (`page_cursor` of its last thread);
+    `allowed`: an authorization hook's narrowing (`Narrow.any_of`): only threads matching one
+    of them (None: no narrowing; empty: none at all), applied by the store so pages are exact.
     """
 
     metadata: Mapping[str, str] = field(default_factory=dict)
@@ -38,6 +41,7 @@ class ThreadQuery:
     updated_after: float | None = None
     updated_before: float | None = None
     after: str | None = None
+    allowed: tuple[ThreadMatch, ...] | None = None
 
 
 @dataclass(frozen=True)

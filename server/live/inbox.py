@@ -13,6 +13,7 @@ import orjson
 from realtime.bus import Bus
 from realtime.bus_support import cancel_and_wait
 from realtime.channels import scope_channel
+from runtime.authorization import ThreadMatch, ThreadResource
 from runtime.domain import InboxEntry
 from runtime.storage.store import ActionStore, ThreadIndex
 
@@ -23,8 +24,8 @@ log = logging.getLogger(__name__)
 SEED_PAGE = 500
 SEED_PAGES = 20
 Deliver = Callable[[bytes], None]
-# thread id -> (thread version read at, action id -> wire form of the action)
-Known = dict[str, tuple[int, dict[str, dict[str, Any]]]]
+# thread id -> (thread version read at, action id -> wire form of the action, the thread)
+Known = dict[str, tuple[int, dict[str, dict[str, Any]], ThreadResource]]
 
 
 class InboxStore(ActionStore, ThreadIndex, Protocol):
@@ -33,6 +34,23 @@ class InboxStore(ActionStore, ThreadIndex, Protocol):
 
 def entry_actions(entry: InboxEntry) -> dict[str, dict[str, Any]]:
     return {item["id"]: item for item in entry.to_wire()}
+
+
+def entry_thread(entry: InboxEntry) -> ThreadResource:
+    return ThreadResource(entry.thread_id, entry.scope, entry.thread_owner, entry.thread_metadata)
+
+
+@dataclass(frozen=True, eq=False)
+class _Listener:
+    """A subscriber, and the threads an authorization hook narrowed it to (None: all)."""
+
+    deliver: Deliver
+    allowed: tuple[ThreadMatch, ...] | None = None
+
+    def sees(self, thread: ThreadResource) -> bool:
+        if self.allowed is None:
+            return True
+        return any(match.matches(thread) for match in self.allowed)
 
 
 def inbox_frames(
@@ -80,7 +98,7 @@ def _changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
 @dataclass(eq=False)
 class _Scope:
     scope: str
-    listeners: list[Deliver] = field(default_factory=list)
+    listeners: list[_Listener] = field(default_factory=list)
     known: Known = field(default_factory=dict)
     dirty: dict[str, int] = field(default_factory=dict)  # thread id -> announced version
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
@@ -106,14 +124,18 @@ class ActionInbox:
         watch = self._scopes.get(scope)
         return 0 if watch is None else len(watch.listeners)
 
-    async def add(self, scope: str, deliver: Deliver) -> None:
+    async def add(
+        self, scope: str, deliver: Deliver, allowed: tuple[ThreadMatch, ...] | None = None
+    ) -> None:
+        """Send `deliver` the scope's frames: of the threads matching `allowed` only, when an
+        authorization hook narrowed the subscriber (`actions.resync` goes to every one)."""
         watch = self._scopes.get(scope)
         if watch is None:
             watch = _Scope(scope)
             self._scopes[scope] = watch
             watch.task = asyncio.create_task(self._pump(watch), name=f"inbox-{scope}")
             watch.refresher = asyncio.create_task(self._refresh(watch), name=f"inbox-r-{scope}")
-        watch.listeners.append(deliver)
+        watch.listeners.append(_Listener(deliver, allowed))
         async with asyncio.timeout(10):
             await watch.ready.wait()
 
@@ -121,8 +143,7 @@ class ActionInbox:
         watch = self._scopes.get(scope)
         if watch is None:
             return
-        if deliver in watch.listeners:
-            watch.listeners.remove(deliver)
+        watch.listeners[:] = [lis for lis in watch.listeners if lis.deliver is not deliver]
         if not watch.listeners:
             del self._scopes[scope]
             await self._stop(watch)
@@ -191,15 +212,17 @@ class ActionInbox:
                 entry = found.get(thread_id)
                 after = entry_actions(entry) if entry is not None else {}
                 version = versions.get(thread_id, 0)
-                before_version, before = watch.known.get(thread_id, (-1, {}))
+                before_version, before, seen = watch.known.get(thread_id, (-1, {}, None))
                 if version <= before_version:
                     continue
-                if after:
-                    watch.known[thread_id] = (version, after)
+                # The thread as read now; a thread left without actions as it was last read.
+                thread = entry_thread(entry) if entry is not None else seen
+                if after and thread is not None:
+                    watch.known[thread_id] = (version, after, thread)
                 else:
                     watch.known.pop(thread_id, None)
                 for frame in inbox_frames(watch.scope, thread_id, version, before, after):
-                    self._fan_out(watch, orjson.dumps(frame))
+                    self._fan_out(watch, orjson.dumps(frame), thread)
 
     async def _versions(self, dirty: list[str], found: dict[str, InboxEntry]) -> dict[str, int]:
         versions = {thread_id: entry.thread_version for thread_id, entry in found.items()}
@@ -214,7 +237,11 @@ class ActionInbox:
         for _ in range(SEED_PAGES):
             page = await self._store.pending_actions([scope], limit=SEED_PAGE, after=after)
             for entry in page:
-                known[entry.thread_id] = (entry.thread_version, entry_actions(entry))
+                known[entry.thread_id] = (
+                    entry.thread_version,
+                    entry_actions(entry),
+                    entry_thread(entry),
+                )
             if len(page) < SEED_PAGE:
                 break
             after = page[-1].thread_id
@@ -232,9 +259,12 @@ class ActionInbox:
             task = asyncio.create_task(self._resync(watch), name=f"inbox-resync-{watch.scope}")
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
-    def _fan_out(self, watch: _Scope, data: bytes) -> None:
-        for deliver in tuple(watch.listeners):
+    def _fan_out(self, watch: _Scope, data: bytes, thread: ThreadResource | None = None) -> None:
+        """Send `data` to the listeners that see `thread` (None: a frame of no thread's)."""
+        for listener in tuple(watch.listeners):
+            if thread is not None and not listener.sees(thread):
+                continue
             try:
-                deliver(data)
+                listener.deliver(data)
             except Exception:
                 log.exception("inbox listener failed")

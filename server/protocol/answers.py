@@ -45,6 +45,7 @@ def threads_answer(threads: list[Thread], limit: int | None = None) -> dict[str,
                 "title": thread.title,
                 "version": thread.version,
                 "metadata": thread.metadata,
+                "owner": thread.owner,
                 "created_at": thread.created_at,
                 "updated_at": thread.updated_at,
             }

@@ -8,12 +8,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from realtime.bus_metrics import safe_add
+from runtime.authorization import ThreadMatch, ThreadResource
 from runtime.domain import Origin, Principal, Role, WaitKind
 from runtime.errors import Forbidden, InvalidInput, QuotaExceeded
 from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart, act
 from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import ThreadService, require_trusted
 from runtime.storage.store import ActResult
+from runtime.storage.thread_query import ThreadQuery
 from server.live.quotas import Limiter
 from server.live.revocation import TokenRevoker
 from server.protocol.answers import (
@@ -26,6 +28,7 @@ from server.protocol.answers import (
     version_answer,
 )
 from server.protocol.audit_commands import rows as audit_rows
+from server.protocol.authorizer import Authorizer
 from server.protocol.hooks_commands import rows as hooks_rows
 from server.protocol.inputs import (
     CancelQueued,
@@ -76,7 +79,12 @@ class Connection(Protocol):
 
     async def subscribe(self, thread_id: str, frame_id: Any) -> None: ...
     async def unsubscribe(self, thread_id: str) -> None: ...
-    async def subscribe_actions(self, scope: str | None, assigned: bool = False) -> list[str]: ...
+    async def subscribe_actions(
+        self,
+        scope: str | None,
+        assigned: bool = False,
+        allowed: tuple[ThreadMatch, ...] | None = None,
+    ) -> list[str]: ...
     async def unsubscribe_actions(self, scope: str | None) -> list[str]: ...
     async def update_presence(self, thread_id: str, changes: dict[str, Any]) -> None: ...
 
@@ -95,6 +103,10 @@ class Caller:
     revoker: TokenRevoker | None = None
     # Where the command came from (transport, client address, user agent): the audit log's.
     origin: Origin | None = None
+    # The authorization hook's answer (server/protocol/authorizer.py): `admitted` once it
+    # allowed this command, `narrow` the threads a list may show (None: every one in scope).
+    admitted: bool = False
+    narrow: tuple[ThreadMatch, ...] | None = None
 
     def tokens(self) -> TokenRevoker:
         if self.revoker is None:
@@ -167,6 +179,7 @@ class Command(Generic[I, R]):
     async def result(self, caller: Caller, data: I) -> R:
         """Check limits and call the service: what it returned, before the answer's shaping."""
         data.check()  # size limits first: cheap, and a refused input costs no rate budget
+        caller = await admit(caller, self, data)
         try:
             if self.limited and caller.limiter is not None:
                 await caller.limiter.command(caller.principal, caller.token_id)
@@ -187,8 +200,10 @@ async def charge_together(caller: Caller, steps: Sequence[Step]) -> Caller:
     """Check and charge every step of one request before any runs (an adapter's request that
     is several commands is refused whole or not at all); the caller to run them with, whose
     budget is spent already."""
+    pending: dict[str, ThreadResource] = {}
     for command, data in steps:
         data.check()
+        await admit(caller, command, data, pending)
         if command.precheck is not None:
             await command.precheck(caller, data)
     if caller.limiter is not None:
@@ -199,7 +214,27 @@ async def charge_together(caller: Caller, steps: Sequence[Step]) -> Caller:
         except QuotaExceeded as exc:
             safe_add(QUOTA_REFUSALS, 1, {"code": exc.code})
             raise
-    return replace(caller, limiter=None)
+    return replace(caller, limiter=None, admitted=True)
+
+
+async def admit(
+    caller: Caller,
+    command: Command[Any, Any],
+    data: Input,
+    pending: dict[str, ThreadResource] | None = None,
+) -> Caller:
+    """Ask the deployment's authorization hook about this command, once, before any effect:
+    the caller to run it with (its `narrow` set for a list), or `ForbiddenByPolicy`."""
+    hook = caller.service.authorize_hook
+    if hook is None or caller.admitted:
+        return caller
+    authorizer = Authorizer(hook, caller.service.store)
+    narrow = await authorizer.admit(caller.principal, command.name, data, caller.origin, pending)
+    return replace(caller, admitted=True, narrow=narrow)
+
+
+def _narrowed(query: ThreadQuery, narrow: tuple[ThreadMatch, ...] | None) -> ThreadQuery:
+    return query if narrow is None else replace(query, allowed=narrow)
 
 
 async def run_together(charged: Caller, thread_id: str, steps: Sequence[Step]) -> ActResult:
@@ -345,9 +380,11 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="thread.list",
         input=ListThreads,
-        call=lambda c, i: c.service.list_threads(c.principal, i.limit, i.query()),
+        call=lambda c, i: c.service.list_threads(
+            c.principal, i.limit, _narrowed(i.query(), c.narrow)
+        ),
         answer=lambda i, threads: threads_answer(threads, i.limit),
-        answer_doc='`{"threads": [{"id", "scope", "title", "version", "metadata", '
+        answer_doc='`{"threads": [{"id", "scope", "title", "version", "metadata", "owner", '
         '"created_at", "updated_at"}], "next_cursor"}`: newest update first; '
         "`?metadata.<key>=<value>`, `status` (idle, running, waiting), `updated_after`, "
         "`updated_before`, `cursor`, `limit`",
@@ -581,7 +618,7 @@ INBOX_COMMANDS: tuple[Command[Any, Any], ...] = (
         name="actions.list",
         input=ListActions,
         call=lambda c, i: c.service.pending_actions(
-            c.principal, i.limit, i.cursor, assigned=i.assigned == "me"
+            c.principal, i.limit, i.cursor, assigned=i.assigned == "me", allowed=c.narrow
         ),
         answer=lambda i, page: actions_answer(page),
         answer_doc='`{"actions": [{"id", "kind", "thread_id", "scope", "thread_version", '
@@ -594,7 +631,9 @@ INBOX_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="actions.subscribe",
         input=InboxSubscribe,
-        call=lambda c, i: c.session().subscribe_actions(i.scope, assigned=i.assigned == "me"),
+        call=lambda c, i: c.session().subscribe_actions(
+            i.scope, assigned=i.assigned == "me", allowed=c.narrow
+        ),
         answer=lambda i, scopes: {"scopes": scopes},
         answer_doc='`{"type": "actions.subscribed", "scopes"}`, then `action.pending`, '
         "`action.resolved` and `actions.resync` frames (`assigned`: `me`, only what the caller "

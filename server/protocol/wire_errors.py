@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from realtime.bus_errors import BusError
-from runtime.errors import QuotaExceeded, ThreadlineError
+from runtime.errors import Forbidden, QuotaExceeded, ThreadlineError
 from runtime.service.thread_service import validation_field_errors
 from server.auth import Unauthorized
 from server.auth_errors import CODES as AUTH_CODES
@@ -36,6 +36,7 @@ STATUS: dict[str, int] = {
     "invalid_json": 400,
     "unauthorized": 401,
     "forbidden": 403,
+    "forbidden_by_policy": 403,
     "requester_excluded": 403,
     "not_a_decider": 403,
     "already_decided": 409,
@@ -99,7 +100,8 @@ def wire_error(exc: BaseException, *, invalid: str = "the request body is invali
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
         if isinstance(exc, QuotaExceeded):
             headers = {"Retry-After": str(exc.retry_after)}
-        status = STATUS.get(exc.code, 400)
+        # A code an authorization hook chose is a refusal like `forbidden_by_policy`.
+        status = STATUS.get(exc.code, 403 if isinstance(exc, Forbidden) else 400)
         return WireError(exc.code, exc.message, dict(exc.details), status, headers)
     if isinstance(exc, ValidationError):
         errors = validation_field_errors(exc)

@@ -21,6 +21,7 @@ _ANY_ROUTE = (
     "invalid_json",
     "unauthorized",
     "forbidden",
+    "forbidden_by_policy",  # a deployment's authorization hook (docs/authorization.md)
     "not_found",
     "method_not_allowed",
     "too_large",

@@ -49,6 +49,7 @@ MIGRATIONS = [
     "0011_timers_schedules_webhooks",
     "0012_approval_decisions_audit",
     "0013_thread_metadata_index",
+    "0014_thread_owner",
     "0015_run_traceparent",
 ]
 

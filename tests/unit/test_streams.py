@@ -51,6 +51,8 @@ def delta(seq: int, text: str = "x") -> bytes:
 
 
 class FakeService:
+    authorize_hook = None  # no authorization hook: the command path asks none
+
     def __init__(self, snapshots: list[Snapshot]) -> None:
         self.snapshots = snapshots
 

@@ -123,6 +123,8 @@ def thread_from_row(row: Row) -> Thread:
         private_metadata=loads(row["private_metadata"]),
         created_at=float(row["created_at"]),
         updated_at=float(row["updated_at"]),
+        # The worker's fenced reads name their columns and leave the owner out: it never asks.
+        owner=row.get("owner"),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
+from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Admission,
     InboxEntry,
@@ -136,6 +137,7 @@ class SqlStore(SqlTransactions):
         private_metadata: dict[str, Any] | None = None,
         *,
         thread_id: str | None = None,
+        owner: str | None = None,
     ) -> Thread:
         """A new thread; a caller-chosen `thread_id` that exists already raises Conflict."""
         check_thread_fields(scope, title)
@@ -146,7 +148,7 @@ class SqlStore(SqlTransactions):
         thread_id = thread_id or new_id("th")
         return await self._write(
             lambda conn: threads_tx.create_thread(
-                conn, thread_id, scope, title, public_json, private_json
+                conn, thread_id, scope, title, public_json, private_json, owner
             )
         )
 
@@ -417,6 +419,7 @@ class SqlStore(SqlTransactions):
         limit: int = 100,
         after: str | None = None,
         thread_ids: Sequence[str] | None = None,
+        allowed: Sequence[ThreadMatch] | None = None,
     ) -> list[InboxEntry]:
         """Pending actions of up to `limit` threads in `scopes`, by thread id after `after`."""
         if limit <= 0:
@@ -424,7 +427,7 @@ class SqlStore(SqlTransactions):
         ids = None if thread_ids is None else list(dict.fromkeys(thread_ids))
         return await self._read(
             lambda conn: inbox_tx.pending_actions(
-                conn, scopes, limit=limit, after=after, thread_ids=ids
+                conn, scopes, limit=limit, after=after, thread_ids=ids, allowed=allowed
             )
         )
 

@@ -7,6 +7,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Message,
     MessageView,
@@ -42,11 +43,17 @@ _VERSIONS_CHUNK = 500
 
 
 async def create_thread(
-    conn: Conn, thread_id: str, scope: str, title: str, public_json: str, private_json: str
+    conn: Conn,
+    thread_id: str,
+    scope: str,
+    title: str,
+    public_json: str,
+    private_json: str,
+    owner: str | None = None,
 ) -> Thread:
     row = await conn.fetchrow(
         "INSERT INTO threads (id, scope, title, version, metadata, private_metadata,"
-        " created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $6)"
+        " created_at, updated_at, owner) VALUES ($1, $2, $3, 1, $4, $5, $6, $6, $7)"
         " ON CONFLICT (id) DO NOTHING RETURNING *",
         thread_id,
         scope,
@@ -54,6 +61,7 @@ async def create_thread(
         public_json,
         private_json,
         await conn.now(),
+        owner,
     )
     if row is None:
         raise Conflict(f"thread {thread_id} exists already")
@@ -99,6 +107,24 @@ _STATUS_SQL = {
 }
 
 
+def allowed_clause(conn: Conn, allowed: Sequence[ThreadMatch], start: int) -> tuple[str, list[Any]]:
+    """SQL keeping the rows of `threads` matching one of `allowed` (an authorization hook's
+    `Narrow`): owner equal, and the metadata keys at their values, as the metadata filter."""
+    alternatives: list[str] = []
+    args: list[Any] = []
+    for match in allowed:
+        terms: list[str] = []
+        if match.owner is not None:
+            args.append(match.owner)
+            terms.append(f"threads.owner = ${start + len(args) - 1}")
+        if match.metadata:
+            sql, values = conn.dialect.metadata_match(match.metadata, start + len(args))
+            terms.append(sql)
+            args += values
+        alternatives.append("(" + (" AND ".join(terms) or "1 = 1") + ")")
+    return "(" + (" OR ".join(alternatives) or "1 = 0") + ")", args
+
+
 def list_threads_sql(
     conn: Conn, scopes: Collection[str], limit: int, query: ThreadQuery
 ) -> tuple[str, list[Any]]:
@@ -107,6 +133,10 @@ def list_threads_sql(
     where = [clause]
     if query.metadata:
         sql, values = conn.dialect.metadata_match(query.metadata, len(args) + 1)
+        where.append(sql)
+        args += values
+    if query.allowed is not None:
+        sql, values = allowed_clause(conn, query.allowed, len(args) + 1)
         where.append(sql)
         args += values
     if query.status is not None:
@@ -483,6 +513,7 @@ def build_snapshot(
             title=thread.title,
             version=thread.version,
             metadata=thread.metadata,
+            owner=thread.owner,
         ),
         messages=tuple(
             MessageView(

@@ -12,6 +12,7 @@ import orjson
 
 from realtime.envelopes import MessageKind, chunk_position
 from realtime.outbox import Outbox
+from runtime.authorization import ThreadMatch
 from runtime.domain import Origin, Principal, Thread
 from runtime.errors import InvalidInput, NotFound
 from runtime.service.assigned import wire_refusal
@@ -287,9 +288,15 @@ class Session:
             raise NotFound(f"scope {scope} not found")  # as for threads: never confirm it
         return [scope]
 
-    async def subscribe_actions(self, scope: str | None, assigned: bool = False) -> list[str]:
+    async def subscribe_actions(
+        self,
+        scope: str | None,
+        assigned: bool = False,
+        allowed: tuple[ThreadMatch, ...] | None = None,
+    ) -> list[str]:
         """Listen to the pending actions of one scope of the token's (None: all of them); with
-        `assigned`, to those this principal may decide now (`assigned_frame`)."""
+        `assigned`, to those this principal may decide now (`assigned_frame`); of the threads
+        matching `allowed` when the authorization hook narrowed the caller."""
         if self.inbox is None:
             raise InvalidInput("this server has no action inbox")
         scopes = self._inbox_scopes(scope)
@@ -305,7 +312,7 @@ class Session:
 
             self._inbox_listeners[name] = deliver
             try:
-                await self.inbox.add(name, deliver)
+                await self.inbox.add(name, deliver, allowed)
             except BaseException:
                 await self.unsubscribe_actions(name)
                 raise
