@@ -82,6 +82,7 @@ class OIDCIssuer(BaseModel):
 class VerifiedToken:
     principal: Principal
     expires_at: float  # wall-clock seconds (the token's `exp`)
+    issuer: str = ""
 
 
 class IssuerKeys:
@@ -227,7 +228,7 @@ class Issuers:
             raise InvalidSignature("the token's signature does not verify") from exc
         except jwt.PyJWTError as exc:
             raise InvalidToken(f"the token is invalid: {exc}") from exc
-        return VerifiedToken(principal_of(config, claims), float(claims["exp"]))
+        return VerifiedToken(principal_of(config, claims), float(claims["exp"]), config.issuer)
 
 
 def principal_of(config: OIDCIssuer, claims: dict[str, Any]) -> Principal:
