@@ -173,10 +173,10 @@ def test_refusals_change_nothing(server: harness.ServerHandle, provider: Provide
     }
     token, _ = short_token(provider)  # last: it lives TTL seconds
     with open_socket(server, token) as ws:
-        for case, (bad, code) in refusals.items():
+        for case, (bad, refusal) in refusals.items():
             answer = request(ws, {"type": "auth.refresh", "token": bad, "id": case})
             assert answer["type"] == "error", (case, answer)
-            assert answer["code"] == (code or "token_expired"), (case, answer)
+            assert answer["code"] == (refusal or "token_expired"), (case, answer)
         assert request(ws, {"type": "ping", "id": 2}) == {"type": "pong", "id": 2}
         # The connect token still rules: closed at its expiry, none of the above re-armed it.
         code = close_code(ws, within=TTL + 5)
