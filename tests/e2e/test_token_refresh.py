@@ -3,6 +3,7 @@ with a fresher one of the same holder (tokens from a real issuer, oidc-provider,
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 from realtime.closecodes import CloseCode
 from tests.e2e import harness, jsclients
 from tests.e2e.oidc import Provider, issuer_config
+from threadline_client import ThreadlineClient, jwt_expiry
 
 TIMEOUT = 10.0
 TTL = 3  # seconds the provider's `short` tokens live
@@ -208,3 +210,71 @@ def mint(server: harness.ServerHandle, *extra: str) -> str:
     done = harness.run_command(args, server.env)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+async def test_the_python_client_refreshes_a_watch_s_jwt_before_each_expiry(
+    server: harness.ServerHandle, provider: Provider
+) -> None:
+    calls = 0
+
+    async def fetch() -> str:  # an async provider: the issuer's client credentials grant
+        nonlocal calls
+        calls += 1
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            answer = await http.post(
+                f"{provider.issuer}/token",
+                data={"grant_type": "client_credentials", "scope": "threadline"},
+                auth=("short", "short-secret"),
+            )
+        return str(answer.json()["access_token"])
+
+    async with ThreadlineClient(server.url, token_provider=fetch) as tl:
+        thread = await tl.create_thread(title="watched")
+        async with tl.watch(thread.thread.id) as watch:
+            await watch.until(lambda w: w.snapshot is not None, timeout=TIMEOUT)
+            first_exp = jwt_expiry(tl.token)
+            assert first_exp is not None
+            # Two token lifetimes: the socket would have closed twice without refreshes.
+            await asyncio.sleep(max(0.0, first_exp - time.time()) + TTL + 0.5)
+            await tl.send(thread.thread.id, "after the refreshes")
+            done = await watch.until(
+                lambda w: (
+                    w.snapshot is not None
+                    and w.snapshot.run is not None
+                    and w.snapshot.run.status == "completed"
+                ),
+                timeout=TIMEOUT,
+            )
+            assert done.connections == 1, "the watch reconnected instead of refreshing"
+    assert calls >= 3, calls  # the first token, then one per expiry
+
+
+async def test_the_python_client_learns_a_tl_token_s_expiry_from_the_server(
+    server: harness.ServerHandle,
+) -> None:
+    forever = mint(server)
+    lifetime = 5.0
+    short = mint(server, "--expires-in", str(int(lifetime)))  # last: its clock runs already
+    minted = time.monotonic()
+    handed = [short, forever]
+
+    def next_token() -> str:  # a sync provider
+        return handed.pop(0) if len(handed) > 1 else handed[0]
+
+    async with ThreadlineClient(server.url, token_provider=next_token) as tl:
+        thread = await tl.create_thread(title="tl watched")
+        assert tl.token == short
+        async with tl.watch(thread.thread.id) as watch:
+            await watch.until(lambda w: w.snapshot is not None, timeout=TIMEOUT)
+            await asyncio.sleep(max(0.0, minted + lifetime + 1.0 - time.monotonic()))
+            assert tl.token == forever  # the provider was asked before the expiry
+            await tl.send(thread.thread.id, "past the first token")
+            done = await watch.until(
+                lambda w: (
+                    w.snapshot is not None
+                    and w.snapshot.run is not None
+                    and w.snapshot.run.status == "completed"
+                ),
+                timeout=TIMEOUT,
+            )
+            assert done.connections == 1, "the watch reconnected instead of refreshing"
