@@ -78,6 +78,21 @@ class OIDCIssuer(BaseModel):
         return self
 
 
+class BrowserSignIn(BaseModel):
+    """The browser client's sign-in at one issuer (authorization code + PKCE, a public client):
+    public values only, given to the page (docs/operations.md, "Browser sign-in")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    issuer: str = Field(min_length=1)
+    client_id: str = Field(min_length=1)
+    # `offline_access` asks for a refresh token, which is how the page renews its access token.
+    scopes: str = "openid offline_access"
+    # Extra authorization request parameters the issuer needs for an access token meant for
+    # this API: `{"resource": …}` (RFC 8707) or `{"audience": …}` (Auth0), `{"prompt": …}`.
+    params: dict[str, str] = Field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class VerifiedToken:
     principal: Principal

@@ -18,9 +18,11 @@ export class ApiError extends Error {
 
 const seg = encodeURIComponent;
 
+// `token`: the bearer, or a function giving the current one (a renewed OIDC access token).
 export function createApi(token, { fetchImpl = globalThis.fetch.bind(globalThis), base = '' } = {}) {
+  const bearer = typeof token === 'function' ? token : () => token;
   async function request(method, path, body) {
-    const headers = { Accept: 'application/json', Authorization: `Bearer ${token}` };
+    const headers = { Accept: 'application/json', Authorization: `Bearer ${bearer()}` };
     const init = { method, headers, cache: 'no-store' };
     if (body !== undefined) {
       headers['Content-Type'] = 'application/json';

@@ -74,8 +74,10 @@ export class ThreadSocket {
     this.clearTimer('reconnect');
     this.setState('connecting');
     let ws;
+    // A function gives the protocols of each connection: a reconnect uses the newest token.
+    const protocols = typeof this.protocols === 'function' ? this.protocols() : this.protocols;
     try {
-      ws = this.protocols.length ? new this.WebSocketImpl(this.url, this.protocols) : new this.WebSocketImpl(this.url);
+      ws = protocols.length ? new this.WebSocketImpl(this.url, protocols) : new this.WebSocketImpl(this.url);
     } catch {
       this.scheduleReconnect();
       return;
