@@ -278,3 +278,18 @@ async def test_the_python_client_learns_a_tl_token_s_expiry_from_the_server(
                 timeout=TIMEOUT,
             )
             assert done.connections == 1, "the watch reconnected instead of refreshing"
+
+
+async def test_an_http_call_refused_for_an_expired_tl_token_is_retried_with_a_fresh_one(
+    server: harness.ServerHandle,
+) -> None:
+    forever = mint(server)
+    short = mint(server, "--expires-in", "1")
+    handed = [short, forever]
+
+    async with ThreadlineClient(server.url, token_provider=lambda: handed.pop(0)) as tl:
+        assert (await tl.me()).subject == "tl-refresher"
+        assert tl.token == short
+        await asyncio.sleep(1.5)  # past the expiry, which only the server knows
+        assert (await tl.me()).subject == "tl-refresher"
+        assert tl.token == forever and not handed
