@@ -123,6 +123,8 @@ export class OidcSession {
     if (!pending || pending.state !== answer.get('state')) throw new Error('the sign-in answer does not match this tab’s request');
     if (answer.has('error')) throw new Error(`sign-in refused: ${answer.get('error_description') || answer.get('error')}`);
     const metadata = await this.discover();
+    // RFC 9207: an answer naming another issuer is a mix-up, whatever its code.
+    if (answer.has('iss') && answer.get('iss') !== metadata.issuer) throw new Error('the sign-in answer comes from another issuer');
     await this.grant(metadata, {
       grant_type: 'authorization_code',
       code: answer.get('code'),

@@ -33,6 +33,7 @@ class MemoryStorage {
 
 const ISSUER = 'http://127.0.0.1:9/';
 const METADATA = {
+  issuer: ISSUER,
   authorization_endpoint: 'http://127.0.0.1:9/auth',
   token_endpoint: 'http://127.0.0.1:9/token',
 };
@@ -107,6 +108,12 @@ describe('oidc', () => {
     const forged = `http://127.0.0.1:8000/#code=c&state=forged`;
     const stash = storage.getItem('threadline.oidc.pending');
     await assert.rejects(session.complete(forged), /does not match/);
+    assert.equal(requests.filter((r) => r.url === METADATA.token_endpoint).length, 0);
+
+    // An answer naming another issuer (RFC 9207 mix-up) is refused too.
+    storage.setItem('threadline.oidc.pending', stash);
+    const mixUp = `http://127.0.0.1:8000/#code=c&iss=http%3A%2F%2Fevil&state=${params.get('state')}`;
+    await assert.rejects(session.complete(mixUp), /another issuer/);
     assert.equal(requests.filter((r) => r.url === METADATA.token_endpoint).length, 0);
 
     storage.setItem('threadline.oidc.pending', stash);
