@@ -8,10 +8,13 @@ import secrets
 import time
 import weakref
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from runtime.domain import Principal, Role
 from runtime.storage.store import TokenStore
 from runtime.storage.token_admin import LAST_USED_RESOLUTION
+from server.auth_errors import TokenMismatch
 from server.auth_errors import Unauthorized as Unauthorized
 from server.oidc import Issuers
 
@@ -149,13 +152,50 @@ async def _mark_used(store: TokenStore, token_hash: str) -> None:
             log.warning("could not record a token's use: %s", exc)
 
 
-async def token_expires_in(store: TokenStore, token: str) -> float | None:
-    """Seconds the (authenticated) token has left; None if it never expires. A stored token's
-    by the database clock, so gateways with skewed clocks agree; a JWT's by its `exp`."""
-    if is_stored_token(token):
-        return await store.token_expires_in(hash_token(token))
-    issuers = _ISSUERS.get(store)
-    if issuers is None:
-        return 0.0
-    verified = await issuers.verify(token)
-    return verified.expires_at + issuers.leeway - time.time()
+@dataclass(frozen=True)
+class Grant:
+    """What one authenticated token grants, and for how long: what a websocket holds, from its
+    connect token to each `auth.refresh` (docs/protocol.md, "Token refresh")."""
+
+    principal: Principal
+    token_hash: str
+    issuer: str  # "" for a `tl_` token (stored, revocable there), else the JWT's issuer
+    expires_in: float | None  # seconds left when checked; None: never expires
+
+    @property
+    def stored(self) -> bool:
+        return not self.issuer
+
+    def check_successor(self, fresh: Grant) -> None:
+        """`TokenMismatch` unless `fresh` names the same holder: same issuer (or both `tl_`),
+        subject, role and scopes. Display name and groups follow the fresher token."""
+        old, new = self.principal, fresh.principal
+        if fresh.issuer != self.issuer or new.subject != old.subject:
+            raise TokenMismatch("the new token names another subject than the connection's")
+        if new.role != old.role or new.scopes != old.scopes:
+            raise TokenMismatch(
+                "the new token grants another role or other scopes; reconnect to change them"
+            )
+
+    def answer(self) -> dict[str, Any]:
+        expires_at = None if self.expires_in is None else time.time() + self.expires_in
+        return {
+            "subject": self.principal.subject,
+            "expires_in": self.expires_in,
+            "expires_at": expires_at,
+        }
+
+
+async def grant(store: TokenStore, token: str | None) -> Grant:
+    """Authenticate `token` (as `authenticate`) and say until when it is valid: one path for the
+    token a websocket opens with and every token it refreshes to."""
+    if token and not is_stored_token(token):
+        issuers = _ISSUERS.get(store)
+        if issuers is None or token.count(".") != 2:
+            raise Unauthorized("the token is invalid")
+        verified = await issuers.verify(token)
+        remaining = verified.expires_at + issuers.leeway - time.time()
+        return Grant(verified.principal, hash_token(token), verified.issuer, remaining)
+    principal = await authenticate(store, token)
+    token_hash = hash_token(token or "")
+    return Grant(principal, token_hash, "", await store.token_expires_in(token_hash))

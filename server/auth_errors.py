@@ -47,6 +47,13 @@ class UnsupportedAlgorithm(Unauthorized):
     code = "unsupported_algorithm"
 
 
+class TokenMismatch(Unauthorized):
+    """An `auth.refresh` token that names someone else than the connection's: another subject,
+    role, issuer or set of scopes (docs/protocol.md, "Token refresh")."""
+
+    code = "token_mismatch"
+
+
 # Every code above, for the status table (wire_errors.STATUS) and the docs.
 CODES = tuple(
     cls.code
@@ -59,5 +66,6 @@ CODES = tuple(
         InvalidIssuer,
         InvalidSignature,
         UnsupportedAlgorithm,
+        TokenMismatch,
     )
 )

@@ -78,10 +78,26 @@ class OIDCIssuer(BaseModel):
         return self
 
 
+class BrowserSignIn(BaseModel):
+    """The browser client's sign-in at one issuer (authorization code + PKCE, a public client):
+    public values only, given to the page (docs/operations.md, "Browser sign-in")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    issuer: str = Field(min_length=1)
+    client_id: str = Field(min_length=1)
+    # `offline_access` asks for a refresh token, which is how the page renews its access token.
+    scopes: str = "openid offline_access"
+    # Extra authorization request parameters the issuer needs for an access token meant for
+    # this API: `{"resource": …}` (RFC 8707) or `{"audience": …}` (Auth0), `{"prompt": …}`.
+    params: dict[str, str] = Field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class VerifiedToken:
     principal: Principal
     expires_at: float  # wall-clock seconds (the token's `exp`)
+    issuer: str = ""
 
 
 class IssuerKeys:
@@ -227,7 +243,7 @@ class Issuers:
             raise InvalidSignature("the token's signature does not verify") from exc
         except jwt.PyJWTError as exc:
             raise InvalidToken(f"the token is invalid: {exc}") from exc
-        return VerifiedToken(principal_of(config, claims), float(claims["exp"]))
+        return VerifiedToken(principal_of(config, claims), float(claims["exp"]), config.issuer)
 
 
 def principal_of(config: OIDCIssuer, claims: dict[str, Any]) -> Principal:

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.mcp.config import MCPServer
 from runtime.service.permissions import PermissionPolicy, Who
-from server.oidc import OIDCIssuer
+from server.oidc import BrowserSignIn, OIDCIssuer
 
 ServerRole = Literal["all", "gateway", "worker"]
 # uvicorn's loop setting: auto takes uvloop when it is installed (a dependency), else asyncio's.
@@ -124,6 +124,9 @@ class Settings(BaseSettings):
     # Issuer keys are refetched after this long, and on an unknown `kid` at most this often.
     oidc_jwks_max_age: float = Field(default=600.0, gt=0)
     oidc_jwks_min_refresh: float = Field(default=30.0, ge=0)
+    # The browser client signs in at this issuer (one of `oidc_issuers`) when set: a JSON
+    # {"issuer", "client_id", "scopes"?, "params"?} object; unset, it takes a `tl_` token.
+    oidc_browser: BrowserSignIn | None = None
 
     dev_scope: str = "demo"
     # `threadline serve` mints a development token and prints a browser URL carrying it.
@@ -159,6 +162,14 @@ class Settings(BaseSettings):
         if self.ws_allowed_origins:
             extra = [o for o in self.cors_allowed_origins if o not in self.ws_allowed_origins]
             self.ws_allowed_origins = [*self.ws_allowed_origins, *extra]
+        return self
+
+    @model_validator(mode="after")
+    def _browser_issuer_is_trusted(self) -> Settings:
+        # A sign-in whose tokens the server would refuse is a configuration mistake.
+        trusted = {issuer.issuer for issuer in self.oidc_issuers}
+        if self.oidc_browser is not None and self.oidc_browser.issuer not in trusted:
+            raise ValueError("THREADLINE_OIDC_BROWSER names an issuer not in OIDC_ISSUERS")
         return self
 
     @property

@@ -36,6 +36,7 @@ from threadline_client.models import (
     VersionAnswer,
 )
 from threadline_client.sync import SyncThreadlineClient
+from threadline_client.tokens import TokenProvider, jwt_expiry
 from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch, WatchEvent
 
 __all__ = [
@@ -73,11 +74,13 @@ __all__ = [
     "ThreadWatch",
     "ThreadlineClient",
     "ThreadlineError",
+    "TokenProvider",
     "TooLarge",
     "Unauthorized",
     "Unavailable",
     "VersionAnswer",
     "WatchEvent",
     "Webhook",
+    "jwt_expiry",
     "payload_dict",
 ]

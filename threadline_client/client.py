@@ -26,6 +26,7 @@ from threadline_client.models import (
     ThreadPage,
     VersionAnswer,
 )
+from threadline_client.tokens import REFRESH_MARGIN, TokenProvider, TokenSource
 from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch
 
 Policy = Literal["enqueue", "reject", "interrupt"]
@@ -68,23 +69,40 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
     def __init__(
         self,
         base_url: str,
-        token: str,
+        token: str | None = None,
         *,
+        token_provider: TokenProvider | None = None,
+        refresh_margin: float = REFRESH_MARGIN,
         timeout: float = 10.0,
         ws_url: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         attempts: int = ATTEMPTS,
     ) -> None:
+        """`token`: a fixed bearer token; or `token_provider`, a callable (sync or async) that
+        returns one, called for the first token (when `token` is None) and again before each
+        expires: a JWT's `exp` read from it, a `tl_` token's from the server. Watches send
+        the next one on their open socket (`auth.refresh`), so they stay open past an expiry."""
         self.attempts = max(1, attempts)
         self.base_url = base_url.rstrip("/")
-        self.token = token
+        self.tokens = TokenSource(token, token_provider, margin=refresh_margin)
         self.ws_url = ws_url or _ws_url(self.base_url)
         self.http = httpx.AsyncClient(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}"},
+            headers={"Authorization": f"Bearer {token}"} if token else {},
             timeout=timeout,
             transport=transport,
         )
+
+    @property
+    def token(self) -> str:
+        """The bearer token in use (the provider's latest, with one)."""
+        return self.tokens.current
+
+    async def bearer(self, *, fresh: bool = False) -> str:
+        """A token to send now (`fresh`: the provider's next one), set on the HTTP client."""
+        token = await (self.tokens.fresh() if fresh else self.tokens.get())
+        self.http.headers["Authorization"] = f"Bearer {token}"
+        return token
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -99,8 +117,10 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
         safe = method in IDEMPOTENT or (isinstance(body, dict) and "client_request_id" in body)
         attempts = self.attempts if safe else 1
         backoff = Backoff(initial=0.2, maximum=2.0)
+        renewed = not self.tokens.refreshable
         for attempt in range(1, attempts + 1):
             last = attempt == attempts
+            await self.bearer()
             try:
                 response = await self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
@@ -109,6 +129,14 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
             else:
                 if response.is_success:
                     return response.json() if response.content else None
+                if response.status_code == 401 and not renewed:
+                    # An expired token (a `tl_` one's expiry is the server's to know): the
+                    # provider's next, once; a request refused for it had no effect.
+                    renewed = True
+                    await self.bearer(fresh=True)
+                    response = await self.http.request(method, path, **kwargs)
+                    if response.is_success:
+                        return response.json() if response.content else None
                 if response.status_code != 503 or last:
                     raise error_of_response(response)
             await asyncio.sleep(backoff.next())

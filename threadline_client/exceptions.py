@@ -134,6 +134,7 @@ _UNAUTHORIZED_CODES = (
     "token_not_yet_valid",
     "invalid_signature",
     "unsupported_algorithm",
+    "token_mismatch",
 )
 _RATE_CODES = (
     "token_rate_limited",

@@ -10,6 +10,7 @@ from typing import Any, Concatenate, Generic, Literal, ParamSpec, Self, TypeVar,
 
 from threadline_client.client import ThreadlineClient
 from threadline_client.models import Snapshot
+from threadline_client.tokens import TokenProvider
 from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch, WatchEvent
 
 T = TypeVar("T")
@@ -107,17 +108,27 @@ class SyncThreadlineClient:
     """The same calls as `ThreadlineClient`, blocking. An event loop runs in a daemon thread of
     its own, so this works inside a notebook whose loop is already running."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 10.0,
+        token_provider: TokenProvider | None = None,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="threadline-client", daemon=True
         )
         self._thread.start()
-        self._client = self._call(self._make(base_url, token, timeout))
+        self._client = self._call(self._make(base_url, token, timeout, token_provider))
 
     @staticmethod
-    async def _make(base_url: str, token: str, timeout: float) -> ThreadlineClient:
-        return ThreadlineClient(base_url, token, timeout=timeout)
+    async def _make(
+        base_url: str, token: str | None, timeout: float, provider: TokenProvider | None
+    ) -> ThreadlineClient:
+        # A sync provider runs on the client's loop thread; an async one on that loop.
+        return ThreadlineClient(base_url, token, timeout=timeout, token_provider=provider)
 
     def _call(self, coroutine: Awaitable[T]) -> T:
         return asyncio.run_coroutine_threadsafe(_coro(coroutine), self._loop).result()
@@ -150,6 +161,7 @@ class SyncThreadlineClient:
 
     # The calls of ThreadlineClient, blocking (same names, same arguments, same answers).
     me = _Blocking(ThreadlineClient.me)
+    bearer = _Blocking(ThreadlineClient.bearer)
     create_thread = _Blocking(ThreadlineClient.create_thread)
     list_threads = _Blocking(ThreadlineClient.list_threads)
     snapshot = _Blocking(ThreadlineClient.snapshot)

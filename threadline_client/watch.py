@@ -27,6 +27,7 @@ from threadline_client.exceptions import (
     error_from,
 )
 from threadline_client.models import PendingAction, Snapshot
+from threadline_client.tokens import keep_fresh
 
 if TYPE_CHECKING:
     from threadline_client.client import ThreadlineClient
@@ -151,6 +152,8 @@ class _LiveView(AsyncClosing):
         self._failure: BaseException | None = None
         self._closed = False
         self._socket: _Socket | None = None
+        # The last connection was closed at its token's expiry: open the next with a new one.
+        self._expired = False
 
     def _enter(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"threadline-{type(self).__name__}")
@@ -209,7 +212,7 @@ class _LiveView(AsyncClosing):
                 try:
                     await self._connection()
                 except (OSError, ConnectionClosed, TimeoutError, InvalidStatus) as exc:
-                    fatal = _fatal(exc)
+                    fatal = self._final(exc)
                     if fatal is not None:
                         raise fatal from exc
                     log.info("threadline websocket lost (%s); reconnecting", exc)
@@ -227,10 +230,24 @@ class _LiveView(AsyncClosing):
             self._socket = None
             self._changed.set()
 
+    def _final(self, exc: BaseException) -> ThreadlineError | None:
+        """`_fatal`, except for an expiry the token provider can cure."""
+        return None if self._expired_with_provider(exc) else _fatal(exc)
+
+    def _expired_with_provider(self, exc: BaseException) -> bool:
+        """Closed at the token's expiry (4403 "token expired") while a provider can give the
+        next token: worth reconnecting with it (a refresh failed or came too late)."""
+        rcvd = exc.rcvd if isinstance(exc, ConnectionClosed) else None
+        expired = rcvd is not None and (rcvd.code, rcvd.reason) == (4403, "token expired")
+        self._expired = expired and self.client.tokens.refreshable
+        return self._expired
+
     async def _connection(self) -> None:
+        token = await self.client.bearer(fresh=self._expired)
+        self._expired = False
         # The token goes as a subprotocol, not in the URL (which proxies and logs keep); the
         # server answers `threadline.v1` (docs/protocol.md, "Authentication").
-        subprotocols = [Subprotocol("threadline.v1"), Subprotocol(f"bearer.{self.client.token}")]
+        subprotocols = [Subprotocol("threadline.v1"), Subprotocol(f"bearer.{token}")]
         async with connect(
             self.client.ws_url,
             subprotocols=subprotocols,
@@ -241,17 +258,34 @@ class _LiveView(AsyncClosing):
             socket = _Socket(ws)
             self._socket = socket
             reader = asyncio.create_task(self._read(socket), name="threadline-ws-reader")
+            keeper: asyncio.Task[None] | None = None
             try:
                 await self._on_open(socket)
                 self.connections += 1
                 self.backoff.reset()
                 self._emit("connected")
+                if self.client.tokens.refreshable:
+                    keeper = asyncio.create_task(
+                        self._keep_token(socket, token), name="threadline-ws-token"
+                    )
                 await reader
             finally:
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await reader
+                for task in (reader, keeper):
+                    if task is not None:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
                 self._socket = None
+
+    async def _keep_token(self, socket: _Socket, token: str) -> None:
+        async def refresh(token: str) -> dict[str, Any] | None:
+            try:
+                return await self._request(socket, {"type": "auth.refresh", "token": token})
+            except ThreadlineError as exc:
+                log.warning("the server refused the refreshed token: %s", exc)
+                return None
+
+        await keep_fresh(token, refresh, lambda: self.client.bearer(fresh=True), self.client.tokens)
 
     async def _read(self, socket: _Socket) -> None:
         try:
@@ -262,7 +296,7 @@ class _LiveView(AsyncClosing):
         except ConnectionClosed as exc:
             # A request in flight (the subscribe of `_on_open`) learns of the close at once,
             # with the typed error when it is final, instead of waiting out its timeout.
-            error: BaseException = _fatal(exc) or exc
+            error: BaseException = self._final(exc) or exc
             for future in socket.answers.values():
                 if not future.done():
                     future.set_exception(error)

@@ -16,6 +16,7 @@ from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import ThreadService, require_trusted
 from runtime.storage.store import ActResult
 from runtime.storage.thread_query import ThreadQuery
+from server.auth import Grant
 from server.live.quotas import Limiter
 from server.live.revocation import TokenRevoker
 from server.protocol.answers import (
@@ -42,6 +43,7 @@ from server.protocol.inputs import (
     NoInput,
     OpenThread,
     PresenceUpdate,
+    RefreshToken,
     Regenerate,
     RenameThread,
     ResumeAction,
@@ -87,6 +89,7 @@ class Connection(Protocol):
     ) -> list[str]: ...
     async def unsubscribe_actions(self, scope: str | None) -> list[str]: ...
     async def update_presence(self, thread_id: str, changes: dict[str, Any]) -> None: ...
+    async def refresh_token(self, token: str) -> Grant: ...
 
 
 @dataclass(frozen=True)
@@ -704,12 +707,32 @@ TOKEN_COMMANDS: tuple[Command[Any, Any], ...] = (
         note="administration over HTTP only (also `threadline token revoke --id`)",
     ),
 )
+# A live socket follows its token (docs/protocol.md, "Token refresh").
+AUTH_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="auth.refresh",
+        input=RefreshToken,
+        call=lambda c, i: c.session().refresh_token(i.token),
+        answer=lambda i, fresh: fresh.answer(),
+        answer_doc='`{"subject", "expires_in", "expires_at"}` (seconds left, epoch '
+        "seconds; both absent: it never expires); the connection closes at the new token's "
+        "expiry. A refused token gets its 401 code (`token_expired`, `invalid_signature`, …) or "
+        "`token_mismatch`, and changes nothing",
+        note="a websocket's own token; HTTP sends a token with every request",
+    ),
+)
 # Schedules and webhooks (docs/protocol.md, "Schedules", "Webhooks"), in a module of their own.
 HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = hooks_rows(Command, Http)
 # The audit log (docs/protocol.md, "Audit log"), in a module of its own.
 AUDIT_COMMANDS: tuple[Command[Any, Any], ...] = audit_rows(Command, Http)
 COMMANDS = (
-    COMMANDS + INBOX_COMMANDS + PRESENCE_COMMANDS + SSE_COMMANDS + TOKEN_COMMANDS + HOOKS_COMMANDS
+    COMMANDS
+    + INBOX_COMMANDS
+    + PRESENCE_COMMANDS
+    + SSE_COMMANDS
+    + TOKEN_COMMANDS
+    + AUTH_COMMANDS
+    + HOOKS_COMMANDS
+    + AUDIT_COMMANDS
 )
-COMMANDS += AUDIT_COMMANDS
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

@@ -206,6 +206,11 @@ class RevokeToken(Input):
     token: str = Field(min_length=1, max_length=256)
 
 
+class RefreshToken(Input):
+    # The fresher bearer token (a `tl_` token or an issuer's JWT, which MAX_JWT_CHARS bounds).
+    token: str = Field(min_length=1, max_length=16 * 1024)
+
+
 class RevokeTokenById(Input):
     # A token's public id (`threadline token list`): hex digits of its hash.
     token_id: str = Field(pattern=r"^[0-9a-f]{24}$")

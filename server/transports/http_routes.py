@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -164,7 +165,15 @@ async def index(request: Request) -> Response:
     page = STATIC_DIR / "index.html"
     if not page.is_file():
         raise HTTPException(404)
-    return FileResponse(page, media_type="text/html")
+    sign_in = request.app.state.settings.oidc_browser
+    if sign_in is None:
+        return FileResponse(page, media_type="text/html")
+    # The browser sign-in's public settings, for static/js/oidc.js (docs/operations.md,
+    # "Browser sign-in"): in the page, so it needs no request before signing in.
+    content = html.escape(sign_in.model_dump_json(), quote=True)
+    meta = f'<meta name="threadline-oidc" content="{content}">'
+    text = page.read_text(encoding="utf-8").replace("</head>", f"  {meta}\n</head>", 1)
+    return Response(text, media_type="text/html")
 
 
 def api_routes() -> list[BaseRoute]:

@@ -5,6 +5,7 @@ import { h, randomId } from './dom.js';
 import { OlderMessages } from './history.js';
 import { renderConnection, renderRunBar, renderThread, renderThreadList } from './render.js';
 import { mapServerErrors } from './schema-form.js';
+import { signIn, signInConfig } from './oidc.js';
 import { readSession, threadUrl } from './session.js';
 import { ThreadSocket, socketProtocols, socketUrl } from './socket.js';
 import { ThreadSync, activeRun } from './sync.js';
@@ -27,7 +28,8 @@ const els = {
 };
 
 const state = {
-  token: '', api: null, socket: null, me: null, threads: [], threadId: null, sync: null,
+  // `urlToken`: a tl_ token, which the page's URL fragment carries; an OIDC access token never.
+  token: '', urlToken: '', oidc: null, api: null, socket: null, me: null, threads: [], threadId: null, sync: null,
   socketState: 'idle', subscribed: false, busy: new Set(), lastSend: null, bannerItems: [],
   lastListRefresh: 0, focusComposer: false, presence: {}, reviewing: null,
   history: new OlderMessages(),
@@ -121,7 +123,12 @@ function showError(err, what) {
 function sessionExpired() {
   if (state.socket) state.socket.close();
   state.socketState = 'unauthorized';
-  showBanner('Session expired or invalid token. Open the URL printed by the server again.');
+  if (state.oidc) {
+    state.oidc.forget();
+    showBanner('Session expired. Reload the page to sign in again.');
+  } else {
+    showBanner('Session expired or invalid token. Open the URL printed by the server again.');
+  }
   scheduleRender();
 }
 
@@ -251,7 +258,7 @@ function openThread(threadId, { push = false, focus = false } = {}) {
     state.socket.subscribe(threadId);
     sync.requestRefetch({ force: true }); // do not wait for the socket to show the thread
   }
-  const url = threadUrl(location.href, threadId, state.token);
+  const url = threadUrl(location.href, threadId, state.urlToken);
   if (push && url !== location.href) history.pushState(null, '', url);
   else if (url !== location.href) history.replaceState(null, '', url);
   if (window.matchMedia('(max-width: 720px)').matches) setSidebar(false);
@@ -488,22 +495,43 @@ function wireUi() {
   });
 }
 
-function boot() {
+/** A renewed OIDC access token: HTTP uses it from now on, the open socket is told (auth.refresh). */
+function tokenRenewed(token) {
+  state.token = token;
+  if (state.socket) state.socket.send({ type: 'auth.refresh', token, id: `refresh-${Date.now()}` });
+}
+
+async function boot() {
   wireUi();
   const session = readSession(location.href, sessionStorage, () =>
     window.confirm('This link carries a different access token than the one this tab uses. Switch to it? (Cancel keeps your current session.)'));
-  state.token = session.token;
-  if (session.url !== location.href) history.replaceState(null, '', session.url);
+  const config = signInConfig(document);
+  if (config && !session.token) {
+    // No tl_ token offered or held: sign in at the deployment's identity provider.
+    try {
+      state.oidc = await signIn(config, { location, history, storage: sessionStorage, onToken: tokenRenewed });
+    } catch (err) {
+      state.socketState = 'unauthorized';
+      showBanner(`Sign-in failed: ${err.message || err}`);
+      render();
+      return;
+    }
+    if (!state.oidc) return; // on the way to the login page
+    state.token = state.oidc.accessToken;
+  } else {
+    state.token = state.urlToken = session.token;
+    if (session.url !== location.href) history.replaceState(null, '', session.url);
+  }
   if (!state.token) {
     state.socketState = 'unauthorized';
     showBanner('No access token. Open the URL printed by `threadline serve` (it ends with #token=…).');
     render();
     return;
   }
-  state.api = createApi(state.token);
+  state.api = createApi(() => state.token);
   state.socket = new ThreadSocket({
     url: socketUrl(location),
-    protocols: socketProtocols(state.token),
+    protocols: () => socketProtocols(state.token),
     onFrame,
     onStateChange: onSocketState,
   });
@@ -517,7 +545,8 @@ function boot() {
     (err) => showError(err, 'Could not load your identity'),
   );
   loadThreads();
-  if (session.threadId) openThread(session.threadId);
+  const threadId = state.oidc ? readSession(location.href, null).threadId : session.threadId;
+  if (threadId) openThread(threadId);
   render();
 }
 

@@ -30,6 +30,7 @@ var COMMANDS = {
   "thread.open": { method: null, path: null, status: null, query: false, websocket: false },
   "token.list": { method: "GET", path: "/v1/tokens", status: 200, query: false, websocket: false },
   "token.revoke_id": { method: "POST", path: "/v1/tokens/{token_id}/revoke", status: 200, query: false, websocket: false },
+  "auth.refresh": { method: null, path: null, status: null, query: false, websocket: true },
   "schedule.create": { method: "POST", path: "/v1/schedules", status: 201, query: false, websocket: true },
   "schedule.list": { method: "GET", path: "/v1/schedules", status: 200, query: true, websocket: false },
   "schedule.get": { method: "GET", path: "/v1/schedules/{schedule_id}", status: 200, query: false, websocket: false },
@@ -89,17 +90,17 @@ function route(name, input) {
 }
 var HttpClient = class {
   baseUrl;
-  token;
+  bearer;
   fetchImpl;
   constructor({ baseUrl = "", token, fetch: fetchImpl }) {
     this.baseUrl = baseUrl.replace(/\/$/, "");
-    this.token = token;
+    this.bearer = typeof token === "function" ? token : () => token;
     this.fetchImpl = fetchImpl || ((input, init) => globalThis.fetch(input, init));
   }
   /** Run a command of the table over HTTP; answers the JSON body, throws ApiError. */
   async call(name, input) {
     const { method, url, body } = route(name, input);
-    const headers = { Accept: "application/json", Authorization: `Bearer ${this.token}` };
+    const headers = { Accept: "application/json", Authorization: `Bearer ${this.bearer()}` };
     const init = { method, headers, cache: "no-store" };
     if (body !== void 0) {
       headers["Content-Type"] = "application/json";
@@ -273,8 +274,9 @@ var ThreadSocket = class {
     this.clearTimer("reconnect");
     this.setState("connecting");
     let ws;
+    const protocols = typeof this.protocols === "function" ? this.protocols() : this.protocols;
     try {
-      ws = this.protocols.length ? new this.WebSocketImpl(this.url, this.protocols) : new this.WebSocketImpl(this.url);
+      ws = protocols.length ? new this.WebSocketImpl(this.url, protocols) : new this.WebSocketImpl(this.url);
     } catch {
       this.scheduleReconnect();
       return;
@@ -868,7 +870,7 @@ var ThreadlineClient = class {
     const base = options.baseUrl ? new URL(options.baseUrl) : globalThis.location;
     this.socket = new ThreadSocket({
       url: options.wsUrl ?? socketUrl(base),
-      protocols: socketProtocols(options.token),
+      protocols: () => socketProtocols(typeof options.token === "function" ? options.token() : options.token),
       WebSocketImpl: options.WebSocket,
       ...options.clock ? { clock: options.clock } : {},
       onFrame: (frame) => this.onFrame(frame),

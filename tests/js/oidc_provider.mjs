@@ -1,8 +1,10 @@
 // A real OIDC issuer for the identity tests (tests/e2e/oidc.py): oidc-provider, configured from
-// the JSON file named by argv[2], issuing JWT access tokens with client credentials.
+// the JSON file named by argv[2], issuing JWT access tokens with client credentials, and to
+// public clients (a browser page) by authorization code + PKCE through its own login page.
 //
 // The config: {"port", "keys_file", "clients": [{"client_id", "client_secret", "ttl"?,
-// "claims"?}], "resource"}. keys_file holds a private JWKS; POST /__rotate reads it again and
+// "claims"?} | {"client_id", "redirect_uris", "ttl"?, "claims"?} (a public client: no secret,
+// PKCE required, refresh tokens with `offline_access`)], "resource"}. keys_file holds a private JWKS; POST /__rotate reads it again and
 // swaps in a provider signing with its first key, so a test can rotate keys mid-run.
 import fs from 'node:fs';
 import http from 'node:http';
@@ -16,17 +18,32 @@ function build() {
   const keys = JSON.parse(fs.readFileSync(config.keys_file, 'utf8')).keys;
   const provider = new Provider(issuer, {
     jwks: { keys },
-    clients: config.clients.map((c) => ({
-      client_id: c.client_id,
-      client_secret: c.client_secret,
-      grant_types: ['client_credentials'],
-      redirect_uris: [],
-      response_types: [],
-      scope: 'threadline',
-    })),
-    scopes: ['threadline'],
+    clients: config.clients.map((c) =>
+      c.redirect_uris
+        ? {
+            client_id: c.client_id,
+            token_endpoint_auth_method: 'none',
+            grant_types: ['authorization_code', 'refresh_token'],
+            redirect_uris: c.redirect_uris,
+            response_types: ['code'],
+            scope: 'openid offline_access threadline',
+          }
+        : {
+            client_id: c.client_id,
+            client_secret: c.client_secret,
+            grant_types: ['client_credentials'],
+            redirect_uris: [],
+            response_types: [],
+            scope: 'threadline',
+          },
+    ),
+    scopes: ['openid', 'offline_access', 'threadline'],
+    // PKCE is required of public clients by default; S256 is the only method offered.
+    pkce: { required: () => true },
+    // The login form of devInteractions accepts any login: the account id is what was typed.
+    findAccount: (ctx, id) => ({ accountId: id, claims: () => ({ sub: id }) }),
     features: {
-      devInteractions: { enabled: false },
+      devInteractions: { enabled: config.clients.some((c) => c.redirect_uris) },
       clientCredentials: { enabled: true },
       resourceIndicators: {
         enabled: true,
@@ -42,6 +59,8 @@ function build() {
       },
     },
     extraTokenClaims: (ctx, token) => byClient.get(token.clientId)?.claims ?? {},
+    // Every refresh answers with a new refresh token, and the page keeps the newest.
+    rotateRefreshToken: true,
   });
   provider.on('server_error', (ctx, err) => console.error('server_error', err));
   return provider.callback();

@@ -40,6 +40,7 @@ VALID: dict[str, dict[str, Any]] = {
     "actions.subscribe": {},  # every field optional: all the token's scopes
     "actions.unsubscribe": {},
     "presence.update": {"thread_id": "t1", "typing": True},
+    "auth.refresh": {"token": "tl_fresh"},
     "schedule.create": {"thread_id": "t1", "cron": "0 9 * * *", "text": "digest"},
     "schedule.pause": {"schedule_id": "s1"},
     "schedule.resume": {"schedule_id": "s1"},

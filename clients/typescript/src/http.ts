@@ -21,7 +21,8 @@ type Fetch = (input: string, init: RequestInit) => Promise<Response>;
 export interface HttpOptions {
   /** The server's origin, e.g. `http://127.0.0.1:8000` ('' in a page the server serves). */
   baseUrl?: string;
-  token: string;
+  /** The bearer, or a function giving the current one (a renewed OIDC access token). */
+  token: string | (() => string);
   fetch?: Fetch;
 }
 
@@ -58,19 +59,19 @@ export function route(name: Routed, input: Record<string, unknown>): { method: s
 
 export class HttpClient {
   readonly baseUrl: string;
-  readonly token: string;
+  private readonly bearer: () => string;
   private readonly fetchImpl: Fetch;
 
   constructor({ baseUrl = '', token, fetch: fetchImpl }: HttpOptions) {
     this.baseUrl = baseUrl.replace(/\/$/, '');
-    this.token = token;
+    this.bearer = typeof token === 'function' ? token : () => token;
     this.fetchImpl = fetchImpl || ((input, init) => globalThis.fetch(input, init));
   }
 
   /** Run a command of the table over HTTP; answers the JSON body, throws ApiError. */
   async call<N extends Routed, A = unknown>(name: N, input: Partial<CommandInputs[N]> & Record<string, unknown>): Promise<A> {
     const { method, url, body } = route(name, input);
-    const headers: Record<string, string> = { Accept: 'application/json', Authorization: `Bearer ${this.token}` };
+    const headers: Record<string, string> = { Accept: 'application/json', Authorization: `Bearer ${this.bearer()}` };
     const init: RequestInit = { method, headers, cache: 'no-store' };
     if (body !== undefined) {
       headers['Content-Type'] = 'application/json';

@@ -271,7 +271,7 @@ export class ThreadlineClient {
     const base = options.baseUrl ? new URL(options.baseUrl) : (globalThis as unknown as { location: URL }).location;
     this.socket = new ThreadSocket({
       url: options.wsUrl ?? socketUrl(base),
-      protocols: socketProtocols(options.token),
+      protocols: () => socketProtocols(typeof options.token === 'function' ? options.token() : options.token),
       WebSocketImpl: options.WebSocket,
       ...(options.clock ? { clock: options.clock } : {}),
       onFrame: (frame) => this.onFrame(frame),

@@ -65,7 +65,8 @@ export type Frame = { type: string; [key: string]: unknown };
 
 export interface ThreadSocketOptions {
   url: string;
-  protocols?: string[];
+  /** The subprotocols, or a function giving them per connection (a reconnect uses the newest token). */
+  protocols?: string[] | (() => string[]);
   onFrame?: (frame: Frame) => void;
   onStateChange?: (state: SocketState, attempt: number) => void;
   WebSocketImpl?: WebSocketFactory;
@@ -78,7 +79,7 @@ type TimerName = 'reconnect' | 'ping' | 'pong';
 
 export class ThreadSocket {
   url: string;
-  protocols: string[];
+  protocols: string[] | (() => string[]);
   onFrame: (frame: Frame) => void;
   onStateChange: (state: SocketState, attempt: number) => void;
   WebSocketImpl: WebSocketFactory;
@@ -131,8 +132,9 @@ export class ThreadSocket {
     this.clearTimer('reconnect');
     this.setState('connecting');
     let ws: WebSocketLike;
+    const protocols = typeof this.protocols === 'function' ? this.protocols() : this.protocols;
     try {
-      ws = this.protocols.length ? new this.WebSocketImpl(this.url, this.protocols) : new this.WebSocketImpl(this.url);
+      ws = protocols.length ? new this.WebSocketImpl(this.url, protocols) : new this.WebSocketImpl(this.url);
     } catch {
       this.scheduleReconnect();
       return;

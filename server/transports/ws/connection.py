@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from realtime.closecodes import CloseCode
+from server.auth import Grant
 from server.settings import Settings
 from server.tracing import WS_FRAMES_IN
 from server.transports.ws.session import Session
@@ -89,11 +90,28 @@ class Connection:
         """Take the wire's callbacks and the outbox's sends from now on."""
         self.outbox.direct = self._send_now
         self.wire.attach(self._received, self._writable)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self.expires_at is not None:
             # A timer, not a task: the token's last second is its last, not the next check.
             self._expiry = asyncio.get_running_loop().call_at(
                 self.expires_at, self.finish, Close(CloseCode.TOKEN_REVOKED, "token expired")
             )
+
+    def follow(self, token: Grant) -> None:
+        """Run on a refreshed token (`auth.refresh`): its revocation and expiry close the
+        connection from now on, the previous token's no longer."""
+        self.token_hash = token.token_hash
+        self.stored_token = token.stored
+        remaining = token.expires_in
+        loop = asyncio.get_running_loop()
+        self.expires_at = None if remaining is None else loop.time() + remaining
+        if not self._finished.done():
+            self._arm()
 
     def when_finished(self, callback: Callable[[], None]) -> None:
         """Call `callback` (once) when something has decided the connection ends."""

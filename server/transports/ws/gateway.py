@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import weakref
 from typing import Any
@@ -18,11 +19,9 @@ from runtime.domain import Origin, Principal
 from runtime.errors import QuotaExceeded
 from runtime.service.thread_service import ThreadService
 from server.auth import (
+    Grant,
     Unauthorized,
-    authenticate,
-    hash_token,
-    is_stored_token,
-    token_expires_in,
+    grant,
     token_key,
     token_key_of_hash,
     websocket_credentials,
@@ -137,7 +136,7 @@ class Gateway:
             await _close(websocket, Close(CloseCode.GOING_AWAY, "server shutting down"))
             return
         try:
-            principal = await authenticate(self.service.store, token)
+            token_grant = await grant(self.service.store, token)
         except Unauthorized as exc:
             await _close(websocket, Close(CloseCode.UNAUTHORIZED, exc.message))
             return
@@ -145,14 +144,9 @@ class Gateway:
             log.exception("websocket authentication failed")
             await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
             return
-        token_hash = hash_token(token or "")
-        principal = self._principals.setdefault(token_hash, principal)
-        try:
-            expires_at = await self._expiry(token or "")
-        except Exception:
-            log.exception("token expiry lookup failed")
-            await _close(websocket, Close(CloseCode.INTERNAL_ERROR, "internal error"))
-            return
+        token_hash = token_grant.token_hash
+        principal = self._principals.setdefault(token_hash, token_grant.principal)
+        token_grant = dataclasses.replace(token_grant, principal=principal)
         slot: ConnectionSlot | None = None
         if self.limiter is not None:
             try:
@@ -164,12 +158,10 @@ class Gateway:
             self._keep_slots()
         wire = wire_for(websocket)
         try:
-            connection = self._open(wire, principal, token_hash, expires_at, _origin(websocket))
+            connection = self._open(wire, token_grant, _origin(websocket))
         except BaseException:
             await self._release(slot)
             raise
-        # An issuer's JWT is not in storage: nothing there to recheck; it lives until `exp`.
-        connection.stored_token = is_stored_token(token or "")
         if wire.hand_over():
             # The ASGI call returns now and its coroutines with it; the connection lives on
             # in the wire's callbacks, and a task of its own ends it.
@@ -183,11 +175,10 @@ class Gateway:
     def _open(
         self,
         wire: Wire,
-        principal: Principal,
-        token_hash: str,
-        expires_at: float | None,
+        token: Grant,
         origin: Origin,
     ) -> Connection:
+        principal, token_hash = token.principal, token.token_hash
         connection: Connection | None = None
 
         def overflowed() -> None:
@@ -212,10 +203,12 @@ class Gateway:
             inbox=self.inbox,
             presence=self.presence,
             origin=origin.model_copy(update={"token_id": token_key_of_hash(token_hash)}),
+            token=token,
         )
         connection = Connection(wire, session, self.settings)
-        connection.token_hash = token_hash
-        connection.expires_at = expires_at
+        # An issuer's JWT is not in storage: nothing there to recheck; it lives until `exp`.
+        connection.follow(token)
+        session.on_refresh = connection.follow
         self._connections.add(connection)
         self._check_tokens()
         count(WS_CONNECTIONS, 1)
@@ -254,13 +247,6 @@ class Gateway:
             self._slots.discard(slot)
             with contextlib.suppress(Exception):
                 await self.limiter.disconnect(slot)
-
-    async def _expiry(self, token: str) -> float | None:
-        """When (event loop time) the token expires (server.auth.token_expires_in)."""
-        remaining = await token_expires_in(self.service.store, token)
-        if remaining is None:
-            return None
-        return asyncio.get_running_loop().time() + remaining
 
     def _keep_slots(self) -> None:
         # One task per gateway refreshes every slot's expiry, so a crashed gateway's slots

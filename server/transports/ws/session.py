@@ -17,6 +17,7 @@ from runtime.domain import Origin, Principal, Thread
 from runtime.errors import InvalidInput, NotFound
 from runtime.service.assigned import wire_refusal
 from runtime.service.thread_service import ThreadService
+from server.auth import Grant, grant, token_key_of_hash
 from server.live.inbox import ActionInbox
 from server.live.presence import Member, PresenceHub
 from server.live.quotas import Limiter
@@ -133,8 +134,13 @@ class Session:
         limiter: Limiter | None = None,
         token_id: str = "",
         origin: Origin | None = None,
+        token: Grant | None = None,
+        on_refresh: Callable[[Grant], None] | None = None,
     ) -> None:
         self.principal = principal
+        # The token the connection runs on (None: it cannot refresh), and who re-arms its expiry.
+        self.grant = token
+        self.on_refresh = on_refresh
         self.origin = origin
         self.service = service
         self.hub = hub
@@ -330,6 +336,24 @@ class Session:
                 except Exception:
                     log.exception("inbox.remove(%s) failed", name)
         return scopes
+
+    # --- the connection's token ------------------------------------------------------------
+
+    async def refresh_token(self, token: str) -> Grant:
+        """Run on `token` from now on (`auth.refresh`): authenticated as a connect token is, and
+        naming the same holder; a refusal raises and leaves the connection as it was."""
+        if self.grant is None:
+            raise InvalidInput("this connection cannot refresh its token")
+        fresh = await grant(self.service.store, token)
+        self.grant.check_successor(fresh)
+        self.grant = fresh
+        self.principal = fresh.principal
+        self.token_id = token_key_of_hash(fresh.token_hash)
+        if self.origin is not None:
+            self.origin = self.origin.model_copy(update={"token_id": self.token_id})
+        if self.on_refresh is not None:
+            self.on_refresh(fresh)
+        return fresh
 
     # --- output -------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ export const COMMANDS = {
   "thread.open": { method: null, path: null, status: null, query: false, websocket: false },
   "token.list": { method: "GET", path: "/v1/tokens", status: 200, query: false, websocket: false },
   "token.revoke_id": { method: "POST", path: "/v1/tokens/{token_id}/revoke", status: 200, query: false, websocket: false },
+  "auth.refresh": { method: null, path: null, status: null, query: false, websocket: true },
   "schedule.create": { method: "POST", path: "/v1/schedules", status: 201, query: false, websocket: true },
   "schedule.list": { method: "GET", path: "/v1/schedules", status: 200, query: true, websocket: false },
   "schedule.get": { method: "GET", path: "/v1/schedules/{schedule_id}", status: 200, query: false, websocket: false },
@@ -79,6 +80,7 @@ export interface CommandInputs {
   "thread.open": P.OpenThread;
   "token.list": P.NoInput;
   "token.revoke_id": P.RevokeTokenById;
+  "auth.refresh": P.RefreshToken;
   "schedule.create": P.CreateSchedule;
   "schedule.list": P.ListHooks;
   "schedule.get": P.ScheduleRef;

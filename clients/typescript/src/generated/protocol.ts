@@ -565,6 +565,13 @@ export interface ReadAudit {
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "RefreshToken".
+ */
+export interface RefreshToken {
+  token: string;
+}
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Regenerate".
  */
 export interface Regenerate {
