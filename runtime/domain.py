@@ -37,6 +37,9 @@ class Principal(_Frozen):
     display_name: str | None = None  # what people see (presence); the subject when unset
     # Groups from the caller's token claims: approval policies name their deciders by them.
     groups: frozenset[str] = frozenset()
+    # A JWT's verified claims, for authorization hooks that decide by them (a department, a
+    # tenant); empty for `tl_` tokens. Never serialised: not part of any answer or record.
+    claims: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 
     @property
     def name(self) -> str:

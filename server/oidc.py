@@ -279,5 +279,10 @@ def principal_of(config: OIDCIssuer, claims: dict[str, Any]) -> Principal:
         else frozenset()
     )
     return Principal(
-        subject=subject, role=role, scopes=scopes, display_name=display_name, groups=groups
+        subject=subject,
+        role=role,
+        scopes=scopes,
+        display_name=display_name,
+        groups=groups,
+        claims=dict(claims),
     )
