@@ -38,7 +38,8 @@ from server.protocol.client_frames import (
     FrameError,
     decode_frame,
 )
-from server.protocol.commands import BY_NAME, COMMANDS, Command, Http
+from server.protocol.command_model import Command, Http
+from server.protocol.commands import BY_NAME, COMMANDS
 from server.protocol.inputs import Input
 from server.protocol.replies import Ack, ErrorFrame, Pong, ServerFrame, Subscribed, Unsubscribed
 from server.protocol.wire_errors import STATUS, WireError, wire_error

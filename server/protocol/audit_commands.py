@@ -11,6 +11,7 @@ from pydantic import Field
 from runtime.errors import InvalidInput
 from runtime.service.audit import AuditPage, audit_for
 from runtime.service.thread_service import require_trusted
+from server.protocol.command_model import Command, Http
 from server.protocol.inputs import ID_MAX, Input
 
 Id = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
@@ -62,24 +63,21 @@ ENTRY = (
 )
 
 
-def rows(command: type, http: type) -> tuple[Any, ...]:
-    """The rows, built with the table's own `Command` and `Http` (passed in: this module is
-    imported by `commands` itself)."""
-    return (
-        command(
-            name="audit.list",
-            input=ReadAudit,
-            call=lambda c, i: audit_for(c.service).read(
-                c.principal, thread_id=i.thread, scope=i.scope, after=i.after, limit=i.limit
-            ),
-            answer=lambda i, page: audit_answer(page),
-            answer_doc=f'`{{"scope", "entries": [{ENTRY.strip("`")}], "next_cursor"}}`: '
-            "`?thread=<id>` or `?scope=<scope>`, `after` (a `seq`: the previous page's "
-            "`next_cursor`), `limit`; role `backend` or `admin`",
-            reply=None,
-            http=http("GET", "/v1/audit", "list_audit", body=False, query=audit_query),
-            authorize=require_trusted,
-            note="a read: over HTTP only",
-            limited=False,
+AUDIT_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="audit.list",
+        input=ReadAudit,
+        call=lambda c, i: audit_for(c.service).read(
+            c.principal, thread_id=i.thread, scope=i.scope, after=i.after, limit=i.limit
         ),
-    )
+        answer=lambda i, page: audit_answer(page),
+        answer_doc=f'`{{"scope", "entries": [{ENTRY.strip("`")}], "next_cursor"}}`: '
+        "`?thread=<id>` or `?scope=<scope>`, `after` (a `seq`: the previous page's "
+        "`next_cursor`), `limit`; role `backend` or `admin`",
+        reply=None,
+        http=Http("GET", "/v1/audit", "list_audit", body=False, query=audit_query),
+        authorize=require_trusted,
+        note="a read: over HTTP only",
+        limited=False,
+    ),
+)

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from runtime.errors import ThreadlineError
 from runtime.service.thread_service import validation_field_errors
-from server.protocol.commands import COMMANDS, Command
+from server.protocol.command_model import Command
+from server.protocol.commands import COMMANDS
 from server.protocol.inputs import ID_MAX
 from server.protocol.replies import FrameId
 

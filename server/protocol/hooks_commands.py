@@ -15,6 +15,7 @@ from runtime.storage.hooks_store import (
     Schedule,
     WebhookSubscription,
 )
+from server.protocol.command_model import Command, Http
 from server.protocol.hooks_inputs import (
     CreateSchedule,
     CreateWebhook,
@@ -95,172 +96,168 @@ def trusted(principal: Principal) -> None:
     require_trusted(principal)
 
 
-def rows(command: type, http: type) -> tuple[Any, ...]:
-    """The rows, built with the table's own `Command` and `Http` (passed in: this module is
-    imported by `commands` itself)."""
-    C, H = command, http
-    return (
-        C(
-            name="schedule.create",
-            input=CreateSchedule,
-            # Only the input's own fields: a websocket frame also carries `type` and `id`.
-            call=lambda c, i: hooks(c).create_schedule(
-                c.principal, **i.model_dump(include=set(CreateSchedule.model_fields))
-            ),
-            answer=lambda i, s: one_schedule(s),
-            answer_doc=ONE_SCHEDULE,
-            http=H("POST", "/v1/schedules", "create_schedule", status=201),
+HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = (
+    Command(
+        name="schedule.create",
+        input=CreateSchedule,
+        # Only the input's own fields: a websocket frame also carries `type` and `id`.
+        call=lambda c, i: hooks(c).create_schedule(
+            c.principal, **i.model_dump(include=set(CreateSchedule.model_fields))
         ),
-        C(
-            name="schedule.list",
-            input=ListHooks,
-            call=lambda c, i: hooks(c).list_schedules(c.principal, i.limit),
-            answer=lambda i, items: {"schedules": [schedule_answer(s) for s in items]},
-            answer_doc=f'`{{"schedules": [{SCHEDULE.strip("`")}]}}`',
-            reply=None,
-            http=H("GET", "/v1/schedules", "list_schedules", body=False, query=limit_query),
-            note=READ,
-            limited=False,
+        answer=lambda i, s: one_schedule(s),
+        answer_doc=ONE_SCHEDULE,
+        http=Http("POST", "/v1/schedules", "create_schedule", status=201),
+    ),
+    Command(
+        name="schedule.list",
+        input=ListHooks,
+        call=lambda c, i: hooks(c).list_schedules(c.principal, i.limit),
+        answer=lambda i, items: {"schedules": [schedule_answer(s) for s in items]},
+        answer_doc=f'`{{"schedules": [{SCHEDULE.strip("`")}]}}`',
+        reply=None,
+        http=Http("GET", "/v1/schedules", "list_schedules", body=False, query=limit_query),
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="schedule.get",
+        input=ScheduleRef,
+        call=lambda c, i: hooks(c).get_schedule(c.principal, i.schedule_id),
+        answer=lambda i, s: one_schedule(s),
+        answer_doc=ONE_SCHEDULE,
+        reply=None,
+        http=Http("GET", S, "get_schedule", body=False),
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="schedule.fires",
+        input=ScheduleFires,
+        call=lambda c, i: hooks(c).schedule_fires(c.principal, i.schedule_id, i.limit),
+        answer=lambda i, fires: {"fires": [f.model_dump(mode="json") for f in fires]},
+        answer_doc='`{"fires": [{"fire_at", "fired_at", "outcome", "thread_id", "run_id", '
+        '"queued_item_id", "detail"}]}`, newest first',
+        reply=None,
+        http=Http("GET", f"{S}/fires", "schedule_fires", body=False, query=limit_query),
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="schedule.pause",
+        input=ScheduleRef,
+        call=lambda c, i: hooks(c).pause_schedule(c.principal, i.schedule_id, True),
+        answer=lambda i, s: one_schedule(s),
+        answer_doc=ONE_SCHEDULE,
+        http=Http("POST", f"{S}/pause", "pause_schedule", body=False),
+    ),
+    Command(
+        name="schedule.resume",
+        input=ScheduleRef,
+        call=lambda c, i: hooks(c).pause_schedule(c.principal, i.schedule_id, False),
+        answer=lambda i, s: one_schedule(s),
+        answer_doc=f"{ONE_SCHEDULE}; the next fire is the next one after now",
+        http=Http("POST", f"{S}/resume", "resume_schedule", body=False),
+    ),
+    Command(
+        name="schedule.delete",
+        input=ScheduleRef,
+        call=lambda c, i: hooks(c).delete_schedule(c.principal, i.schedule_id),
+        answer=lambda i, r: {"schedule_id": i.schedule_id, "deleted": True},
+        answer_doc='`{"schedule_id", "deleted": true}`',
+        http=Http("DELETE", S, "delete_schedule", body=False),
+    ),
+    Command(
+        name="webhook.create",
+        input=CreateWebhook,
+        call=lambda c, i: hooks(c).create_webhook(
+            c.principal,
+            url=i.url,
+            events=i.events,
+            secret=i.secret,
+            enabled=i.enabled,
+            scope=i.scope,
         ),
-        C(
-            name="schedule.get",
-            input=ScheduleRef,
-            call=lambda c, i: hooks(c).get_schedule(c.principal, i.schedule_id),
-            answer=lambda i, s: one_schedule(s),
-            answer_doc=ONE_SCHEDULE,
-            reply=None,
-            http=H("GET", S, "get_schedule", body=False),
-            note=READ,
-            limited=False,
+        answer=lambda i, made: one_webhook(*made),
+        answer_doc='`{"webhook": {"id", "scope", "url", "events", "enabled", "secret", ...}}`: '
+        "the secret is answered this once; refused URLs are "
+        "`invalid_input`",
+        reply=None,
+        http=Http("POST", "/v1/webhooks", "create_webhook", status=201),
+        authorize=trusted,
+        note="answers the secret: over HTTP only",
+    ),
+    Command(
+        name="webhook.list",
+        input=ListHooks,
+        call=lambda c, i: hooks(c).list_webhooks(c.principal, i.limit),
+        answer=lambda i, items: {"webhooks": [webhook_answer(s) for s in items]},
+        answer_doc=f'`{{"webhooks": [{WEBHOOK.strip("`")}]}}` (never the secret)',
+        reply=None,
+        http=Http("GET", "/v1/webhooks", "list_webhooks", body=False, query=limit_query),
+        authorize=trusted,
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="webhook.update",
+        input=UpdateWebhook,
+        call=lambda c, i: hooks(c).update_webhook(
+            c.principal, i.webhook_id, enabled=i.enabled, url=i.url, events=i.events
         ),
-        C(
-            name="schedule.fires",
-            input=ScheduleFires,
-            call=lambda c, i: hooks(c).schedule_fires(c.principal, i.schedule_id, i.limit),
-            answer=lambda i, fires: {"fires": [f.model_dump(mode="json") for f in fires]},
-            answer_doc='`{"fires": [{"fire_at", "fired_at", "outcome", "thread_id", "run_id", '
-            '"queued_item_id", "detail"}]}`, newest first',
-            reply=None,
-            http=H("GET", f"{S}/fires", "schedule_fires", body=False, query=limit_query),
-            note=READ,
-            limited=False,
+        answer=lambda i, s: one_webhook(s),
+        answer_doc=f'`{{"webhook": {WEBHOOK.strip("`")}}}`; changes the fields given '
+        "(`enabled`, `url`, `events`)",
+        http=Http("POST", W, "update_webhook"),
+        authorize=trusted,
+    ),
+    Command(
+        name="webhook.delete",
+        input=WebhookRef,
+        call=lambda c, i: hooks(c).delete_webhook(c.principal, i.webhook_id),
+        answer=lambda i, r: {"webhook_id": i.webhook_id, "deleted": True},
+        answer_doc='`{"webhook_id", "deleted": true}`; its deliveries go with it',
+        http=Http("DELETE", W, "delete_webhook", body=False),
+        authorize=trusted,
+    ),
+    Command(
+        name="webhook.deliveries",
+        input=ListDeliveries,
+        call=lambda c, i: hooks(c).deliveries(c.principal, i.webhook_id, i.state, i.limit),
+        answer=lambda i, items: {"deliveries": [delivery_answer(d) for d in items]},
+        answer_doc=f'`{{"deliveries": [{DELIVERY.strip("`")}]}}`, oldest first; '
+        "`?state=pending|delivered|dead`",
+        reply=None,
+        http=Http(
+            "GET", f"{W}/deliveries", "webhook_deliveries", body=False, query=deliveries_query
         ),
-        C(
-            name="schedule.pause",
-            input=ScheduleRef,
-            call=lambda c, i: hooks(c).pause_schedule(c.principal, i.schedule_id, True),
-            answer=lambda i, s: one_schedule(s),
-            answer_doc=ONE_SCHEDULE,
-            http=H("POST", f"{S}/pause", "pause_schedule", body=False),
-        ),
-        C(
-            name="schedule.resume",
-            input=ScheduleRef,
-            call=lambda c, i: hooks(c).pause_schedule(c.principal, i.schedule_id, False),
-            answer=lambda i, s: one_schedule(s),
-            answer_doc=f"{ONE_SCHEDULE}; the next fire is the next one after now",
-            http=H("POST", f"{S}/resume", "resume_schedule", body=False),
-        ),
-        C(
-            name="schedule.delete",
-            input=ScheduleRef,
-            call=lambda c, i: hooks(c).delete_schedule(c.principal, i.schedule_id),
-            answer=lambda i, r: {"schedule_id": i.schedule_id, "deleted": True},
-            answer_doc='`{"schedule_id", "deleted": true}`',
-            http=H("DELETE", S, "delete_schedule", body=False),
-        ),
-        C(
-            name="webhook.create",
-            input=CreateWebhook,
-            call=lambda c, i: hooks(c).create_webhook(
-                c.principal,
-                url=i.url,
-                events=i.events,
-                secret=i.secret,
-                enabled=i.enabled,
-                scope=i.scope,
-            ),
-            answer=lambda i, made: one_webhook(*made),
-            answer_doc='`{"webhook": {"id", "scope", "url", "events", "enabled", "secret", ...}}`: '
-            "the secret is answered this once; refused URLs are "
-            "`invalid_input`",
-            reply=None,
-            http=H("POST", "/v1/webhooks", "create_webhook", status=201),
-            authorize=trusted,
-            note="answers the secret: over HTTP only",
-        ),
-        C(
-            name="webhook.list",
-            input=ListHooks,
-            call=lambda c, i: hooks(c).list_webhooks(c.principal, i.limit),
-            answer=lambda i, items: {"webhooks": [webhook_answer(s) for s in items]},
-            answer_doc=f'`{{"webhooks": [{WEBHOOK.strip("`")}]}}` (never the secret)',
-            reply=None,
-            http=H("GET", "/v1/webhooks", "list_webhooks", body=False, query=limit_query),
-            authorize=trusted,
-            note=READ,
-            limited=False,
-        ),
-        C(
-            name="webhook.update",
-            input=UpdateWebhook,
-            call=lambda c, i: hooks(c).update_webhook(
-                c.principal, i.webhook_id, enabled=i.enabled, url=i.url, events=i.events
-            ),
-            answer=lambda i, s: one_webhook(s),
-            answer_doc=f'`{{"webhook": {WEBHOOK.strip("`")}}}`; changes the fields given '
-            "(`enabled`, `url`, `events`)",
-            http=H("POST", W, "update_webhook"),
-            authorize=trusted,
-        ),
-        C(
-            name="webhook.delete",
-            input=WebhookRef,
-            call=lambda c, i: hooks(c).delete_webhook(c.principal, i.webhook_id),
-            answer=lambda i, r: {"webhook_id": i.webhook_id, "deleted": True},
-            answer_doc='`{"webhook_id", "deleted": true}`; its deliveries go with it',
-            http=H("DELETE", W, "delete_webhook", body=False),
-            authorize=trusted,
-        ),
-        C(
-            name="webhook.deliveries",
-            input=ListDeliveries,
-            call=lambda c, i: hooks(c).deliveries(c.principal, i.webhook_id, i.state, i.limit),
-            answer=lambda i, items: {"deliveries": [delivery_answer(d) for d in items]},
-            answer_doc=f'`{{"deliveries": [{DELIVERY.strip("`")}]}}`, oldest first; '
-            "`?state=pending|delivered|dead`",
-            reply=None,
-            http=H(
-                "GET", f"{W}/deliveries", "webhook_deliveries", body=False, query=deliveries_query
-            ),
-            authorize=trusted,
-            note=READ,
-            limited=False,
-        ),
-        C(
-            name="delivery.attempts",
-            input=DeliveryRef,
-            call=lambda c, i: hooks(c).attempts(c.principal, i.delivery_id),
-            answer=lambda i, items: {"attempts": [a.model_dump(mode="json") for a in items]},
-            answer_doc='`{"attempts": [{"attempt", "started_at", "status_code", "latency_ms", '
-            '"error", "owner"}]}`: the delivery log',
-            reply=None,
-            http=H("GET", "/v1/deliveries/{delivery_id}/attempts", "delivery_attempts", body=False),
-            authorize=trusted,
-            note=READ,
-            limited=False,
-        ),
-        C(
-            name="delivery.redeliver",
-            input=DeliveryRef,
-            call=lambda c, i: hooks(c).redeliver(c.principal, i.delivery_id),
-            answer=lambda i, d: {"delivery": delivery_answer(d)},
-            answer_doc=f'`{{"delivery": {DELIVERY.strip("`")}}}`: pending again, same id; '
-            "`conflict` (409) if pending",
-            http=H("POST", "/v1/deliveries/{delivery_id}/redeliver", "redeliver", body=False),
-            authorize=trusted,
-        ),
-    )
+        authorize=trusted,
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="delivery.attempts",
+        input=DeliveryRef,
+        call=lambda c, i: hooks(c).attempts(c.principal, i.delivery_id),
+        answer=lambda i, items: {"attempts": [a.model_dump(mode="json") for a in items]},
+        answer_doc='`{"attempts": [{"attempt", "started_at", "status_code", "latency_ms", '
+        '"error", "owner"}]}`: the delivery log',
+        reply=None,
+        http=Http("GET", "/v1/deliveries/{delivery_id}/attempts", "delivery_attempts", body=False),
+        authorize=trusted,
+        note=READ,
+        limited=False,
+    ),
+    Command(
+        name="delivery.redeliver",
+        input=DeliveryRef,
+        call=lambda c, i: hooks(c).redeliver(c.principal, i.delivery_id),
+        answer=lambda i, d: {"delivery": delivery_answer(d)},
+        answer_doc=f'`{{"delivery": {DELIVERY.strip("`")}}}`: pending again, same id; '
+        "`conflict` (409) if pending",
+        http=Http("POST", "/v1/deliveries/{delivery_id}/redeliver", "redeliver", body=False),
+        authorize=trusted,
+    ),
+)
 
 
-__all__ = ["rows"]
+__all__ = ["HOOKS_COMMANDS"]

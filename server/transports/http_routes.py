@@ -20,7 +20,8 @@ from runtime.domain import Origin
 from runtime.errors import InvalidInput, TooLarge
 from runtime.service.thread_service import ThreadService
 from server.auth import authenticate, bearer_token, token_key
-from server.protocol.commands import COMMANDS, Caller, Command
+from server.protocol.command_model import Caller, Command
+from server.protocol.commands import COMMANDS
 from server.protocol.inputs import Input
 from server.protocol.responses import JSONResponse
 from server.protocol.wire_errors import InvalidJSON, wire_error

@@ -10,7 +10,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.auth_errors import CODES as TOKEN_CODES
-from server.protocol.commands import COMMANDS, Command
+from server.protocol.command_model import Command
+from server.protocol.commands import COMMANDS
 from server.protocol.responses import JSONResponse
 from server.protocol.wire_errors import STATUS
 from server.transports.http_routes import body_model

@@ -24,7 +24,8 @@ from server import protocol_catalog as protocol
 from server.app import create_app
 from server.auth import Unauthorized
 from server.protocol.client_frames import ClientFrame, FrameError
-from server.protocol.commands import BY_NAME, COMMANDS, Command
+from server.protocol.command_model import Command
+from server.protocol.commands import BY_NAME, COMMANDS
 from server.protocol.inputs import SendMessage
 from server.protocol.wire_errors import STATUS, InvalidJSON, wire_error
 from server.settings import Settings

@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope, encode
 from runtime.domain import Principal, Role, Snapshot
-from server.protocol.commands import Caller
+from server.protocol.command_model import Caller
 from server.transports.sse.agui import RunStream, agui_messages
 from server.transports.sse.aisdk import UIStream
 from server.transports.sse.thread_stream import Chunk, Committed, ThreadFeed

@@ -52,7 +52,7 @@ from runtime.domain import (
     WaitKind,
 )
 from runtime.errors import NotFound
-from server.protocol.commands import Caller, charge_together
+from server.protocol.command_model import Caller, charge_together
 from server.protocol.wire_errors import wire_error
 from server.transports.http_routes import read_body, request_caller
 from server.transports.sse.agui_info import info_endpoint

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from runtime.domain import InputPolicy, Snapshot, WaitKind
 from runtime.errors import InvalidInput, NotFound
 from runtime.service.thread_service import field_errors, validation_field_errors
-from server.protocol.commands import BY_NAME, Caller, Step, run_together
+from server.protocol.command_model import Caller, Step, run_together
+from server.protocol.commands import BY_NAME
 
 # The keys of the shared state the server derives (agui.shared_state): a client echoes them back.
 SERVER_STATE_KEYS = frozenset({"run", "pendingActions"})

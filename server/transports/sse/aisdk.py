@@ -24,7 +24,8 @@ from runtime.domain import (
 )
 from runtime.errors import InvalidInput, NotFound, RunActive
 from runtime.service.thread_service import validation_field_errors
-from server.protocol.commands import BY_NAME, Caller, Step, charge_together, run_together
+from server.protocol.command_model import Caller, Step, charge_together, run_together
+from server.protocol.commands import BY_NAME
 from server.protocol.wire_errors import wire_error
 from server.transports.http_routes import read_body, request_caller
 from server.transports.sse.thread_stream import (

@@ -22,7 +22,8 @@ from runtime.domain import RunStatus, Snapshot
 from runtime.errors import Unavailable
 from runtime.service.client_threads import ClientThread
 from server.live.quotas import REFRESH_INTERVAL, ConnectionSlot
-from server.protocol.commands import BY_NAME, Caller, Step
+from server.protocol.command_model import Caller, Step
+from server.protocol.commands import BY_NAME
 from server.protocol.inputs import GetSnapshot
 from server.tracing import SSE_STREAMS
 

@@ -22,7 +22,8 @@ from server.live.inbox import ActionInbox
 from server.live.presence import Member, PresenceHub
 from server.live.quotas import Limiter
 from server.protocol.client_frames import Frame, FrameError, decode_frame
-from server.protocol.commands import BY_NAME, Caller
+from server.protocol.command_model import Caller
+from server.protocol.commands import BY_NAME
 from server.protocol.replies import Subscribed
 from server.protocol.wire_errors import WireError, wire_error
 
