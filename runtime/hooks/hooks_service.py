@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import base64
 import os
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from runtime.domain import Principal
 from runtime.errors import Forbidden, InvalidInput
 from runtime.hooks.outbound import Network, resolve
-from runtime.service.thread_service import ThreadService, require_trusted
+from runtime.service.companions import Companions
+from runtime.service.thread_service import require_trusted
 from runtime.storage.hooks_store import (
     DEFAULT_EVENTS,
     Delivery,
@@ -144,20 +144,10 @@ class HooksService:
         return await self.store.redeliver(principal.scopes, delivery_id)
 
 
-# The service of each ThreadService, registered by the app: the command table reaches it
-# through the caller's service, so no transport needs to know it exists.
-_SERVICES: weakref.WeakKeyDictionary[ThreadService, HooksService] = weakref.WeakKeyDictionary()
-
-
-def register_hooks(service: ThreadService, hooks: HooksService) -> None:
-    _SERVICES[service] = hooks
-
-
-def hooks_for(service: ThreadService) -> HooksService:
-    hooks = _SERVICES.get(service)
-    if hooks is None:
-        raise RuntimeError("schedules and webhooks are not configured")
-    return hooks
+# The service of each ThreadService, registered by the app (runtime/service/companions.py).
+_HOOKS: Companions[HooksService] = Companions("schedules and webhooks are")
+register_hooks = _HOOKS.register
+hooks_for = _HOOKS.of
 
 
 __all__ = ["HooksService", "hooks_for", "new_secret", "register_hooks", "scope_for"]

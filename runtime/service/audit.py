@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
-
 from pydantic import BaseModel, ConfigDict
 
 from runtime.domain import Principal
 from runtime.errors import InvalidInput, NotFound
+from runtime.service.companions import Companions
 from runtime.service.thread_service import ThreadService, require_trusted
 from runtime.storage.audit_chain import AuditEntry, AuditLog, ChainReport, verify
 
@@ -64,15 +63,6 @@ async def verify_scope(log: AuditLog, scope: str, page: int = 1000) -> ChainRepo
         after = batch[-1].seq
 
 
-_SERVICES: WeakKeyDictionary[ThreadService, AuditService] = WeakKeyDictionary()
-
-
-def register_audit(service: ThreadService, audit: AuditService) -> None:
-    _SERVICES[service] = audit
-
-
-def audit_for(service: ThreadService) -> AuditService:
-    audit = _SERVICES.get(service)
-    if audit is None:
-        raise RuntimeError("the audit log is not configured")
-    return audit
+_AUDIT: Companions[AuditService] = Companions("the audit log is")
+register_audit = _AUDIT.register
+audit_for = _AUDIT.of
