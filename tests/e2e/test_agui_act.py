@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e import cluster, harness
+from tests.e2e.run_inputs import agui_input, approve
 
 T = "/v1/threads"
 
@@ -91,16 +92,7 @@ def server(
 
 def act_body(thread_id: str, action_id: str, text: str) -> dict[str, Any]:
     """Approve `action_id` and say `text`, in one RunAgentInput."""
-    return {
-        "threadId": thread_id,
-        "runId": uuid.uuid4().hex,
-        "state": {},
-        "messages": [{"id": uuid.uuid4().hex, "role": "user", "content": text}],
-        "tools": [],
-        "context": [],
-        "forwardedProps": {},
-        "resume": [{"interruptId": action_id, "status": "resolved", "payload": {"approved": True}}],
-    }
+    return agui_input(thread_id, text, run_id=uuid.uuid4().hex, resume=approve(action_id))
 
 
 def errors(events: list[dict[str, Any]]) -> list[str]:

@@ -20,6 +20,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from tests.e2e import cluster, harness
 from tests.e2e.approvals_agent import EFFECTS_ENV
+from tests.e2e.run_inputs import agui_input, approve
 from tests.services import require_postgres, require_redis
 from threadline_client import ActionsWatch, ThreadlineClient
 
@@ -244,16 +245,7 @@ async def test_denials_racing_approvals_end_in_exactly_one_outcome(setup: Setup)
 
 
 def agui_body(thread_id: str, action_id: str) -> dict[str, Any]:
-    return {
-        "threadId": thread_id,
-        "runId": uuid.uuid4().hex,
-        "state": {},
-        "messages": [],
-        "tools": [],
-        "context": [],
-        "forwardedProps": {},
-        "resume": [{"interruptId": action_id, "status": "resolved", "payload": {"approved": True}}],
-    }
+    return agui_input(thread_id, run_id=uuid.uuid4().hex, resume=approve(action_id))
 
 
 def aisdk_body(thread_id: str, action: dict[str, Any]) -> dict[str, Any]:

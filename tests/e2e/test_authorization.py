@@ -17,6 +17,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e import harness
+from tests.e2e.run_inputs import agui_input
 
 T = "/v1/threads"
 POLICY = "forbidden_by_policy"
@@ -74,20 +75,6 @@ def stream_refusal(response: httpx.Response) -> str:
             event = json.loads(line[5:])
             return str(event.get("code") or event.get("errorText", ""))
     return ""
-
-
-def agui(thread_id: str, text: str | None = None, **extra: Any) -> dict[str, Any]:
-    messages = [] if text is None else [{"id": uuid.uuid4().hex, "role": "user", "content": text}]
-    return {
-        "threadId": thread_id,
-        "runId": "r",
-        "state": {},
-        "messages": messages,
-        "tools": [],
-        "context": [],
-        "forwardedProps": {},
-        **extra,
-    }
 
 
 def chat(chat_id: str, text: str = "hi") -> dict[str, Any]:
@@ -193,7 +180,7 @@ def test_every_transport_refuses_what_the_hook_denies_and_changes_nothing(
         )
     # AG-UI: a message, and a resume of alice's pending action, on her thread's id.
     interrupt = [{"interruptId": d.action, "status": "resolved", "payload": {"approved": True}}]
-    for body in (agui(d.mine, "hi"), agui(d.mine, resume=interrupt)):
+    for body in (agui_input(d.mine, "hi"), agui_input(d.mine, resume=interrupt)):
         assert stream_refusal(d.http("bob", "POST", "/v1/ag-ui", json=body)) == POLICY
     # AI SDK: a message, an approval of alice's action, and the resumable stream of the thread.
     assert stream_refusal(d.http("bob", "POST", "/v1/ai-sdk/chat", json=chat(d.mine))) == POLICY
@@ -226,9 +213,9 @@ def test_a_deny_with_its_own_code_holds_on_every_transport(deployment: Deploymen
         assert (answer["type"], answer.get("code")) == ("error", "read_only"), answer
         subscribed = frame_answer(ws, {"type": "subscribe", "thread_id": d.shared})
         assert subscribed["type"] == "subscribed"
-    assert stream_refusal(d.http("carol", "POST", "/v1/ag-ui", json=agui(d.shared, "hi"))) == (
-        "read_only"
-    )
+    assert stream_refusal(
+        d.http("carol", "POST", "/v1/ag-ui", json=agui_input(d.shared, "hi"))
+    ) == ("read_only")
     assert stream_refusal(d.http("carol", "POST", "/v1/ai-sdk/chat", json=chat(d.shared))) == (
         "read_only"
     )
@@ -242,7 +229,7 @@ def test_what_the_hook_allows_works_on_every_transport(deployment: Deployment) -
     # A thread bob opens over AG-UI is his: created through thread.open, owned by him, hidden
     # from alice; the message sent in the same request ran (the hook saw the thread to be).
     client_id = f"bob-{uuid.uuid4().hex[:8]}"
-    events = d.http("bob", "POST", "/v1/ag-ui", json=agui(client_id, "hello"))
+    events = d.http("bob", "POST", "/v1/ag-ui", json=agui_input(client_id, "hello"))
     assert events.status_code == 200 and stream_refusal(events) == "", events.text
     mine = {t["id"]: t for t in d.ok("bob", "GET", T)["threads"]}
     opened = [t for t in mine.values() if t["id"].startswith(client_id)]

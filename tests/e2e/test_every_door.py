@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.e2e import harness
+from tests.e2e.run_inputs import agui_input
 
 GUARDS = (
     "rate_limit",
@@ -118,20 +119,6 @@ def refusal(response: httpx.Response) -> Refused:
     return Refused(200, "")
 
 
-def agui(thread_id: str, text: str | None = None, **extra: Any) -> dict[str, Any]:
-    messages = [] if text is None else [{"id": uuid.uuid4().hex, "role": "user", "content": text}]
-    return {
-        "threadId": thread_id,
-        "runId": "r",
-        "state": {},
-        "messages": messages,
-        "tools": [],
-        "context": [],
-        "forwardedProps": {},
-        **extra,
-    }
-
-
 def chat(chat_id: str, text: str = "hi", **part: Any) -> dict[str, Any]:
     parts = [{"type": "text", "text": text, **part}]
     message = {"id": uuid.uuid4().hex, "role": "user", "parts": parts}
@@ -187,18 +174,18 @@ def _agui(w: World) -> dict[str, Cell]:
     path = "/v1/ag-ui"
     tools = [{"name": "t", "description": "", "parameters": deep(100)}]
     return {
-        "rate_limit": lambda w: w.post("spent_agui", path, agui(w.waiting)),
-        "queue_bound": lambda w: w.post("alice", path, agui(w.waiting, "more")),
-        "body_limit": lambda w: w.post("alice", path, agui(w.waiting, "x" * BODY_LIMIT)),
-        "nul": lambda w: w.post("alice", path, agui(w.waiting, "a\x00b")),
-        "deep_json": lambda w: w.post("alice", path, agui(w.done, "x", tools=tools)),
+        "rate_limit": lambda w: w.post("spent_agui", path, agui_input(w.waiting)),
+        "queue_bound": lambda w: w.post("alice", path, agui_input(w.waiting, "more")),
+        "body_limit": lambda w: w.post("alice", path, agui_input(w.waiting, "x" * BODY_LIMIT)),
+        "nul": lambda w: w.post("alice", path, agui_input(w.waiting, "a\x00b")),
+        "deep_json": lambda w: w.post("alice", path, agui_input(w.done, "x", tools=tools)),
         "unknown_field": "RunAgentInput carries the client's own fields (ag-ui allows extras)",
         # A foreign id is a free one: carol's request acts on a thread of her own.
-        "foreign_scope": lambda w: w.post("carol", path, agui(w.waiting, "hello")),
+        "foreign_scope": lambda w: w.post("carol", path, agui_input(w.waiting, "hello")),
         "permission": lambda w: w.post(
             "bob",
             path,
-            agui(w.waiting, resume=[{"interruptId": pending(w), "status": "cancelled"}]),
+            agui_input(w.waiting, resume=[{"interruptId": pending(w), "status": "cancelled"}]),
         ),
     }
 
@@ -370,7 +357,7 @@ def test_an_agui_act_is_all_or_nothing(world: World, refused: dict[str, Any]) ->
     for entry in refused.get("resume", []):
         resume.append({**entry, "interruptId": action})
     extra = {k: v for k, v in refused.items() if k not in ("resume", "text")}
-    body = agui(world.waiting, refused.get("text"), resume=resume, **extra)
+    body = agui_input(world.waiting, refused.get("text"), resume=resume, **extra)
     before = world.state()
     seen = world.post("alice", "/v1/ag-ui", body)
     assert seen.status in (400, 422), seen

@@ -19,6 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e import harness, jsclients
 from tests.e2e.oidc import AUDIENCE, Provider, issuer_config, new_key
+from tests.e2e.run_inputs import agui_input
 
 TIMEOUT = 10.0
 SVC = {"client_id": "svc", "client_secret": "svc-secret", "claims": {"tl_scopes": ["alpha"]}}
@@ -86,15 +87,7 @@ def websocket(server: harness.ServerHandle, token: str) -> ClientConnection:
 
 
 def agui_run(server: harness.ServerHandle, token: str, text: str) -> list[dict[str, Any]]:
-    body = {
-        "threadId": f"oidc-{uuid.uuid4().hex}",
-        "runId": "r",
-        "state": {},
-        "messages": [{"id": uuid.uuid4().hex, "role": "user", "content": text}],
-        "tools": [],
-        "context": [],
-        "forwardedProps": {},
-    }
+    body = agui_input(f"oidc-{uuid.uuid4().hex}", text)
     headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
     events = []
     with httpx.stream(

@@ -212,6 +212,12 @@ def mint(server: harness.ServerHandle, *extra: str) -> str:
     return done.stdout.strip()
 
 
+def completed(watch: Any) -> bool:
+    """The watched thread's run completed (the Python client's watch)."""
+    run = None if watch.snapshot is None else watch.snapshot.run
+    return run is not None and run.status == "completed"
+
+
 async def test_the_python_client_refreshes_a_watch_s_jwt_before_each_expiry(
     server: harness.ServerHandle, provider: Provider
 ) -> None:
@@ -237,14 +243,7 @@ async def test_the_python_client_refreshes_a_watch_s_jwt_before_each_expiry(
             # Two token lifetimes: the socket would have closed twice without refreshes.
             await asyncio.sleep(max(0.0, first_exp - time.time()) + TTL + 0.5)
             await tl.send(thread.thread.id, "after the refreshes")
-            done = await watch.until(
-                lambda w: (
-                    w.snapshot is not None
-                    and w.snapshot.run is not None
-                    and w.snapshot.run.status == "completed"
-                ),
-                timeout=TIMEOUT,
-            )
+            done = await watch.until(completed, timeout=TIMEOUT)
             assert done.connections == 1, "the watch reconnected instead of refreshing"
     assert calls >= 3, calls  # the first token, then one per expiry
 
@@ -269,14 +268,7 @@ async def test_the_python_client_learns_a_tl_token_s_expiry_from_the_server(
             await asyncio.sleep(max(0.0, minted + lifetime + 1.0 - time.monotonic()))
             assert tl.token == forever  # the provider was asked before the expiry
             await tl.send(thread.thread.id, "past the first token")
-            done = await watch.until(
-                lambda w: (
-                    w.snapshot is not None
-                    and w.snapshot.run is not None
-                    and w.snapshot.run.status == "completed"
-                ),
-                timeout=TIMEOUT,
-            )
+            done = await watch.until(completed, timeout=TIMEOUT)
             assert done.connections == 1, "the watch reconnected instead of refreshing"
 
 

@@ -27,6 +27,25 @@ def model_server() -> Iterator[WireServer]:
         server.stop()
 
 
+def traced_env(
+    tmp_path: Path, model_server: WireServer, receiver: Receiver, **more: str
+) -> dict[str, str]:
+    """A server on SQLite running the traced agent against `model_server`, exporting its spans
+    to `receiver` every 100 ms; `more` adds settings."""
+    return harness.server_env(
+        harness.sqlite_url(tmp_path),
+        {
+            "THREADLINE_AGENT": "tests.e2e.traced_agent:agent",
+            "TRACED_MODEL_URL": f"{model_server.url}/v1",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "THREADLINE_DEV_TOKEN": "false",
+        }
+        | more,
+    )
+
+
 def named(spans: list[Span], name: str) -> list[Span]:
     return [s for s in spans if s.name == name]
 
@@ -38,17 +57,7 @@ def test_request_episode_model_and_tool_spans(tmp_path: Path, model_server: Wire
         vendor.text_reply(["It is ", "sunny."], usage=(12, 4)),
     )
     with otlp_receiver() as receiver:
-        env = harness.server_env(
-            harness.sqlite_url(tmp_path),
-            {
-                "THREADLINE_AGENT": "tests.e2e.traced_agent:agent",
-                "TRACED_MODEL_URL": f"{model_server.url}/v1",
-                "OTEL_TRACES_EXPORTER": "otlp",
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
-                "OTEL_BSP_SCHEDULE_DELAY": "100",
-                "THREADLINE_DEV_TOKEN": "false",
-            },
-        )
+        env = traced_env(tmp_path, model_server, receiver)
         with harness.start(env=env, log_dir=tmp_path) as server:
             run(server, receiver)
         assert "Traceback" not in server.log(), server.log()[-3000:]
@@ -61,18 +70,7 @@ def test_a_worker_that_only_polls_links_the_episode_to_the_request(
     reaches the worker, its poll takes the run, and the link comes from the stored run."""
     model_server.reply(OpenAIVendor().text_reply(["polled."], usage=(3, 1)))
     with otlp_receiver() as receiver:
-        env = harness.server_env(
-            harness.sqlite_url(tmp_path),
-            {
-                "THREADLINE_AGENT": "tests.e2e.traced_agent:agent",
-                "TRACED_MODEL_URL": f"{model_server.url}/v1",
-                "OTEL_TRACES_EXPORTER": "otlp",
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
-                "OTEL_BSP_SCHEDULE_DELAY": "100",
-                "THREADLINE_DEV_TOKEN": "false",
-                "THREADLINE_POLL_INTERVAL": "0.2",
-            },
-        )
+        env = traced_env(tmp_path, model_server, receiver, THREADLINE_POLL_INTERVAL="0.2")
         with (
             harness.start("gateway", env, log_dir=tmp_path) as gateway,
             harness.start("worker", env, log_dir=tmp_path) as worker,
