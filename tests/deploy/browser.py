@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 from tests.browser.helpers import (
@@ -22,6 +22,16 @@ from tests.browser.helpers import (
     watch_state,
 )
 from tests.deploy.stack import Stack
+
+
+def diagnosis(stack: Stack, page: Page, console: ConsoleLog) -> str:
+    """What a page that never connected saw, and what the gateways logged: the console's
+    errors, the watch script's record, each gateway's last lines."""
+    console.flush()
+    lines = [f"console: {console.entries}", f"page saw: {watch_state(page)}"]
+    for gateway in stack.containers("gateway"):
+        lines.append(f"--- {gateway}\n" + "\n".join(stack.logs(gateway).splitlines()[-30:]))
+    return "\n".join(lines)
 
 
 def check_page(stack: Stack, token: str) -> None:
@@ -47,7 +57,10 @@ def check_page(stack: Stack, token: str) -> None:
                 page = context.new_page()
                 console.attach(page, "page")
                 page.goto(f"{stack.url}/?thread={thread_id}#token={token}")
-                wait_loaded(page, thread_id)
+                try:
+                    wait_loaded(page, thread_id)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}\n{diagnosis(stack, page, console)}") from exc
 
                 text = " ".join(f"page{i:02d}" for i in range(30))
                 send_from(page, text)
