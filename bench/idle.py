@@ -12,7 +12,10 @@ token, `--people` tokens shared round robin by the connections, each expiring in
 every connection carries an expiry timer). Then `--settle` seconds and until the server is quiet,
 then a `--window` of nothing published. Per server and N:
 
-- CPU ms/s of the server process over the window (user + system), and per connection (µs/s);
+- CPU ms/s of the server process over the window (user + system); "empty": the same process
+  for half a window before its first connection (its own timers and polls); per connection
+  (µs/s): the difference divided by N, and its ratio to the reference's ("total ratio": of the
+  whole CPU ms/s, the empty process's included);
 - RSS per connection: (RSS after the settle - RSS of the fresh process) / N;
 - the ratio of both to the reference, measured in the same run at the same N: the raw
   `websockets` server of bench/reference.py with its default keepalive (a ping every 20 s,
@@ -80,6 +83,7 @@ class Measured:
     server: str
     connections: int
     cpu_ms_s: float
+    empty_ms_s: float  # the same process before any connection
     rss_kib: float
     pings_s: float
     redis: Counter[str] = field(default_factory=Counter)  # "client: COMMAND" -> per second
@@ -88,7 +92,8 @@ class Measured:
 
     @property
     def cpu_us_conn(self) -> float:
-        return self.cpu_ms_s * 1000 / self.connections
+        """CPU per connection over what the process spends with none."""
+        return (self.cpu_ms_s - self.empty_ms_s) * 1000 / self.connections
 
 
 # --- servers under test ---------------------------------------------------------------
@@ -188,6 +193,8 @@ class Monitor:
         for node in self.nodes:
             client = redis.from_url(node)
             self._clients.append(client)
+            if (await client.info("replication")).get("role") != "master":
+                continue  # a replica replays its master's writes: counted there already
             for entry in await client.client_list():
                 self._names[entry["addr"]] = entry.get("name") or "unnamed"
             self._tasks.append(asyncio.create_task(self._watch(client)))
@@ -205,7 +212,8 @@ class Monitor:
         async with client.monitor() as monitor:
             async for command in monitor.listen():
                 address = f"{command.get('client_address')}:{command.get('client_port')}"
-                name = self._names.get(address, "?")
+                lua = command.get("client_type") == "lua" or address.startswith("lua")
+                name = "(inside scripts)" if lua else self._names.get(address, "?")
                 verb = str(command.get("command", "")).split(" ", 1)[0].upper()
                 self.counts[f"{name}: {verb}"] += 1
 
@@ -227,6 +235,10 @@ async def hold(
     process = psutil.Process(peer.pid)
     await compare.settle(peer.pid)
     before = process.memory_info().rss
+    # What the process spends with no connection at all (its own timers and polls).
+    empty, started = compare.cpu_seconds(peer.pid), time.monotonic()
+    await asyncio.sleep(args.window / 2)
+    empty = (compare.cpu_seconds(peer.pid) - empty) / (time.monotonic() - started)
     tally = wsclient.Tally()
     clients = await open_connections(peer, tally, count, threads, tokens)
     try:
@@ -260,6 +272,7 @@ async def hold(
             peer.name,
             count,
             cpu * 1000 / elapsed,
+            empty * 1000,
             rss,
             (tally.pings - pings) / elapsed,
             commands,
@@ -352,7 +365,8 @@ def print_tables(rows: list[Measured], args: argparse.Namespace) -> None:
         f"{time.strftime('%Y-%m-%d', time.gmtime())}"
     )
     print(
-        f"{'conns':>6} {'server':<30} {'CPU ms/s':>9} {'us/s/conn':>10} {'CPU ratio':>9}"
+        f"{'conns':>6} {'server':<30} {'CPU ms/s':>9} {'empty':>6} {'us/s/conn':>10}"
+        f" {'ratio':>6} {'total ratio':>11}"
         f" {'KiB/conn':>9} {'RSS ratio':>9} {'pings/s':>8} {'Redis cmd/s':>11}"
         f" {'pg xact/s':>9} {'closed':>6}"
     )
@@ -360,8 +374,9 @@ def print_tables(rows: list[Measured], args: argparse.Namespace) -> None:
         reference = next(r for r in rows if r.connections == count and "reference" in r.server)
         for row in (r for r in rows if r.connections == count):
             print(
-                f"{count:>6} {row.server:<30} {row.cpu_ms_s:>9.1f} {row.cpu_us_conn:>10.2f}"
-                f" {ratio(row.cpu_ms_s, reference.cpu_ms_s):>9}"
+                f"{count:>6} {row.server:<30} {row.cpu_ms_s:>9.1f} {row.empty_ms_s:>6.1f}"
+                f" {row.cpu_us_conn:>10.2f} {ratio(row.cpu_us_conn, reference.cpu_us_conn):>6}"
+                f" {ratio(row.cpu_ms_s, reference.cpu_ms_s):>11}"
                 f" {row.rss_kib:>9.2f} {ratio(row.rss_kib, reference.rss_kib):>9}"
                 f" {row.pings_s:>8.1f} {sum(row.redis.values()):>11.1f}"
                 f" {row.xacts_s:>9.1f} {row.closed:>6}"

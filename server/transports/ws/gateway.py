@@ -107,13 +107,15 @@ class Gateway:
         while self._connections:
             await asyncio.sleep(TOKEN_RECHECK_INTERVAL)
             stored = {c.token_hash for c in self._connections if c.token_hash and c.stored_token}
-            for token_hash in stored:
-                try:
-                    valid = await self.service.store.principal_for_token(token_hash)
-                except Exception:
-                    continue  # storage down: leave connections alone, check again later
-                if valid is None:
-                    await self.revoke(token_key_of_hash(token_hash))
+            if not stored:
+                continue
+            try:
+                # One read for every open connection's token, not one per token.
+                live = await self.service.store.live_tokens(stored)
+            except Exception:
+                continue  # storage down: leave connections alone, check again later
+            for token_hash in stored - live:
+                await self.revoke(token_key_of_hash(token_hash))
 
     @property
     def connection_count(self) -> int:
@@ -258,9 +260,8 @@ class Gateway:
         assert self.limiter is not None
         while self._slots:
             await asyncio.sleep(REFRESH_INTERVAL)
-            for slot in list(self._slots):
-                with contextlib.suppress(Exception):
-                    await self.limiter.keep(slot)
+            with contextlib.suppress(Exception):
+                await self.limiter.keep_many(list(self._slots))
 
     async def close(self) -> None:
         """Close every connection with 1001 and wait (bounded) for them to finish."""
