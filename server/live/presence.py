@@ -2,9 +2,11 @@
 
 Every subscribed connection is present in the thread as its principal. Its entry lives in a
 `PresenceStore` (Redis shared by every gateway, or in process), refreshed every
-`refresh_interval` with an expiry of 1.5 intervals; every half interval each gateway rereads the
-threads it has subscribers in. A gateway that dies stops refreshing, so its members vanish from
-every other gateway's view within 2 refresh intervals. A change is announced on the thread's
+`refresh_interval` with an expiry of 1.5 intervals, all of a gateway's in one pipeline; every
+half interval each gateway rereads the threads it has subscribers in (a reread that finds the
+other gateways' entries and its own members unchanged aggregates and sends nothing). A gateway
+that dies stops refreshing, so its members vanish from every other gateway's view within 2
+refresh intervals. A change is announced on the thread's
 presence channel so other gateways reread at once. Subscribers get the whole set after
 `subscribed`, then `presence.join`, `presence.update` and `presence.leave` frames; one person
 with several tabs is one member with a connection count.
@@ -76,6 +78,13 @@ def aggregate(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return members
 
 
+def _shown(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """What of an entry `aggregate` reads (not its expiry, which every refresh moves)."""
+    return tuple(
+        entry.get(k) for k in ("subject", "role", "name", "typing", "reviewing", "updated_at")
+    )
+
+
 def presence_frames(
     thread_id: str, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -135,6 +144,13 @@ class _Room:
     # a burst of joins is a few store writes and announcements, not one of each per join).
     joining: list[Member] = field(default_factory=list)
     writer: asyncio.Task[None] | None = None
+    # What the last reread aggregated: other gateways' entries (without their expiry, which
+    # every refresh moves) and the version of this gateway's members. A reread that finds
+    # both unchanged has nothing to tell anyone and skips the aggregation, which is
+    # proportional to the room's connections.
+    remote_seen: dict[str, tuple[Any, ...]] | None = None
+    local_version: int = 0
+    local_seen: int = -1
 
 
 class PresenceHub:
@@ -152,6 +168,9 @@ class PresenceHub:
         self._rooms: dict[str, _Room] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.frames_sent = 0
+        # Rereads of rooms, and those that found nothing changed (for tests and benches).
+        self.rereads = 0
+        self.rereads_skipped = 0
 
     async def __aenter__(self) -> PresenceHub:
         await self._store.open()
@@ -187,6 +206,7 @@ class PresenceHub:
                 await self._reread(room)
                 room.primed = True
             room.members[member.id] = member
+            room.local_version += 1
             frame = {
                 "type": "presence",
                 "thread_id": thread_id,
@@ -220,6 +240,7 @@ class PresenceHub:
             member.flush.cancel()
         if room is None or room.members.pop(member.id, None) is None:
             return
+        room.local_version += 1
         writer = room.writer
         if writer is not None and not writer.done() and member not in room.joining:
             # Its entry may be being written right now: remove it after that write.
@@ -242,6 +263,9 @@ class PresenceHub:
         if "reviewing" in changes:
             member.reviewing = changes["reviewing"]
         member.updated_at = time.time()
+        room = self._rooms.get(member.thread_id)
+        if room is not None:
+            room.local_version += 1
         if member.flush is None:
             member.flush = asyncio.create_task(self._flush(member), name=f"presence-{member.id}")
 
@@ -305,6 +329,12 @@ class PresenceHub:
     async def _reread(self, room: _Room) -> None:
         # This gateway's own entries are taken from its members below, not parsed.
         entries = await self._store.read(room.thread_id, skip=self._gateway + "-")
+        self.rereads += 1
+        remote = {member_id: _shown(entry) for member_id, entry in entries.items()}
+        if remote == room.remote_seen and room.local_seen == room.local_version:
+            self.rereads_skipped += 1
+            return  # the same entries aggregate to the same members: no frame to send
+        room.remote_seen, room.local_seen = remote, room.local_version
         # This gateway's own connections are present while they are open, whatever the store
         # says: on a busy gateway a refresh can come after the entries' expiry, and they must
         # not flap here (a leave, then a join again, to every member: with 600 connections
