@@ -151,6 +151,7 @@ class _Room:
     remote_seen: dict[str, tuple[Any, ...]] | None = None
     local_version: int = 0
     local_seen: int = -1
+    applied: int = -1  # the sequence number of the last read applied
 
 
 class PresenceHub:
@@ -165,6 +166,7 @@ class PresenceHub:
         self.ttl = refresh_interval * 1.5
         self._gateway = uuid.uuid4().hex[:12]
         self._ids = itertools.count()
+        self._reads = itertools.count()  # store reads in the order they were started
         self._rooms: dict[str, _Room] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.frames_sent = 0
@@ -328,7 +330,32 @@ class PresenceHub:
 
     async def _reread(self, room: _Room) -> None:
         # This gateway's own entries are taken from its members below, not parsed.
-        entries = await self._store.read(room.thread_id, skip=self._gateway + "-")
+        read = next(self._reads)
+        self._apply(room, await self._store.read(room.thread_id, skip=self._gateway + "-"), read)
+
+    async def _reread_all(self) -> None:
+        """Every room in one store read (one round trip per gateway, not one per thread);
+        the rooms it could not read are reread one by one."""
+        rooms = list(self._rooms.values())
+        read = next(self._reads)
+        try:
+            found = await self._store.read_many([r.thread_id for r in rooms], self._gateway + "-")
+        except Exception as exc:
+            log.warning("presence reread of %d threads failed: %s", len(rooms), exc)
+            found = {}
+        for room in rooms:
+            if room.thread_id not in found:
+                room.dirty.set()
+            elif self._rooms.get(room.thread_id) is room:
+                async with room.lock:
+                    self._apply(room, found[room.thread_id], read)
+
+    def _apply(self, room: _Room, entries: dict[str, dict[str, Any]], read: int) -> None:
+        """Members from other gateways' `entries` (read as the `read`-th read) and this
+        gateway's own; the frames turning what subscribers were sent into them."""
+        if read < room.applied:
+            return  # a later read of the room was applied already
+        room.applied = read
         self.rereads += 1
         remote = {member_id: _shown(entry) for member_id, entry in entries.items()}
         if remote == room.remote_seen and room.local_seen == room.local_version:
@@ -377,5 +404,5 @@ class PresenceHub:
                     await self._store.put_many(entries)
                 except Exception as exc:
                     log.warning("presence refresh failed: %s", exc)
-            for room in list(self._rooms.values()):
-                room.dirty.set()
+            if self._rooms:
+                await self._reread_all()
