@@ -100,8 +100,9 @@ class Measured:
 
 
 @contextlib.asynccontextmanager
-async def threadline(bus: Bus, log_dir: Path) -> AsyncIterator[compare.Peer]:
+async def threadline(bus: Bus, log_dir: Path, count: int) -> AsyncIterator[compare.Peer]:
     extra = {
+        "THREADLINE_MAX_CONNECTIONS": str(count + 1000),
         "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
         "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
         # One client sets everything up: this measures holding connections, not the quotas.
@@ -320,7 +321,7 @@ async def keepalive_reference(redis_url: str, thread: str) -> AsyncIterator[comp
 
 async def measure_threadline(bus: Bus, count: int, args: argparse.Namespace) -> Measured:
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-idle-"))
-    async with threadline(bus, log_dir) as peer:
+    async with threadline(bus, log_dir, count) as peer:
         tokens = await mint(bus.database_url, min(args.people, count))
         threads = await create_threads(peer.port, tokens[0], args.threads)
         return await hold(peer, count, threads, tokens, args, bus)
@@ -429,6 +430,8 @@ async def main() -> None:
                 for bus in made:
                     print(f"{count} connections: {bus.name} ...", file=sys.stderr, flush=True)
                     rows.append(await measure_threadline(bus, count, args))
+                for row in rows[-len(made) - 1 :]:  # what a run cut short still shows
+                    print(f"  {row}", file=sys.stderr, flush=True)
     print_tables(rows, args)
 
 
