@@ -116,18 +116,30 @@ class Member:
     updated_at: float = field(default_factory=time.time)
     last_write: float = 0.0
     flush: asyncio.Task[None] | None = None
+    # The entry without its expiry, built once per change: every refresh writes every
+    # member's entry, and only the expiry moves.
+    shown: dict[str, Any] | None = field(default=None, repr=False)
 
-    def entry(self, ttl: float) -> dict[str, Any]:
-        now = time.time()
-        return {
-            "subject": self.principal.subject,
-            "role": str(self.principal.role),
-            "name": self.principal.name,
-            "typing": self.typing,
-            "reviewing": self.reviewing,
-            "updated_at": self.updated_at,
-            "expires_at": now + ttl,
-        }
+    def entry(self, ttl: float, now: float | None = None) -> dict[str, Any]:
+        if self.shown is None:
+            self.shown = {
+                "subject": self.principal.subject,
+                "role": str(self.principal.role),
+                "name": self.principal.name,
+                "typing": self.typing,
+                "reviewing": self.reviewing,
+                "updated_at": self.updated_at,
+            }
+        return {**self.shown, "expires_at": (time.time() if now is None else now) + ttl}
+
+    def change(self, changes: dict[str, Any]) -> None:
+        """Apply a `presence.update`'s changes (the entry is built anew)."""
+        if "typing" in changes and changes["typing"] is not None:
+            self.typing = bool(changes["typing"])
+        if "reviewing" in changes:
+            self.reviewing = changes["reviewing"]
+        self.updated_at = time.time()
+        self.shown = None
 
 
 @dataclass(eq=False)
@@ -260,11 +272,7 @@ class PresenceHub:
 
     def update(self, member: Member, changes: dict[str, Any]) -> None:
         """Apply a `presence.update`; written now, or coalesced until the rate bound allows."""
-        if "typing" in changes and changes["typing"] is not None:
-            member.typing = bool(changes["typing"])
-        if "reviewing" in changes:
-            member.reviewing = changes["reviewing"]
-        member.updated_at = time.time()
+        member.change(changes)
         room = self._rooms.get(member.thread_id)
         if room is not None:
             room.local_version += 1
@@ -394,9 +402,9 @@ class PresenceHub:
         while True:
             await asyncio.sleep(self.refresh_interval / 2)
             if time.monotonic() - last_refresh >= self.refresh_interval * 0.95:
-                last_refresh = time.monotonic()
+                last_refresh, now = time.monotonic(), time.time()
                 entries = [
-                    (room.thread_id, member.id, member.entry(self.ttl))
+                    (room.thread_id, member.id, member.entry(self.ttl, now))
                     for room in list(self._rooms.values())
                     for member in list(room.members.values())
                 ]
