@@ -2,7 +2,7 @@
 
     python bench/idle.py [--connections 1000,5000,10000] [--threads 100] [--people 1000]
                          [--settle 8] [--window 20] [--only embedded,redis,redis-cluster]
-                         [--quick]
+                         [--server-env NAME=VALUE ...] [--quick]
 
 For each count N, a fresh process of each server under test, pinned to core 0 (this client,
 Redis and Postgres on the other core), gets N websocket connections (bench/wsclient.py: one
@@ -67,6 +67,8 @@ BACKENDS = ("embedded", "redis", "redis-cluster")
 # A Postgres backend that stays idle publishes its transaction counts up to 10 s late
 # (PGSTAT_IDLE_INTERVAL): a count is read only after this long without setup work.
 PG_STATS_DELAY = 11.0
+# More environment for every Threadline server (--server-env), e.g. to switch a task off.
+SERVER_ENV: dict[str, str] = {}
 TOKEN_TTL = 3600.0
 OPEN_CONCURRENCY = 100
 
@@ -116,6 +118,7 @@ async def threadline(bus: Bus, log_dir: Path, count: int) -> AsyncIterator[compa
     }
     if bus.redis_url:
         extra["THREADLINE_REDIS_URL"] = bus.redis_url
+    extra.update(SERVER_ENV)
     env = harness.server_env(bus.database_url, extra)
     handle = harness.start("all" if bus.redis_url is None else "gateway", env, log_dir=log_dir)
     try:
@@ -418,7 +421,16 @@ async def main() -> None:
     parser.add_argument("--postgres", help="admin DSN to create databases (default: own server)")
     parser.add_argument("--redis", help="Redis URL (default: a redis-server of its own)")
     parser.add_argument("--quick", action="store_true", help="200 connections, 3 s + 5 s")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="more environment for the Threadline servers (repeatable), e.g. to see what one "
+        "task costs: THREADLINE_PRESENCE_REFRESH=3600",
+    )
     args = parser.parse_args()
+    SERVER_ENV.update(item.split("=", 1) for item in args.server_env)
     counts = [int(n) for n in args.connections.split(",") if n]
     if args.quick:
         counts, args.settle, args.window = [200], 3.0, 5.0
