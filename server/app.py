@@ -172,6 +172,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                     state.publisher,
                     limits=admission_limits(settings),
                     poll_interval=settings.timer_poll_interval,
+                    lease_ttl=settings.timer_lease_ttl,
                 )
             )
             await stack.enter_async_context(

@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # Schedules and webhooks (docs/operations.md, "Schedules" and "Webhooks").
     timer_poll_interval: float = Field(default=0.25, gt=0)
+    # How long a worker holds a due timer (a schedule's fire, an approval deadline) before
+    # another worker may take it over; a fire takes one transaction, so seconds are plenty.
+    timer_lease_ttl: float = Field(default=30.0, gt=0)
     schedules_per_scope: int = Field(default=100, ge=1)
     webhooks_per_scope: int = Field(default=20, ge=1)
     # Networks webhooks may reach although private, loopback or link-local (comma-separated

@@ -32,6 +32,10 @@ class WebhookEvent(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     ACTION_CREATED = "action.created"
     ACTION_RESOLVED = "action.resolved"
+    # Approval policies: each decider's decision, a deadline's escalation and its expiry.
+    ACTION_DECIDED = "action.decided"
+    ACTION_ESCALATED = "action.escalated"
+    ACTION_EXPIRED = "action.expired"
     MESSAGE_COMMITTED = "message.committed"  # opt-in: never in the default set
 
 

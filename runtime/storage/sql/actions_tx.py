@@ -21,6 +21,7 @@ from runtime.storage.sql import audit_tx
 from runtime.storage.sql.core import Conn, bump, lock_thread
 from runtime.storage.sql.rows import decode_parts, encode_parts
 from runtime.storage.sql.threads_tx import tail_row
+from runtime.storage.sql.timers_tx import delete_timer
 from runtime.storage.sql.webhooks_tx import record_event
 from runtime.storage.store import ResolveResult
 
@@ -74,20 +75,10 @@ async def resolve(
             run_id=run_id,
             run_resumed=False,
         )
-    resumed = False
-    if run_id is not None and outcome.last_pending:
-        status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
-        if status == RunStatus.WAITING:
-            await conn.execute(
-                # The next episode resumes; one after it (episode past this count) is a takeover.
-                # It links to the request that resumed it (when one is traced), as a wakeup's.
-                "UPDATE runs SET status = 'running', resumed_episode = episode, updated_at = $2,"
-                " traceparent = COALESCE($3, traceparent) WHERE id = $1",
-                run_id,
-                await conn.now(),
-                instruments.current_traceparent(),
-            )
-            resumed = True
+    # A decided action's deadline is cancelled with the decision (a fire in flight finds its
+    # token gone; one that would come later finds nothing pending anyway).
+    await delete_timer(conn, DEADLINE_KIND, deadline_ref(thread_id, action_id))
+    resumed = await wake_run(conn, run_id, outcome.last_pending)
     # The webhook outbox row, in this transaction: it exists if and only if the resolution does.
     await record_event(
         conn,
@@ -105,6 +96,34 @@ async def resolve(
         run_id=run_id,
         run_resumed=resumed,
     )
+
+
+DEADLINE_KIND = "approval_deadline"
+
+
+def deadline_ref(thread_id: str, action_id: str) -> str:
+    """The approval-deadline timer's ref: the thread and the action it moves on."""
+    return f"{thread_id}/{action_id}"
+
+
+async def wake_run(conn: Conn, run_id: str | None, last_pending: bool) -> bool:
+    """Make a waiting run runnable once its tail's last pending action is resolved; whether
+    it was (a worker resumes it on the wakeup published after commit)."""
+    if run_id is None or not last_pending:
+        return False
+    status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
+    if status != RunStatus.WAITING:
+        return False
+    await conn.execute(
+        # The next episode resumes; one after it (episode past this count) is a takeover.
+        # It links to the request that resumed it (when one is traced), as a wakeup's.
+        "UPDATE runs SET status = 'running', resumed_episode = episode, updated_at = $2,"
+        " traceparent = COALESCE($3, traceparent) WHERE id = $1",
+        run_id,
+        await conn.now(),
+        instruments.current_traceparent(),
+    )
+    return True
 
 
 async def _record(
@@ -136,6 +155,14 @@ async def _record(
         detail=f"{verdict}{progress}{'; resolved' if outcome.settled else ''}",
         payload=decision.payload,
         origin=resolution.origin,
+    )
+    await record_event(
+        conn,
+        scope,
+        WebhookEvent.ACTION_DECIDED,
+        thread_id=thread_id,
+        action_id=action_id,
+        detail=f"{decision.subject}: {verdict}{progress}",
     )
 
 

@@ -28,6 +28,7 @@ from runtime.storage.decisions import (
 )
 from runtime.storage.sql.actions_tx import index_actions
 from runtime.storage.sql.core import Conn, bump, lock_thread
+from runtime.storage.sql.deadlines_tx import arm_deadlines
 from runtime.storage.sql.leases_tx import Fenced, fence, live_lease, release_with_commit
 from runtime.storage.sql.queue_tx import admit_next, append_message
 from runtime.storage.sql.rows import (
@@ -270,6 +271,7 @@ async def _update_tail(
     conn: Conn, thread_id: str, message_id: str, parts: list[Part], known: Fenced | None
 ) -> None:
     tail = await _tail(conn, thread_id, known)
+    parts = await arm_deadlines(conn, thread_id, parts) or parts
     check_tail_update(
         thread_id,
         message_id,
@@ -301,6 +303,9 @@ async def _append_run_message(
         message.client_request_id,
     ):
         raise Conflict(f"client_request_id {message.client_request_id} is already used")
+    deadlined = await arm_deadlines(conn, thread_id, message.parts)
+    if deadlined is not None:
+        parts_json = encode_parts(deadlined)
     row = await append_message(
         conn,
         thread_id,
