@@ -7,7 +7,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from runtime.errors import AlreadyDecided, Forbidden, NotADecider, RequesterExcluded
+from runtime.errors import (
+    AlreadyDecided,
+    DelegationNotAllowed,
+    Forbidden,
+    InvalidInput,
+    NotADecider,
+    RequesterExcluded,
+)
 
 RoleName = Literal["user", "backend", "admin"]
 _COMPUTED = frozenset({"approvals", "needed"})
@@ -244,3 +251,52 @@ def deadline_move(state: ApprovalState, now: float) -> DeadlineMove:
     default = "approved" if policy.on_expiry == "approve" else "denied"
     reason = policy.expiry_reason or f"no decision by the deadline: {default} automatically"
     return DeadlineMove(kind=policy.on_expiry, state=ended, reason=reason)
+
+
+# --- reassignment --------------------------------------------------------------------------
+
+
+class Reassignment(BaseModel):
+    """Who hands an action on (`subject` with `role`, `groups`) and to whom: one subject or
+    one group."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    subject: str
+    role: str
+    groups: frozenset[str] = frozenset()
+    display_name: str
+    to_subject: str | None = None
+    to_group: str | None = None
+
+
+def reassigned(
+    state: ApprovalState,
+    subject: str,
+    role: str,
+    groups: frozenset[str],
+    *,
+    to_subject: str | None,
+    to_group: str | None,
+) -> ApprovalState:
+    """The state after `subject` (a current decider) hands the action to one subject or one
+    group: they are its deciders until the stage ends (an escalation replaces them), under the
+    current stage's roles; quorum, four-eyes and the decisions so far stay. 403
+    `delegation_not_allowed` unless the policy permits delegation; `requester_excluded` or
+    `not_a_decider` for a caller who may not decide now."""
+    if not state.policy.delegation:
+        raise DelegationNotAllowed("this action's policy does not permit delegation")
+    if (to_subject is None) == (to_group is None):
+        raise InvalidInput("name exactly one of 'to_subject' and 'to_group'")
+    policy = state.policy
+    if policy.exclude_requester and state.requester is not None and subject == state.requester:
+        raise RequesterExcluded("the requester of this action may not reassign it (four-eyes)")
+    current = state.deciders
+    if not current.admits(subject, role, groups):
+        raise NotADecider(f"only {current.label()} may reassign this action now")
+    target = Deciders(
+        roles=current.roles,
+        subjects=() if to_subject is None else (to_subject,),
+        groups=() if to_group is None else (to_group,),
+    )
+    return state.model_copy(update={"assigned": target, "waiting_for": target.label()})

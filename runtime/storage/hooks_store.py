@@ -163,6 +163,10 @@ class Delivery(_Frozen):
             data["role"] = self.detail
         elif self.event_type == WebhookEvent.ACTION_RESOLVED:
             data["resolved_by"] = self.detail
+        elif self.event_type == WebhookEvent.ACTION_DECIDED:
+            data["decision"] = self.detail  # "<subject>: approved (1 of 2)"
+        elif self.event_type in (WebhookEvent.ACTION_ESCALATED, WebhookEvent.ACTION_EXPIRED):
+            data["reason"] = self.detail
         return {"type": self.event_type, "timestamp": self.occurred_at, "data": data}
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from runtime import instruments
-from runtime.domain import Part, Resolution, RunStatus, ToolCallPart
-from runtime.errors import RunStopping
+from runtime.approvals import Reassignment, reassigned
+from runtime.domain import Origin, Part, Resolution, RunStatus, ToolCallPart
+from runtime.errors import Forbidden, InvalidInput, NotFound, RunStopping
 from runtime.storage.decisions import (
     ResolvedAction,
+    action_conflict,
     action_ids,
     check_expected_version,
     find_action,
@@ -177,3 +179,63 @@ async def index_actions(conn: Conn, thread_id: str, message_id: str, parts: Sequ
             action_id,
             message_id,
         )
+
+
+async def reassign(
+    conn: Conn,
+    thread_id: str,
+    scopes: Collection[str],
+    action_id: str,
+    change: Reassignment,
+    origin: Origin | None,
+) -> ResolveResult:
+    """Hand a pending approval to another subject or group (`approvals.reassigned`), under the
+    thread lock as a decision is; audited with who asked, from where. Its deadline stays."""
+    thread = await lock_thread(conn, thread_id, scopes)
+    tail = await tail_row(conn, thread_id)
+    parts = () if tail is None else decode_parts(tail["parts"])
+    index = find_action(parts, action_id) if tail is not None else None
+    if tail is None or index is None:
+        raise NotFound(f"action {action_id} not found")
+    part = parts[index]
+    assert isinstance(part, ToolCallPart) and part.waiting is not None
+    if not part.is_pending:
+        raise action_conflict(action_id, part)
+    if change.role not in part.waiting.allowed_roles:
+        raise Forbidden(f"role {change.role} may not decide action {action_id}")
+    if part.waiting.approval is None:
+        raise InvalidInput(f"action {action_id} has no approval policy to reassign under")
+    state = reassigned(
+        part.waiting.approval,
+        change.subject,
+        change.role,
+        change.groups,
+        to_subject=change.to_subject,
+        to_group=change.to_group,
+    )
+    waiting = part.waiting.model_copy(update={"approval": state})
+    new_parts = [*parts[:index], part.model_copy(update={"waiting": waiting}), *parts[index + 1 :]]
+    await conn.execute(
+        "UPDATE messages SET parts = $2, updated_at = $3 WHERE id = $1",
+        tail["id"],
+        encode_parts(new_parts),
+        await conn.now(),
+    )
+    await audit_tx.append(
+        conn,
+        str(thread["scope"]),
+        event="action.reassigned",
+        thread_id=thread_id,
+        action_id=action_id,
+        subject=change.subject,
+        display_name=change.display_name,
+        detail=f"stage {state.stage}: to {state.waiting_for}",
+        payload={"to_subject": change.to_subject, "to_group": change.to_group},
+        origin=origin,
+    )
+    return ResolveResult(
+        thread_id=thread_id,
+        version=await bump(conn, thread_id),
+        run_id=tail["run_id"],
+        run_resumed=False,
+    )
