@@ -14,6 +14,7 @@ from runtime.approvals import decide_refusal as refusal
 from runtime.domain import PendingAction, Resolution, Role, RunStatus, ToolCallPart
 from runtime.engine.publisher import Publisher
 from runtime.hooks.timer_loop import TimerLoop
+from runtime.storage.hooks_store import WebhookEvent
 from runtime.storage.sql.audit_sql import SqlAuditLog
 from runtime.storage.sql.hooks_sql import SqlHooks
 from runtime.storage.sql.sql_store import SqlStore
@@ -237,3 +238,36 @@ async def test_racing_timer_loops_fire_each_stage_once(
     events = [e.event for e in await audit.audit_entries(SCOPE, thread_id=thread_id)]
     assert events == ["action.escalated", "action.expired.deny"]
     assert await action(sql_store, thread_id) is None
+
+
+async def test_decisions_escalations_and_expiries_are_webhook_events(
+    sql_store: SqlStore, hooks: SqlHooks
+) -> None:
+    wanted = [
+        WebhookEvent.ACTION_DECIDED,
+        WebhookEvent.ACTION_ESCALATED,
+        WebhookEvent.ACTION_EXPIRED,
+        WebhookEvent.ACTION_RESOLVED,
+    ]
+    subscription = await hooks.create_subscription(
+        SCOPE, "http://127.0.0.1:9/a", wanted, "whsec_dGVzdA==", "ops"
+    )
+    decided, _ = await suspended(sql_store, ApprovalPolicy(quorum=2))
+    await sql_store.resolve_action(decided, SCOPES, "act-1", decision("bob"))
+    expiring, _ = await suspended(sql_store, ESCALATING)
+    first = await action(sql_store, expiring)
+    assert first is not None and first.approval is not None and first.approval.due_at
+    await until_due(sql_store, first.approval.due_at)
+    assert await fire_all(hooks) == 1
+    await until_due(sql_store, first.approval.due_at + STAGE)
+    assert await fire_all(hooks) == 1
+    bodies = [d.payload() for d in await hooks.list_deliveries(SCOPES, subscription.id)]
+    seen = [(b["type"], b["data"]["thread_id"]) for b in bodies]
+    # In commit order; the expiry's two events share its transaction, in either order.
+    assert seen[:2] == [("action.decided", decided), ("action.escalated", expiring)]
+    assert sorted(seen[2:]) == [("action.expired", expiring), ("action.resolved", expiring)]
+    data = {b["type"]: b["data"] for b in bodies}
+    assert data["action.decided"]["decision"] == "bob: approved (1 of 2)"
+    assert "escalated to group finance" in data["action.escalated"]["reason"]
+    assert data["action.expired"]["reason"] == "nobody answered in time"
+    assert data["action.resolved"]["resolved_by"] == "system"
