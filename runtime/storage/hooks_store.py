@@ -39,8 +39,11 @@ class WebhookEvent(StrEnum):
     MESSAGE_COMMITTED = "message.committed"  # opt-in: never in the default set
 
 
+# Opt-in: every message, and every decision (one per decider, partial ones too; the settling
+# one is also `action.resolved`).
+_OPT_IN = (WebhookEvent.MESSAGE_COMMITTED, WebhookEvent.ACTION_DECIDED)
 DEFAULT_EVENTS: tuple[WebhookEvent, ...] = tuple(
-    event for event in WebhookEvent if event is not WebhookEvent.MESSAGE_COMMITTED
+    event for event in WebhookEvent if event not in _OPT_IN
 )
 
 
