@@ -229,12 +229,14 @@ async def test_racing_timer_loops_fire_each_stage_once(
     publisher = Publisher(MemoryBus())
     loops = [TimerLoop(hooks, publisher, lease_ttl=5.0, owner=f"loop{n}") for n in range(3)]
     audit = SqlAuditLog(sql_store)
-    for due in (first.approval.due_at, first.approval.due_at + STAGE):
+    due: float | None = first.approval.due_at
+    for _ in range(2):  # each stage's deadline, then rounds of all loops at once
+        assert due is not None
         await until_due(sql_store, due)
-        for _ in range(3):  # rounds of all loops at once, as workers polling
+        for _ in range(3):
             await asyncio.gather(*(loop.run_due() for loop in loops))
-    await until_due(sql_store, first.approval.due_at + 2 * STAGE + 0.2)
-    await asyncio.gather(*(loop.run_due() for loop in loops))
+        now = await action(sql_store, thread_id)
+        due = None if now is None or now.approval is None else now.approval.due_at
     events = [e.event for e in await audit.audit_entries(SCOPE, thread_id=thread_id)]
     assert events == ["action.escalated", "action.expired.deny"]
     assert await action(sql_store, thread_id) is None
@@ -259,7 +261,9 @@ async def test_decisions_escalations_and_expiries_are_webhook_events(
     assert first is not None and first.approval is not None and first.approval.due_at
     await until_due(sql_store, first.approval.due_at)
     assert await fire_all(hooks) == 1
-    await until_due(sql_store, first.approval.due_at + STAGE)
+    escalated = await action(sql_store, expiring)
+    assert escalated is not None and escalated.approval is not None and escalated.approval.due_at
+    await until_due(sql_store, escalated.approval.due_at)
     assert await fire_all(hooks) == 1
     bodies = [d.payload() for d in await hooks.list_deliveries(SCOPES, subscription.id)]
     seen = [(b["type"], b["data"]["thread_id"]) for b in bodies]
