@@ -11,14 +11,14 @@ import pytest
 from realtime.memory import MemoryBus
 from runtime.approvals import ApprovalDecision, ApprovalPolicy, ApprovalState, Escalation
 from runtime.approvals import decide_refusal as refusal
-from runtime.domain import PendingAction, Resolution, Role, RunStatus, ToolCallPart
+from runtime.domain import PendingAction, Resolution, Role, RunStatus, ToolCallPart, ToolState
 from runtime.engine.publisher import Publisher
 from runtime.hooks.timer_loop import TimerLoop
 from runtime.storage.hooks_store import WebhookEvent
 from runtime.storage.sql.audit_sql import SqlAuditLog
 from runtime.storage.sql.hooks_sql import SqlHooks
 from runtime.storage.sql.sql_store import SqlStore
-from runtime.storage.store import RunChange, StepCommit
+from runtime.storage.store import RunChange, StepCommit, TailUpdate
 from tests.conformance.store_helpers import (
     SCOPE,
     SCOPES,
@@ -275,3 +275,38 @@ async def test_decisions_escalations_and_expiries_are_webhook_events(
     assert "escalated to group finance" in data["action.escalated"]["reason"]
     assert data["action.expired"]["reason"] == "nobody answered in time"
     assert data["action.resolved"]["resolved_by"] == "system"
+
+
+async def test_a_workers_tail_update_keeps_the_committed_approval_state(
+    sql_store: SqlStore,
+) -> None:
+    """A step commits an action while another tool of the step still runs; a decision lands;
+    the step's next tail update carries the parts as the worker built them. The deadline is
+    neither re-armed nor the decision undone."""
+    thread = await new_thread(sql_store)
+    _, lease = await start_run(sql_store, thread.id)
+    part = pending_part("act-1")
+    assert part.waiting is not None
+    built = part.model_copy(
+        update={
+            "waiting": part.waiting.model_copy(
+                update={"approval": ApprovalState(policy=ApprovalPolicy(quorum=2, deadline=60))}
+            )
+        }
+    )
+    other = pending_part("act-2").model_copy(update={"state": ToolState.RUNNING, "waiting": None})
+    await sql_store.commit(lease, StepCommit(append=(assistant(built, other),)))
+    armed_action = await action(sql_store, thread.id)
+    assert armed_action is not None and armed_action.approval is not None
+    due = armed_action.approval.due_at
+    assert due is not None
+    await sql_store.resolve_action(thread.id, SCOPES, "act-1", decision("bob"))
+    message_id = (await sql_store.list_messages(thread.id))[-1].id
+    finished = other.transition(ToolState.OUTPUT_AVAILABLE, output={"ok": True})
+    await sql_store.commit(
+        lease, StepCommit(update_tail=TailUpdate(message_id=message_id, parts=(built, finished)))
+    )
+    kept = await action(sql_store, thread.id)
+    assert kept is not None and kept.approval is not None
+    assert kept.approval.due_at == due
+    assert [d.subject for d in kept.approval.decisions] == ["bob"]

@@ -22,6 +22,7 @@ from runtime.storage.decisions import (
     check_run_message,
     check_tail_update,
     episode_status,
+    keep_approvals,
     next_seq_changes,
     plan_run_target,
     stop_outcome,
@@ -271,14 +272,10 @@ async def _update_tail(
     conn: Conn, thread_id: str, message_id: str, parts: list[Part], known: Fenced | None
 ) -> None:
     tail = await _tail(conn, thread_id, known)
+    stored = decode_parts(tail["parts"]) if tail is not None else ()
+    check_tail_update(thread_id, message_id, None if tail is None else tail["id"], stored, parts)
+    parts = keep_approvals(stored, parts)
     parts = await arm_deadlines(conn, thread_id, parts) or parts
-    check_tail_update(
-        thread_id,
-        message_id,
-        None if tail is None else tail["id"],
-        decode_parts(tail["parts"]) if tail is not None else (),
-        parts,
-    )
     await _write_parts(conn, message_id, encode_parts(parts))
     await index_actions(conn, thread_id, message_id, parts)
 
