@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from runtime.approvals import ApprovalDecision, ApprovalState
+from runtime.approvals import ApprovalDecision, ApprovalState, ExpiryOutcome
 from runtime.errors import IllegalTransition
 from threadline_wire import AdmissionAnswer
 
@@ -130,6 +130,10 @@ class Resolution(_Frozen):
     at: float
     display_name: str | None = None
     decisions: tuple[ApprovalDecision, ...] = ()
+    # Set when the action's deadline ended it (the system resolved it): the policy's
+    # `on_expiry` and the recorded reason (runtime.approvals).
+    by_deadline: ExpiryOutcome | None = None
+    reason: str | None = None
     # What the store reads for the decision record and the audit entry; never persisted.
     decision: ApprovalDecision | None = Field(default=None, exclude=True)
     origin: Origin | None = Field(default=None, exclude=True)

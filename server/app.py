@@ -19,6 +19,7 @@ from realtime import connect_bus, open_bus
 from realtime.counters import open_counters
 from realtime.hub import Hub
 from runtime.agent import load_agent
+from runtime.approval_overrides import apply_policies
 from runtime.authorization import load_authorize_hook
 from runtime.engine.publisher import Publisher
 from runtime.engine.worker import Worker
@@ -97,7 +98,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.bus = bus
         state.publisher = Publisher(bus, scope_of=ScopeCache(state.store).scope_of)
 
-        agent = load_agent(settings.agent)
+        agent = apply_policies(load_agent(settings.agent), settings.policy_overrides)
         state.agent = agent
         state.service = ThreadService(
             state.store,
@@ -172,6 +173,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                     state.publisher,
                     limits=admission_limits(settings),
                     poll_interval=settings.timer_poll_interval,
+                    lease_ttl=settings.timer_lease_ttl,
                 )
             )
             await stack.enter_async_context(

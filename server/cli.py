@@ -40,6 +40,21 @@ def _settings(**overrides: Any) -> Settings:
     return settings
 
 
+def _check_policies(settings: Settings) -> None:
+    """THREADLINE_APPROVAL_POLICIES against the agent's tools, before anything starts: a name
+    that is no approval tool (or a payload the tool refuses) is one line, then exit 2."""
+    if settings.approval_policies is None:
+        return
+    from runtime.agent import load_agent
+    from runtime.approval_overrides import apply_policies
+
+    try:
+        apply_policies(load_agent(settings.agent), settings.policy_overrides)
+    except ValueError as exc:
+        click.echo(f"threadline: invalid setting {exc}", err=True)
+        raise SystemExit(BAD_SETTINGS) from None
+
+
 @asynccontextmanager
 async def _migrated_store(settings: Settings) -> AsyncIterator[Any]:
     from server.app import open_storage
@@ -137,6 +152,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
     settings = _settings(**overrides)
+    _check_policies(settings)
     setup_logging(settings.log_level, settings.log_format)
     if settings.redis_url is None and settings.role != "all":
         log.warning(

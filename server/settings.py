@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.approval_overrides import parse_policies
+from runtime.approvals import ApprovalPolicy
 from runtime.mcp.config import MCPServer
 from runtime.service.permissions import PermissionPolicy, Who
 from server.oidc import BrowserSignIn, OIDCIssuer
@@ -115,6 +117,11 @@ class Settings(BaseSettings):
     # {"type": "http", "name", "url", "secret_headers"} objects (docs/operations.md, "MCP
     # servers"). Secrets are references (env:NAME, file:/path), never values.
     mcp_servers: list[MCPServer] = Field(default_factory=list)
+    # Approval policies of this deployment (docs/operations.md, "Approval policies"): a JSON
+    # object, or the path of a file holding one, of tool name -> policy; each replaces the
+    # policy declared with that tool. Checked here (syntax, fields) and against the agent's
+    # tools when the server starts.
+    approval_policies: str | None = None
 
     # --- OIDC issuers whose JWTs are accepted beside `tl_` tokens (docs/operations.md, "OIDC"):
     # a JSON list of {"issuer", "audience", "scopes_claim" | "scope", ...} objects.
@@ -134,6 +141,9 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # Schedules and webhooks (docs/operations.md, "Schedules" and "Webhooks").
     timer_poll_interval: float = Field(default=0.25, gt=0)
+    # How long a worker holds a due timer (a schedule's fire, an approval deadline) before
+    # another worker may take it over; a fire takes one transaction, so seconds are plenty.
+    timer_lease_ttl: float = Field(default=30.0, gt=0)
     schedules_per_scope: int = Field(default=100, ge=1)
     webhooks_per_scope: int = Field(default=20, ge=1)
     # Networks webhooks may reach although private, loopback or link-local (comma-separated
@@ -154,6 +164,17 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     # Seconds open streams and websockets get after SIGTERM before they are closed.
     shutdown_grace: float = Field(default=5.0, ge=0, le=300)
+
+    @field_validator("approval_policies")
+    @classmethod
+    def _policies_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_policies(value)
+        return value
+
+    @property
+    def policy_overrides(self) -> dict[str, ApprovalPolicy]:
+        return {} if self.approval_policies is None else parse_policies(self.approval_policies)
 
     @model_validator(mode="after")
     def _cors_origins_may_open_websockets(self) -> Settings:

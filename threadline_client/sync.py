@@ -171,6 +171,7 @@ class SyncThreadlineClient:
     regenerate = _Blocking(ThreadlineClient.regenerate)
     retry = _Blocking(ThreadlineClient.retry)
     resume = _Blocking(ThreadlineClient.resume)
+    reassign = _Blocking(ThreadlineClient.reassign)
     submit_result = _Blocking(ThreadlineClient.submit_result)
     pending = _Iterating(ThreadlineClient.pending)
     pages = _Iterating(ThreadlineClient.pages)

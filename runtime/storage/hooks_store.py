@@ -32,11 +32,18 @@ class WebhookEvent(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     ACTION_CREATED = "action.created"
     ACTION_RESOLVED = "action.resolved"
+    # Approval policies: each decider's decision, a deadline's escalation and its expiry.
+    ACTION_DECIDED = "action.decided"
+    ACTION_ESCALATED = "action.escalated"
+    ACTION_EXPIRED = "action.expired"
     MESSAGE_COMMITTED = "message.committed"  # opt-in: never in the default set
 
 
+# Opt-in: every message, and every decision (one per decider, partial ones too; the settling
+# one is also `action.resolved`).
+_OPT_IN = (WebhookEvent.MESSAGE_COMMITTED, WebhookEvent.ACTION_DECIDED)
 DEFAULT_EVENTS: tuple[WebhookEvent, ...] = tuple(
-    event for event in WebhookEvent if event is not WebhookEvent.MESSAGE_COMMITTED
+    event for event in WebhookEvent if event not in _OPT_IN
 )
 
 
@@ -159,6 +166,10 @@ class Delivery(_Frozen):
             data["role"] = self.detail
         elif self.event_type == WebhookEvent.ACTION_RESOLVED:
             data["resolved_by"] = self.detail
+        elif self.event_type == WebhookEvent.ACTION_DECIDED:
+            data["decision"] = self.detail  # "<subject>: approved (1 of 2)"
+        elif self.event_type in (WebhookEvent.ACTION_ESCALATED, WebhookEvent.ACTION_EXPIRED):
+            data["reason"] = self.detail
         return {"type": self.event_type, "timestamp": self.occurred_at, "data": data}
 
 

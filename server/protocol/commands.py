@@ -22,6 +22,7 @@ from server.protocol.answers import (
     threads_answer,
     version_answer,
 )
+from server.protocol.approval_commands import APPROVAL_COMMANDS
 from server.protocol.audit_commands import AUDIT_COMMANDS
 from server.protocol.command_model import (
     Caller,
@@ -548,5 +549,6 @@ COMMANDS = (
     + AUTH_COMMANDS
     + HOOKS_COMMANDS
     + AUDIT_COMMANDS
+    + APPROVAL_COMMANDS
 )
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

@@ -39,6 +39,7 @@ STATUS: dict[str, int] = {
     "forbidden_by_policy": 403,
     "requester_excluded": 403,
     "not_a_decider": 403,
+    "delegation_not_allowed": 403,
     "already_decided": 409,
     "not_found": 404,
     "method_not_allowed": 405,

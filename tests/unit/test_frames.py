@@ -48,6 +48,7 @@ VALID: dict[str, dict[str, Any]] = {
     "webhook.update": {"webhook_id": "w1", "enabled": False},
     "webhook.delete": {"webhook_id": "w1"},
     "delivery.redeliver": {"delivery_id": "d1"},
+    "action.reassign": {"thread_id": "t1", "action_id": "a1", "to_subject": "bob"},
 }
 
 

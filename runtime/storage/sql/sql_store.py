@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
+from runtime.approvals import Reassignment
 from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Admission,
@@ -13,6 +14,7 @@ from runtime.domain import (
     Lease,
     LeaseKind,
     Message,
+    Origin,
     Principal,
     QueuedItem,
     Resolution,
@@ -388,6 +390,18 @@ class SqlStore(SqlTransactions):
             lambda conn: actions_tx.resolve(
                 conn, thread_id, scopes, action_id, resolution, expected_version
             )
+        )
+
+    async def reassign_action(
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        action_id: str,
+        change: Reassignment,
+        origin: Origin | None = None,
+    ) -> ResolveResult:
+        return await self._write(
+            lambda conn: actions_tx.reassign(conn, thread_id, scopes, action_id, change, origin)
         )
 
     async def act(

@@ -17,6 +17,9 @@ export type WebhookEvent =
   | 'run.cancelled'
   | 'action.created'
   | 'action.resolved'
+  | 'action.decided'
+  | 'action.escalated'
+  | 'action.expired'
   | 'message.committed';
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -169,13 +172,45 @@ export interface ApprovalDecision {
  * `exclude_requester`, the run's starter (the author of the message that caused it) may not
  * decide (four-eyes): refused with 403 `requester_excluded`.
  *
+ * With `deadline` (seconds, database time), stage 0 (these deciders) is due that long after
+ * the action was asked for; then the next of `escalations` takes over with its own deadline,
+ * and once the last stage is due the action ends by `on_expiry`: `deny` (the tool never
+ * runs; the model sees a rejection with `expiry_reason`) or `approve` (the tool runs with
+ * `approve_payload`, the reason recorded). Decisions made so far count at every stage. With
+ * `delegation`, a current decider may hand the action to a subject or group
+ * (`action.reassign`).
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "ApprovalPolicy".
  */
 export interface ApprovalPolicy {
+  approve_payload?: {
+    [k: string]: unknown | undefined;
+  };
+  deadline?: number | null;
+  delegation?: boolean;
+  /**
+   * @maxItems 20
+   */
+  escalations?: Escalation[];
   exclude_requester?: boolean;
+  expiry_reason?: string;
   groups?: string[];
+  on_expiry?: 'deny' | 'approve';
   quorum?: number;
+  roles?: ('user' | 'backend' | 'admin')[];
+  subjects?: string[];
+}
+/**
+ * A later stage: when the stage before it is due, the action moves to these deciders,
+ * due again `deadline` seconds later.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "Escalation".
+ */
+export interface Escalation {
+  deadline: number;
+  groups?: string[];
   roles?: ('user' | 'backend' | 'admin')[];
   subjects?: string[];
 }
@@ -188,6 +223,7 @@ export interface ApprovalPolicy {
  */
 export interface ApprovalState {
   approvals: number;
+  assigned?: Deciders | null;
   decisions?: ApprovalDecision[];
   due_at?: number | null;
   needed: number;
@@ -195,6 +231,18 @@ export interface ApprovalState {
   requester?: string | null;
   stage?: number;
   waiting_for?: string;
+}
+/**
+ * Who may decide at one stage: a role from `roles` (empty: any role the step allows) and,
+ * when `subjects` or `groups` are set, one of `subjects` or a member of one of `groups`.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "Deciders".
+ */
+export interface Deciders {
+  groups?: string[];
+  roles?: ('user' | 'backend' | 'admin')[];
+  subjects?: string[];
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -485,11 +533,13 @@ export interface Waiting {
  */
 export interface Resolution {
   at: number;
+  by_deadline?: ('deny' | 'approve') | null;
   decisions?: ApprovalDecision[];
   display_name?: string | null;
   payload: {
     [k: string]: unknown | undefined;
   };
+  reason?: string | null;
   role: Role;
   subject: string;
 }
@@ -562,6 +612,18 @@ export interface ReadAudit {
   limit?: number;
   scope?: string | null;
   thread?: string | null;
+}
+/**
+ * Hand a pending approval to one subject (`to_subject`) or one group (`to_group`).
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "ReassignAction".
+ */
+export interface ReassignAction {
+  action_id: string;
+  thread_id: string;
+  to_group?: string | null;
+  to_subject?: string | null;
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
