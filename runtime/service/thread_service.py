@@ -184,14 +184,33 @@ class ThreadService:
     ) -> Snapshot:
         """The thread as this principal sees it; bounded when the service is configured so
         (the last messages, `page.before` the cursor of older ones; queued texts previewed)."""
-        snapshot = await self.store.snapshot(
+        committed = await self.committed_snapshot(
+            principal, thread_id, include_hidden=include_hidden, before=before, limit=limit
+        )
+        return await self.view_snapshot(principal, committed)
+
+    async def committed_snapshot(
+        self,
+        principal: Principal,
+        thread_id: str,
+        *,
+        include_hidden: bool = False,
+        before: int | None = None,
+        limit: int | None = None,
+    ) -> Snapshot:
+        """`snapshot`'s storage read: the same for every principal who may read the thread
+        (its scope among theirs), before `view_snapshot` makes it one principal's."""
+        return await self.store.snapshot(
             thread_id,
             principal.scopes,
             include_hidden=include_hidden,
             message_limit=limit or self.snapshot_messages,
             before=before,
         )
-        return await self.access.annotate(principal, self._preview_queue(snapshot))
+
+    async def view_snapshot(self, principal: Principal, committed: Snapshot) -> Snapshot:
+        """A committed snapshot as `principal` sees it: queue previews, what they may do."""
+        return await self.access.annotate(principal, self._preview_queue(committed))
 
     def _preview_queue(self, snapshot: Snapshot) -> Snapshot:
         cap = self.queue_preview_chars

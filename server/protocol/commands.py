@@ -7,12 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 from runtime.authorization import ThreadMatch
-from runtime.domain import Principal, WaitKind
+from runtime.domain import Principal, Snapshot, WaitKind
 from runtime.errors import InvalidInput
 from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart
 from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import require_trusted
 from runtime.storage.thread_query import ThreadQuery
+from server.live.snapshot_cache import ReadKey, snapshot_etag
 from server.protocol.answers import (
     actions_answer,
     admission_answer,
@@ -140,6 +141,28 @@ def _queued_answer(item: Any) -> dict[str, Any]:
     }
 
 
+async def _snapshot(c: Caller, i: GetSnapshot) -> Snapshot:
+    """The thread's snapshot as the caller sees it: through the gateway's cache when it has
+    one (the same answer: it serves only what is still the newest version it knows of)."""
+    key = ReadKey(i.thread_id, i.include_hidden, i.before, i.limit)
+
+    def read() -> Awaitable[Snapshot]:
+        return c.service.committed_snapshot(
+            c.principal,
+            key.thread_id,
+            include_hidden=key.include_hidden,
+            before=key.before,
+            limit=key.limit,
+        )
+
+    def view(committed: Snapshot) -> Awaitable[Snapshot]:
+        return c.service.view_snapshot(c.principal, committed)
+
+    if c.snapshots is None:
+        return await view(await read())
+    return await c.snapshots.snapshot(c.principal, key, read, view)
+
+
 async def _nothing(caller: Caller, data: Input) -> None:
     return None
 
@@ -215,17 +238,12 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="thread.snapshot",
         input=GetSnapshot,
-        call=lambda c, i: c.service.snapshot(
-            c.principal,
-            i.thread_id,
-            include_hidden=i.include_hidden,
-            before=i.before,
-            limit=i.limit,
-        ),
+        call=_snapshot,
         answer=lambda i, snapshot: snapshot.to_wire(),
-        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones",
+        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones;"
+        " an `ETag` header, and `304` (no body) to an `If-None-Match` naming the current one",
         reply=None,
-        http=Http("GET", T, "snapshot", body=False, query=_snapshot_query),
+        http=Http("GET", T, "snapshot", body=False, query=_snapshot_query, etag=snapshot_etag),
         note=READ,
         limited=False,
     ),
