@@ -62,7 +62,8 @@ async def _paced_tokens(request: ModelRequest) -> AsyncIterator[ModelDelta]:
     for i in range(_tokens(20)):
         if i:
             await asyncio.sleep(interval)
-        yield TextDelta(text=f"t={time.monotonic_ns()} n{i} ")
+        # The stamp ends the chunk's text, so bench/wsclient.py reads it up to the closing quote.
+        yield TextDelta(text=f"n{i} t={time.monotonic_ns()}")
     yield FinishDelta(reason="stop")
 
 

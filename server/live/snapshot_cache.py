@@ -20,6 +20,8 @@ bounded (least recently used out first); capacity 0 disables the cache.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -116,6 +118,8 @@ class SnapshotCache:
         # may reach a client before the bus's invalidation reaches the hub): bounded, as the
         # entries are, the oldest forgotten first.
         self._seen: OrderedDict[str, int] = OrderedDict()
+        # Reads in flight: (what the reader knew, its `_seen` version, the read's entry).
+        self._flights: dict[ReadKey, tuple[Freshness, int, asyncio.Future[_Entry]]] = {}
         self.stats = CacheStats()
 
     def __len__(self) -> int:
@@ -153,19 +157,15 @@ class SnapshotCache:
         if entry is not None and not self._current(entry, before):
             del self._entries[key]
             entry = None
-        if entry is None or not principal.can_access(entry.snapshot.thread.scope):
-            self._count("storage")
-            committed = await read()
-            if entry is not None:  # another scope's reader: its read answered, nothing shared
-                return await view(committed)
-            entry = _Entry(committed, before)
-            if self._current(entry, self._freshness(key.thread_id)):
-                self._entries[key] = entry
-                while len(self._entries) > self.capacity:
-                    self._entries.popitem(last=False)
+        if entry is None:
+            entry = await self._read(key, before, read)
         else:
             self._count("cache")
             self._entries.move_to_end(key)
+        if not principal.can_access(entry.snapshot.thread.scope):
+            # Another scope's reader: storage answers it (`not_found`), nothing is shared.
+            self._count("storage")
+            return await view(await read())
         viewer = viewer_key(principal)
         viewed = entry.views.get(viewer)
         if viewed is None:
@@ -174,6 +174,35 @@ class SnapshotCache:
             if len(entry.views) < VIEWS_PER_ENTRY:
                 entry.views[viewer] = viewed
         return viewed
+
+    async def _read(self, key: ReadKey, before: Freshness, read: Read) -> _Entry:
+        """A storage read for `key`, shared by the callers that miss while it is in flight and
+        knew what it knew when it started (a commit announced since needs a read of its own)."""
+        seen = self._seen.get(key.thread_id, -1)
+        flight = self._flights.get(key)
+        if flight is not None and flight[0] == before and flight[1] == seen:
+            with contextlib.suppress(Exception):  # its reader's refusal is not this reader's
+                entry = await asyncio.shield(flight[2])
+                self._count("cache")
+                return entry
+        self._count("storage")
+        future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
+        self._flights[key] = (before, seen, future)
+        try:
+            entry = _Entry(await read(), before)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a flight nobody joined must not warn
+            raise
+        finally:
+            if self._flights.get(key, (None, None, future))[2] is future:
+                del self._flights[key]
+        future.set_result(entry)
+        if self._current(entry, self._freshness(key.thread_id)):
+            self._entries[key] = entry
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+        return entry
 
     def _count(self, source: str) -> None:
         if source == "cache":

@@ -144,22 +144,21 @@ def _queued_answer(item: Any) -> dict[str, Any]:
 async def _snapshot(c: Caller, i: GetSnapshot) -> Snapshot:
     """The thread's snapshot as the caller sees it: through the gateway's cache when it has
     one (the same answer: it serves only what is still the newest version it knows of)."""
-    key = ReadKey(i.thread_id, i.include_hidden, i.before, i.limit)
+    hidden, before, limit = i.include_hidden, i.before, i.limit
+    if c.snapshots is None:
+        return await c.service.snapshot(
+            c.principal, i.thread_id, include_hidden=hidden, before=before, limit=limit
+        )
 
     def read() -> Awaitable[Snapshot]:
         return c.service.committed_snapshot(
-            c.principal,
-            key.thread_id,
-            include_hidden=key.include_hidden,
-            before=key.before,
-            limit=key.limit,
+            c.principal, i.thread_id, include_hidden=hidden, before=before, limit=limit
         )
 
     def view(committed: Snapshot) -> Awaitable[Snapshot]:
         return c.service.view_snapshot(c.principal, committed)
 
-    if c.snapshots is None:
-        return await view(await read())
+    key = ReadKey(i.thread_id, hidden, before, limit)
     return await c.snapshots.snapshot(c.principal, key, read, view)
 
 

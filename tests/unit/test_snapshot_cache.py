@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -192,3 +193,33 @@ def test_etags_name_version_and_viewer() -> None:
     assert etag_matches("*", tag)
     assert not etag_matches(None, tag)
     assert not etag_matches('"v7"', tag)
+
+
+async def test_concurrent_misses_share_one_read_within_a_scope() -> None:
+    thread = Thread()
+    cache = SnapshotCache(thread.freshness)
+    gate = asyncio.Event()
+    read_for = thread.read_for
+
+    async def slow_read(principal: Principal) -> Snapshot:
+        await gate.wait()
+        return await read_for(principal)
+
+    thread.read_for = slow_read  # type: ignore[method-assign]
+    readers = [ALICE, BOB, EVE, ALICE, BOB]
+    tasks = [asyncio.create_task(get(cache, thread, p)) for p in readers]
+    for _ in range(10):  # every reader reaches the in-flight read
+        await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[2], NotFound)  # eve joined alice's read, and was refused anyway
+    assert [r.permissions for r in results if isinstance(r, Snapshot)] == [
+        {"who": "alice"},
+        {"who": "bob"},
+        {"who": "alice"},
+        {"who": "bob"},
+    ]
+    assert thread.reads == 2  # alice's, shared by the other three; eve's own
+    thread.commit()
+    await get(cache, thread, ALICE)
+    assert thread.reads == 3

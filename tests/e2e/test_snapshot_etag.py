@@ -4,7 +4,6 @@ and one storage read for many refetches of a watched thread (counted at /metrics
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -14,9 +13,9 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.e2e import harness
+from tests.e2e.prometheus_server import snapshot_reads
 
 TIMEOUT = 10.0
-READS = re.compile(r'^threadline_snapshot_reads_total\{[^}]*source="(\w+)"[^}]*\} (\S+)$', re.M)
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +43,9 @@ def client(server: harness.ServerHandle, token: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=server.url, headers=headers, timeout=TIMEOUT)
 
 
-async def reads(server: harness.ServerHandle) -> dict[str, float]:
-    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
-        text = (await http.get(f"{server.url}/metrics")).text
-    counts: dict[str, float] = {"storage": 0.0, "cache": 0.0}
-    for source, value in READS.findall(text):
-        counts[source] += float(value)
-    return counts
+def reads(server: harness.ServerHandle) -> dict[str, float]:
+    """The server's snapshot answers by source (storage, cache), from its /metrics."""
+    return snapshot_reads(server.url)
 
 
 @pytest.fixture
@@ -126,14 +121,14 @@ async def test_viewers_never_get_each_others_snapshot(
         client(server, tokens["bob"]) as bob,
         client(server, tokens["carol"]) as carol,
     ):
-        base = await reads(server)
+        base = reads(server)
         answers: dict[str, list[dict[str, Any]]] = {"alice": [], "bob": []}
         for _ in range(10):  # interleaved, so a shared entry would hand one's to the other
             answers["alice"].append((await alice.get(path)).json())
             answers["bob"].append((await bob.get(path)).json())
             refused = await carol.get(path)
             assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
-        counted = await reads(server)
+        counted = reads(server)
     user_message = next(m["id"] for m in answers["alice"][0]["messages"] if m["role"] == "user")
     for snapshot in answers["alice"]:
         assert user_message in snapshot["permissions"]["visibility"]
