@@ -48,6 +48,14 @@ from tests.e2e.prometheus_server import snapshot_reads
 OPEN_CONCURRENCY = 50
 
 
+async def get(http: httpx.AsyncClient, path: str, headers: dict[str, str]) -> httpx.Response:
+    """A GET, tried once more if the server had closed the idle keep-alive connection."""
+    try:
+        return await http.get(path, headers=headers)
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        return await http.get(path, headers=headers)
+
+
 @dataclass
 class Watcher:
     ws: ClientConnection
@@ -68,7 +76,7 @@ class Watcher:
             if frame.get("version", self.held + 1) <= self.held:
                 continue
             headers = {"If-None-Match": self.etag} if self.etag else {}
-            got = await self.http.get(f"/v1/threads/{self.thread_id}", headers=headers)
+            got = await get(self.http, f"/v1/threads/{self.thread_id}", headers)
             if got.status_code == 200:
                 self.held = got.json()["thread"]["version"]
                 self.etag = got.headers.get("etag")
@@ -108,7 +116,7 @@ async def open_watchers(
             while orjson.loads(await ws.recv())["type"] != "subscribed":
                 pass
         watcher = Watcher(ws, clients[n % len(clients)], thread_id)
-        snapshot = await watcher.http.get(f"/v1/threads/{thread_id}")
+        snapshot = await get(watcher.http, f"/v1/threads/{thread_id}", {})
         watcher.held, watcher.etag = snapshot.json()["thread"]["version"], snapshot.headers["etag"]
         return watcher
 

@@ -131,7 +131,9 @@ class ThreadService:
         thread = await self.store.create_thread(
             target, title, dict(metadata or {}), owner=principal.subject
         )
-        return await self.snapshot(principal, thread.id)
+        # Nobody knows its id yet, so nothing else is in it: its first snapshot needs no read.
+        committed = Snapshot.of_new_thread(thread, self.snapshot_messages)
+        return await self.view_snapshot(principal, committed)
 
     async def rename_thread(self, principal: Principal, thread_id: str, title: str) -> Thread:
         """A new title. The rule of creating a thread: any principal of its scope (the title is
