@@ -24,7 +24,7 @@ for the served processes and, on Postgres, for every backend of the bench's data
 (`pg_stat_activity`) before and after the measured runs; round trips are the client's HTTP
 requests and websocket frames sent per run. First token: from sending step 3 to receiving the
 first text-delta. --profile-dir DIR runs each server under `py-spy record` (when installed) and
-writes a flame graph per process there.
+writes collapsed stacks per process there (`flamegraph.pl` or speedscope read them).
 
 Aegra (LangGraph Platform API) is not installable on this box, so its reference row is not
 measured here; docs/benchmarks.md quotes issue 35's figures for it, measured elsewhere.
@@ -250,9 +250,9 @@ def profiled(handles: list[harness.ServerHandle], directory: Path | None) -> Ite
                 "--rate",
                 "500",
                 "--format",
-                "speedscope",
+                "raw",
                 "--output",
-                str(directory / f"{h.role}-{h.port}.json"),
+                str(directory / f"{h.role}-{h.port}.folded"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -14,7 +14,7 @@ bench/scripted_agent.py's `paced_agent`. Every token's text ends with the worker
 `time.monotonic_ns()` when the model yielded it; the client's receipt minus that stamp is the
 chunk's latency (model -> worker -> Redis -> gateway -> websocket -> this process; one
 system-wide clock). While the runs stream, the worker's RSS is sampled every 0.25 s: memory per
-active run is (its peak - its RSS before the step) / the runs active at that peak (a run is
+active run is (its peak - its RSS before the step) / the most runs active at once (a run is
 active from its first to its last token received).
 
 The client is one process reading every chunk (N x 20 per second): compare its CPU with the
@@ -142,10 +142,8 @@ async def step(
         while not tally.all_in.is_set() and time.monotonic() < deadline:  # bounded
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(tally.all_in.wait()), 0.25)
-            rss = processes["worker"].memory_info().rss
-            now = active(clients, tokens)
-            if now > peak_active or (now == peak_active and rss > peak):
-                peak, peak_active = rss, now
+            peak = max(peak, processes["worker"].memory_info().rss)
+            peak_active = max(peak_active, active(clients, tokens))
         await sending
         wall = time.perf_counter() - started
         used = {name: sum(p.cpu_times()[:2]) - cpu[name] for name, p in processes.items()}
