@@ -4,7 +4,7 @@ Prints server CPU per run, runs/s, first-token latency and refetches and round t
 asserts nothing.
 
     python bench/api.py [--runs 60] [--setups embedded,scale-out] [--postgres ADMIN_DSN]
-                        [--redis URL] [--profile-dir DIR]
+                        [--redis URL] [--profile-dir DIR] [--quick]
 
 Per run, one after another, one client (httpx over HTTP/1.1 keep-alive, one `websockets`
 connection held for the whole bench):
@@ -331,7 +331,10 @@ async def main() -> None:
     parser.add_argument("--postgres", help="admin DSN (a database is made)")
     parser.add_argument("--redis")
     parser.add_argument("--profile-dir", type=Path)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 5 runs each")
     args = parser.parse_args()
+    if args.quick:
+        args.runs = 5
     setups = [s for s in args.setups.split(",") if s]
     rows = []
     if "embedded" in setups:

@@ -4,7 +4,7 @@ chunk latency from the model to the tab, and the worker's memory per active run.
 asserts nothing.
 
     python bench/live_runs.py [--runs 100,500,2000] [--tokens 100] [--interval-ms 50]
-                              [--postgres ADMIN_DSN] [--redis URL]
+                              [--postgres ADMIN_DSN] [--redis URL] [--quick]
 
 A `--role gateway` and a `--role worker` process (uvloop, as served) on Postgres + Redis
 (throwaway servers unless given), the worker allowed as many concurrent runs as asked for.
@@ -170,7 +170,10 @@ async def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=50.0)
     parser.add_argument("--postgres", help="admin DSN (a database is made)")
     parser.add_argument("--redis")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 20 runs, 10 tokens")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.tokens, args.interval_ms = "20", 10, 10.0
     counts = [int(n) for n in args.runs.split(",") if n]
     fanout.raise_fd_limit(2 * max(counts) + 1000)
     extra = api.agent_env(

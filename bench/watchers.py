@@ -3,7 +3,7 @@ across two gateways; storage reads per commit per gateway (counted, not timed) a
 watchers take to converge. Prints; asserts nothing.
 
     python bench/watchers.py [--watchers 10,100,1000] [--commits 5] [--postgres ADMIN_DSN]
-                             [--redis URL] [--no-compare]
+                             [--redis URL] [--no-compare] [--quick]
 
 A deployment of two `--role gateway` processes and one `--role worker` on Postgres + Redis
 (throwaway servers unless given). Half the watchers hold a websocket on each gateway and
@@ -194,7 +194,10 @@ async def main() -> None:
     parser.add_argument("--postgres", help="admin DSN (a database is made)")
     parser.add_argument("--redis")
     parser.add_argument("--no-compare", action="store_true", help="skip the cache-off runs")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 4 and 10, 2 commits")
     args = parser.parse_args()
+    if args.quick:
+        args.watchers, args.commits = "4,10", 2
     counts = [int(n) for n in args.watchers.split(",") if n]
     with common.servers(args.postgres, args.redis) as (postgres, redis):
         rows = await deployment_rows(postgres, redis, counts, args.commits, cache=True)
