@@ -7,13 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 from runtime.authorization import ThreadMatch
-from runtime.domain import Principal, Snapshot, WaitKind
+from runtime.domain import Principal, WaitKind
 from runtime.errors import InvalidInput
 from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart
 from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import require_trusted
 from runtime.storage.thread_query import ThreadQuery
-from server.live.snapshot_cache import ReadKey, snapshot_etag
+from server.live.snapshot_cache import snapshot_etag
 from server.protocol.answers import (
     actions_answer,
     admission_answer,
@@ -65,6 +65,7 @@ from server.protocol.replies import (
     Subscribed,
     Unsubscribed,
 )
+from server.protocol.snapshot_reads import read_snapshot, snapshot_query
 from threadline_wire import AdmissionAnswer, fields_doc
 
 T = "/v1/threads/{thread_id}"
@@ -113,25 +114,6 @@ def _actions_query(query: Mapping[str, str]) -> dict[str, Any]:
     return fields
 
 
-def _include_hidden(query: Mapping[str, str]) -> dict[str, Any]:
-    value = query.get("include_hidden", "false").lower()
-    if value not in ("true", "false", "1", "0"):
-        raise InvalidInput("query parameter 'include_hidden' must be true or false")
-    return {"include_hidden": value in ("true", "1")}
-
-
-def _snapshot_query(query: Mapping[str, str]) -> dict[str, Any]:
-    fields = _include_hidden(query)
-    for name, low, high in (("before", 0, 2**62), ("limit", 1, 500)):
-        raw = query.get(name)
-        if raw is None:
-            continue
-        if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-            raise InvalidInput(f"query parameter {name!r} must be an integer from {low} to {high}")
-        fields[name] = int(raw)
-    return fields
-
-
 def _queued_answer(item: Any) -> dict[str, Any]:
     return {
         "id": item.id,
@@ -139,27 +121,6 @@ def _queued_answer(item: Any) -> dict[str, Any]:
         "submitted_by": item.submitted_by,
         "interrupt": item.interrupt,
     }
-
-
-async def _snapshot(c: Caller, i: GetSnapshot) -> Snapshot:
-    """The thread's snapshot as the caller sees it: through the gateway's cache when it has
-    one (the same answer: it serves only what is still the newest version it knows of)."""
-    hidden, before, limit = i.include_hidden, i.before, i.limit
-    if c.snapshots is None:
-        return await c.service.snapshot(
-            c.principal, i.thread_id, include_hidden=hidden, before=before, limit=limit
-        )
-
-    def read() -> Awaitable[Snapshot]:
-        return c.service.committed_snapshot(
-            c.principal, i.thread_id, include_hidden=hidden, before=before, limit=limit
-        )
-
-    def view(committed: Snapshot) -> Awaitable[Snapshot]:
-        return c.service.view_snapshot(c.principal, committed)
-
-    key = ReadKey(i.thread_id, hidden, before, limit)
-    return await c.snapshots.snapshot(c.principal, key, read, view)
 
 
 async def _nothing(caller: Caller, data: Input) -> None:
@@ -237,12 +198,12 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="thread.snapshot",
         input=GetSnapshot,
-        call=_snapshot,
+        call=read_snapshot,
         answer=lambda i, snapshot: snapshot.to_wire(),
         answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones;"
         " an `ETag` header, and `304` (no body) to an `If-None-Match` naming the current one",
         reply=None,
-        http=Http("GET", T, "snapshot", body=False, query=_snapshot_query, etag=snapshot_etag),
+        http=Http("GET", T, "snapshot", body=False, query=snapshot_query, etag=snapshot_etag),
         note=READ,
         limited=False,
     ),
