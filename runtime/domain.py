@@ -418,6 +418,21 @@ class Snapshot(_Frozen):
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
+    @classmethod
+    def of_new_thread(cls, thread: Thread, message_limit: int | None) -> Snapshot:
+        """The snapshot of a thread just created, as storage would read it (bounded by
+        `message_limit`, None: whole): nothing but the thread itself."""
+        view = ThreadView(
+            id=thread.id,
+            scope=thread.scope,
+            title=thread.title,
+            version=thread.version,
+            metadata=thread.metadata,
+            owner=thread.owner,
+        )
+        page = None if message_limit is None else {"limit": message_limit, "before": None}
+        return cls(thread=view, messages=(), pending_actions=(), run=None, queue=(), page=page)
+
 
 def pending_actions_of(message: Message) -> list[PendingAction]:
     """Project the unresolved suspended tool parts of a (tail) message."""

@@ -40,6 +40,7 @@ from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
 from server.live.revocation import TokenRevoker, listen_revocations
+from server.live.snapshot_cache import SnapshotCache
 from server.logs import RequestIds
 from server.metrics import metrics_endpoint, metrics_server
 from server.oidc import Issuers
@@ -126,6 +127,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.revoker = TokenRevoker(state.store, bus)
 
         state.hub = None
+        state.snapshots = None
         state.gateway = None
         if settings.runs_gateway:
             hub = Hub(
@@ -135,6 +137,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             )
             await stack.enter_async_context(hub)
             state.hub = hub
+            state.snapshots = SnapshotCache(hub.freshness, settings.snapshot_cache)
+            state.publisher.observe(state.snapshots.saw)
             inbox = ActionInbox(bus, state.store)
             stack.push_async_callback(inbox.close)
             presence = await stack.enter_async_context(

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     # Bounded snapshots: the last N messages (older ones page with ?before=), and queued texts
     # cut to a preview of this many characters (the full text: GET …/queue/{item_id}).
     snapshot_messages: int = Field(default=100, ge=1, le=500)
+    # Snapshots a gateway keeps of the threads its websockets watch, so a commit watched by
+    # many tabs costs one storage read per gateway (server/live/snapshot_cache.py); 0: off.
+    snapshot_cache: int = Field(default=1024, ge=0)
     queue_preview_chars: int = Field(default=500, ge=16)
     # Websocket upgrades whose Origin header is not in this list are refused (HTTP 403).
     # Empty (the default): no check. JSON list, e.g. '["https://chat.example.com"]'.

@@ -13,6 +13,7 @@ from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart
 from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import require_trusted
 from runtime.storage.thread_query import ThreadQuery
+from server.live.snapshot_cache import snapshot_etag
 from server.protocol.answers import (
     actions_answer,
     admission_answer,
@@ -65,6 +66,7 @@ from server.protocol.replies import (
     Subscribed,
     Unsubscribed,
 )
+from server.protocol.snapshot_reads import read_snapshot, snapshot_query
 from threadline_wire import AdmissionAnswer, fields_doc
 
 T = "/v1/threads/{thread_id}"
@@ -110,25 +112,6 @@ def _actions_query(query: Mapping[str, str]) -> dict[str, Any]:
         fields["cursor"] = query["cursor"]
     if "assigned" in query:
         fields["assigned"] = query["assigned"]  # the input refuses anything but "me"
-    return fields
-
-
-def _include_hidden(query: Mapping[str, str]) -> dict[str, Any]:
-    value = query.get("include_hidden", "false").lower()
-    if value not in ("true", "false", "1", "0"):
-        raise InvalidInput("query parameter 'include_hidden' must be true or false")
-    return {"include_hidden": value in ("true", "1")}
-
-
-def _snapshot_query(query: Mapping[str, str]) -> dict[str, Any]:
-    fields = _include_hidden(query)
-    for name, low, high in (("before", 0, 2**62), ("limit", 1, 500)):
-        raw = query.get(name)
-        if raw is None:
-            continue
-        if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-            raise InvalidInput(f"query parameter {name!r} must be an integer from {low} to {high}")
-        fields[name] = int(raw)
     return fields
 
 
@@ -216,17 +199,12 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="thread.snapshot",
         input=GetSnapshot,
-        call=lambda c, i: c.service.snapshot(
-            c.principal,
-            i.thread_id,
-            include_hidden=i.include_hidden,
-            before=i.before,
-            limit=i.limit,
-        ),
+        call=read_snapshot,
         answer=lambda i, snapshot: snapshot.to_wire(),
-        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones",
+        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones;"
+        " an `ETag` header, and `304` (no body) to an `If-None-Match` naming the current one",
         reply=None,
-        http=Http("GET", T, "snapshot", body=False, query=_snapshot_query),
+        http=Http("GET", T, "snapshot", body=False, query=snapshot_query, etag=snapshot_etag),
         note=READ,
         limited=False,
     ),

@@ -90,6 +90,8 @@ def _responses(command: Command[Any, Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"type": "object"}}},
         }
     }
+    if command.http.etag is not None:
+        responses["304"] = {"description": "not modified: `If-None-Match` names the current `ETag`"}
     by_status: dict[int, list[str]] = {}
     for code in error_codes(command):
         by_status.setdefault(STATUS.get(code, 400), []).append(code)

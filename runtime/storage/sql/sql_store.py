@@ -161,7 +161,9 @@ class SqlStore(SqlTransactions):
         )
 
     async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread:
-        return await self._read(lambda conn: threads_tx.get_thread(conn, thread_id, scopes))
+        return await self._read_statements(
+            lambda conn: threads_tx.get_thread(conn, thread_id, scopes)
+        )
 
     async def update_metadata(
         self, thread_id: str, scopes: Collection[str], patch: dict[str, Any]
@@ -201,7 +203,8 @@ class SqlStore(SqlTransactions):
         ids = list(dict.fromkeys(thread_ids))
         if not ids:
             return {}
-        return await self._read(lambda conn: threads_tx.thread_versions(conn, ids))
+        # Each thread's version stands alone: the statements need no common transaction.
+        return await self._read_statements(lambda conn: threads_tx.thread_versions(conn, ids))
 
     async def message_authors(self, thread_id: str, message_ids: Sequence[str]) -> dict[str, str]:
         ids = list(dict.fromkeys(message_ids))
@@ -492,7 +495,10 @@ class SqlStore(SqlTransactions):
         return await self._write(lambda conn: threads_tx.revoke_token(conn, token_hash))
 
     async def principal_for_token(self, token_hash: str) -> Principal | None:
-        return await self._read(lambda conn: threads_tx.principal_for_token(conn, token_hash))
+        # One statement, consistent on its own: no BEGIN and COMMIT around it.
+        return await self._read_statements(
+            lambda conn: threads_tx.principal_for_token(conn, token_hash)
+        )
 
     async def token_expires_in(self, token_hash: str) -> float | None:
         return await self._read(lambda conn: threads_tx.token_expires_in(conn, token_hash))
