@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from runtime.domain import InputPolicy
+from runtime.storage.retention import RetentionPolicy
 from runtime.storage.store import AdmissionLimits
 
 
@@ -197,6 +198,17 @@ class HooksStore(Protocol):
     # timers
     async def claim_timers(self, owner: str, ttl: float, limit: int) -> list[DueTimer]: ...
     async def fire_timer(self, timer: DueTimer, limits: AdmissionLimits | None) -> FireResult: ...
+
+    # thread retention (docs/operations.md, "Thread retention")
+    async def set_retention(self, policy: RetentionPolicy | None) -> None:
+        """The deployment's retention timer for `policy` (None: no retention)."""
+        ...
+
+    async def expire_threads(self, updated_before: float, limit: int) -> list[str]:
+        """Delete up to `limit` idle threads not updated since `updated_before` (database
+        clock), in one transaction; their ids. A queued, running or waiting run (so queued
+        input and a pending action), an active schedule or a held lease keeps a thread."""
+        ...
 
     # schedules
     async def create_schedule(self, spec: ScheduleSpec, created_by: str) -> Schedule: ...

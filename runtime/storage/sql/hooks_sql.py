@@ -20,8 +20,9 @@ from runtime.storage.hooks_store import (
     WebhookSubscription,
 )
 from runtime.storage.input_checks import check_owner, check_ttl
+from runtime.storage.retention import RetentionPolicy
 from runtime.storage.schedule_rules import check_spec, next_cron_time
-from runtime.storage.sql import schedules_tx, timers_tx, webhooks_tx
+from runtime.storage.sql import retention_tx, schedules_tx, timers_tx, webhooks_tx
 from runtime.storage.sql.core import Conn, thread_row
 from runtime.storage.sql.sql_store import SqlStore
 from runtime.storage.sql.transactions import SqlTransactions
@@ -63,6 +64,13 @@ class SqlHooks(SqlTransactions):
         self, timer: DueTimer, limits: AdmissionLimits | None = None
     ) -> FireResult:
         return await self._write(lambda conn: timers_tx.fire(conn, timer, limits))
+
+    async def set_retention(self, policy: RetentionPolicy | None) -> None:
+        await self._write(lambda conn: retention_tx.set_policy(conn, policy))
+
+    async def expire_threads(self, updated_before: float, limit: int) -> list[str]:
+        cutoff, batch = float(updated_before), _limit(limit)
+        return await self._write(lambda conn: retention_tx.expire_threads(conn, cutoff, batch))
 
     # --- schedules ----------------------------------------------------------------------
 
