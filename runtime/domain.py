@@ -10,6 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from runtime.approvals import ApprovalDecision, ApprovalState
 from runtime.errors import IllegalTransition
 from threadline_wire import AdmissionAnswer
+from threadline_wire import enums as _wire
+
+# The wire's enumerations, declared once in threadline_wire (the client reads the same ones).
+InputPolicy = _wire.InputPolicy
+MessageRole = _wire.MessageRole
+Role = _wire.Role
+RunStatus = _wire.RunStatus
+ToolState = _wire.ToolState
+Visibility = _wire.Visibility
+WaitKind = _wire.WaitKind
 
 # Documented limits (docs/architecture.md). Larger input is refused with `too_large`.
 MAX_TEXT_CHARS = 64 * 1024
@@ -20,14 +30,6 @@ MAX_PARTS_PER_MESSAGE = 256
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Role(StrEnum):
-    """Principal role. `backend` and `admin` are trusted actors."""
-
-    USER = "user"
-    BACKEND = "backend"
-    ADMIN = "admin"
 
 
 class Principal(_Frozen):
@@ -49,44 +51,10 @@ class Principal(_Frozen):
         return scope in self.scopes
 
 
-class Visibility(StrEnum):
-    VISIBLE = "visible"
-    HIDDEN = "hidden"
-
-
-class MessageRole(StrEnum):
-    USER = "user"
-    ASSISTANT = "assistant"
-    SYSTEM = "system"
-
-
 # --- tool-call part state machine -------------------------------------------------------
 
 
-class ToolState(StrEnum):
-    INPUT_AVAILABLE = "input-available"
-    AWAITING_ACTION = "awaiting-action"
-    RUNNING = "running"
-    OUTPUT_AVAILABLE = "output-available"
-    OUTPUT_ERROR = "output-error"
-    SKIPPED = "skipped"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_final(self) -> bool:
-        return self in _FINAL_TOOL_STATES
-
-
-_FINAL_TOOL_STATES = frozenset(
-    {
-        ToolState.OUTPUT_AVAILABLE,
-        ToolState.OUTPUT_ERROR,
-        ToolState.SKIPPED,
-        ToolState.REJECTED,
-        ToolState.CANCELLED,
-    }
-)
+_FINAL_TOOL_STATES = frozenset(state for state in ToolState if state.is_final)
 _TOOL_TRANSITIONS: dict[ToolState, frozenset[ToolState]] = {
     ToolState.INPUT_AVAILABLE: frozenset(
         {ToolState.AWAITING_ACTION, ToolState.RUNNING} | _FINAL_TOOL_STATES
@@ -103,12 +71,6 @@ _TOOL_TRANSITIONS: dict[ToolState, frozenset[ToolState]] = {
 def check_tool_transition(current: ToolState, target: ToolState) -> None:
     if target not in _TOOL_TRANSITIONS.get(current, frozenset()):
         raise IllegalTransition(f"tool part cannot go from {current} to {target}")
-
-
-class WaitKind(StrEnum):
-    APPROVAL = "approval"
-    CLIENT_TOOL = "client-tool"
-    MANUAL_RESULT = "manual-result"
 
 
 class Origin(_Frozen):
@@ -225,23 +187,6 @@ class Thread(_Frozen):
 # --- runs ------------------------------------------------------------------------------
 
 
-class RunStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    WAITING = "waiting"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
-
-    @property
-    def is_active(self) -> bool:
-        return not self.is_terminal
-
-
 _RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
     RunStatus.RUNNING: frozenset(
@@ -306,12 +251,6 @@ class QueuedItem(_Frozen):
     client_tools: tuple[dict[str, Any], ...] = ()
     position: int
     created_at: float
-
-
-class InputPolicy(StrEnum):
-    ENQUEUE = "enqueue"
-    REJECT = "reject"
-    INTERRUPT = "interrupt"
 
 
 class Admission(AdmissionAnswer):

@@ -18,18 +18,8 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope
-from runtime.chunks import StreamChunk
 from runtime.domain import Part
 from server.protocol.commands import COMMANDS
-from server.protocol.replies import (
-    Ack,
-    ActionsSubscribed,
-    ActionsUnsubscribed,
-    ErrorFrame,
-    Pong,
-    Subscribed,
-    Unsubscribed,
-)
 from threadline_client.models import (
     Admission,
     MetadataAnswer,
@@ -40,6 +30,16 @@ from threadline_client.models import (
     StopAnswer,
     ThreadPage,
     VersionAnswer,
+)
+from threadline_wire.chunks import StreamChunk
+from threadline_wire.frames import (
+    Ack,
+    ActionsSubscribed,
+    ActionsUnsubscribed,
+    ErrorFrame,
+    Pong,
+    Subscribed,
+    Unsubscribed,
 )
 
 REF = "#/$defs/{model}"

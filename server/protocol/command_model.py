@@ -21,8 +21,8 @@ from server.live.quotas import Limiter
 from server.live.revocation import TokenRevoker
 from server.protocol.authorizer import Authorizer
 from server.protocol.inputs import Input
-from server.protocol.replies import Ack, ServerFrame
 from server.tracing import QUOTA_REFUSALS
+from threadline_wire.frames import Ack, ServerFrame
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")

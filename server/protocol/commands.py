@@ -57,14 +57,14 @@ from server.protocol.inputs import (
     ToolResult,
     UpdateMetadata,
 )
-from server.protocol.replies import (
+from threadline_wire import AdmissionAnswer, fields_doc
+from threadline_wire.frames import (
     ActionsSubscribed,
     ActionsUnsubscribed,
     Pong,
     Subscribed,
     Unsubscribed,
 )
-from threadline_wire import AdmissionAnswer, fields_doc
 
 T = "/v1/threads/{thread_id}"
 
