@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -11,6 +11,7 @@ from runtime.approvals import ApprovalDecision, ApprovalState
 from runtime.errors import IllegalTransition
 from threadline_wire import AdmissionAnswer
 from threadline_wire import enums as _wire
+from threadline_wire import message_parts as parts
 
 # The wire's enumerations, declared once in threadline_wire (the client reads the same ones).
 InputPolicy = _wire.InputPolicy
@@ -97,33 +98,28 @@ class Resolution(_Frozen):
     origin: Origin | None = Field(default=None, exclude=True)
 
 
-class Waiting(_Frozen):
+class Waiting(parts.Waiting):
     """What a suspended tool part waits for. Projected as a PendingAction while unresolved."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    action_id: str
-    kind: WaitKind
-    payload_schema: dict[str, Any] = Field(alias="schema")
-    allowed_roles: tuple[Role, ...]
     resolution: Resolution | None = None
     # The tool's approval policy and the decisions committed so far (None: one resolution).
     approval: ApprovalState | None = None
 
 
-class TextPart(_Frozen):
-    type: Literal["text"] = "text"
+# The parts the wire carries (threadline_wire.message_parts, which the client reads), strict here.
+class TextPart(parts.TextPart):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     text: str = Field(max_length=MAX_TEXT_CHARS)
 
 
-class ToolCallPart(_Frozen):
-    type: Literal["tool-call"] = "tool-call"
+class ToolCallPart(parts.ToolCallPart):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     tool_call_id: str = Field(min_length=1, max_length=200)
     name: str = Field(min_length=1, max_length=200)
-    input: dict[str, Any] = Field(default_factory=dict)
-    state: ToolState = ToolState.INPUT_AVAILABLE
-    output: Any = None
-    error: str | None = None
     waiting: Waiting | None = None
 
     def transition(self, target: ToolState, **changes: Any) -> ToolCallPart:
@@ -326,14 +322,8 @@ class RunView(_Frozen):
     next_seq: int = 0
 
 
-class QueuedItemView(_Frozen):
-    id: str
-    text: str
-    submitted_by: str
-    interrupt: bool = False
-    # Set when `text` is only a preview; the full text has its own route (docs/protocol.md).
-    truncated: bool = False
-    size: int | None = None
+class QueuedItemView(parts.QueuedItemView):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Snapshot(_Frozen):

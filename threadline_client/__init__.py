@@ -1,4 +1,7 @@
-"""Threadline's Python client for backend actors and scripts (async, typed, with a sync wrapper)."""
+"""Threadline's Python client for backend actors and scripts (async, typed, with a sync wrapper).
+
+Its answers, parts, chunks and frames are the server's own wire models (`threadline_wire`).
+"""
 
 from threadline_client.client import ThreadlineClient, payload_dict
 from threadline_client.convergence import ThreadState
@@ -38,6 +41,25 @@ from threadline_client.models import (
 from threadline_client.sync import SyncThreadlineClient
 from threadline_client.tokens import TokenProvider, jwt_expiry
 from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch, WatchEvent
+from threadline_wire.chunks import (
+    RunTakeoverChunk,
+    StepFinishChunk,
+    StepStartChunk,
+    StreamChunk,
+    TextDeltaChunk,
+    ToolCallChunk,
+    ToolProgressChunk,
+    ToolStateChunk,
+)
+from threadline_wire.enums import MessageRole, Role, RunStatus, ToolState, Visibility, WaitKind
+from threadline_wire.message_parts import (
+    MessagePart,
+    OtherPart,
+    QueuedItemView,
+    TextPart,
+    ToolCallPart,
+    Waiting,
+)
 
 __all__ = [
     "ActionConflict",
@@ -56,19 +78,31 @@ __all__ = [
     "InvariantViolation",
     "LeaseLost",
     "Message",
+    "MessagePart",
+    "MessageRole",
     "MethodNotAllowed",
     "NotFound",
+    "OtherPart",
     "PendingAction",
     "Principal",
+    "QueuedItemView",
     "RateLimited",
+    "Role",
     "Run",
     "RunActive",
+    "RunStatus",
     "RunStopping",
+    "RunTakeoverChunk",
     "Schedule",
     "ScheduleFire",
     "ServerError",
     "Snapshot",
+    "StepFinishChunk",
+    "StepStartChunk",
+    "StreamChunk",
     "SyncThreadlineClient",
+    "TextDeltaChunk",
+    "TextPart",
     "ThreadInfo",
     "ThreadState",
     "ThreadWatch",
@@ -76,9 +110,17 @@ __all__ = [
     "ThreadlineError",
     "TokenProvider",
     "TooLarge",
+    "ToolCallChunk",
+    "ToolCallPart",
+    "ToolProgressChunk",
+    "ToolState",
+    "ToolStateChunk",
     "Unauthorized",
     "Unavailable",
     "VersionAnswer",
+    "Visibility",
+    "WaitKind",
+    "Waiting",
     "WatchEvent",
     "Webhook",
     "jwt_expiry",

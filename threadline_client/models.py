@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from threadline_wire import AdmissionAnswer
+from threadline_wire.chunks import StreamChunk, StreamChunkAdapter
+from threadline_wire.enums import MessageRole, Role, RunStatus, Visibility, WaitKind
+from threadline_wire.message_parts import MessagePart, QueuedItemView, TextPart
 
-RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
-ACTIVE_RUN_STATUSES = frozenset({"queued", "running", "waiting"})
-TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
+ACTIVE_RUN_STATUSES = frozenset(status for status in RunStatus if status.is_active)
+TERMINAL_RUN_STATUSES = frozenset(status for status in RunStatus if status.is_terminal)
 
 
 class WireModel(BaseModel):
@@ -30,25 +32,28 @@ class ThreadInfo(WireModel):
 
 
 class Message(WireModel):
+    """A message of a snapshot; its parts are the server's own part models (text, tool
+    calls), a newer server's unknown ones kept as `OtherPart`."""
+
     id: str
-    role: str
-    visibility: str = "visible"
+    role: MessageRole
+    visibility: Visibility = Visibility.VISIBLE
     run_id: str | None = None
-    parts: list[dict[str, Any]] = Field(default_factory=list)
+    parts: list[MessagePart] = Field(default_factory=list)
 
     @property
     def text(self) -> str:
-        return "".join(str(p.get("text", "")) for p in self.parts if p.get("type") == "text")
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
 
 
 class PendingAction(WireModel):
     id: str
-    kind: str
+    kind: WaitKind
     tool_call_id: str
     tool_name: str
     input: dict[str, Any] = Field(default_factory=dict)
     payload_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    allowed_roles: list[str] = Field(default_factory=list)
+    allowed_roles: list[Role] = Field(default_factory=list)
     run_id: str | None = None
     message_id: str | None = None
     # Set in the scope-wide inbox (GET /v1/actions), where an action is not inside a snapshot.
@@ -95,7 +100,7 @@ class Snapshot(WireModel):
     messages: list[Message] = Field(default_factory=list)
     pending_actions: list[PendingAction] = Field(default_factory=list)
     run: Run | None = None
-    queue: list[dict[str, Any]] = Field(default_factory=list)
+    queue: list[QueuedItemView] = Field(default_factory=list)
     page: Page | None = None
 
     @model_validator(mode="before")
@@ -145,6 +150,15 @@ class RegenerateAnswer(WireModel):
 
 class Principal(WireModel):
     subject: str
-    role: str
+    role: Role
     scopes: list[str]
     name: str | None = None  # the token's display name, else the subject (newer servers)
+
+
+def typed_chunk(chunk: dict[str, Any]) -> StreamChunk | dict[str, Any]:
+    """A `chunk` frame's chunk as the runtime's own model (`TextDeltaChunk`, `ToolCallChunk`,
+    ...); one this client does not know (a newer server's) stays a dict."""
+    try:
+        return StreamChunkAdapter.validate_python(chunk)
+    except ValidationError:
+        return chunk
