@@ -1,4 +1,4 @@
-"""Typed views of Threadline's wire bodies; unknown fields are kept so newer servers still parse."""
+"""Typed views of Threadline's wire bodies (the answers: threadline_wire's); unknown fields kept."""
 
 from __future__ import annotations
 
@@ -8,6 +8,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from threadline_wire import AdmissionAnswer
 from threadline_wire.chunks import StreamChunk, StreamChunkAdapter
+from threadline_wire.command_answers import (
+    MetadataAnswer,
+    Principal,
+    RegenerateAnswer,
+    StopAnswer,
+    ThreadInfo,
+    ThreadPage,
+    VersionAnswer,
+)
 from threadline_wire.enums import MessageRole, Role, RunStatus, Visibility, WaitKind
 from threadline_wire.message_parts import MessagePart, QueuedItemView, TextPart
 
@@ -19,16 +28,6 @@ class WireModel(BaseModel):
     """Lenient on input (a server may add fields, docs/protocol.md says clients ignore them)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
-
-
-class ThreadInfo(WireModel):
-    id: str
-    scope: str
-    title: str
-    version: int
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    created_at: Any = None
-    updated_at: Any = None
 
 
 class Message(WireModel):
@@ -80,19 +79,6 @@ class Page(WireModel):
     before: int | None = None
 
 
-class ThreadPage(WireModel):
-    """A page of `GET /v1/threads`; `next_cursor` pages on (None: the last page)."""
-
-    threads: list[ThreadInfo]
-    next_cursor: str | None = None
-
-
-class MetadataAnswer(WireModel):
-    thread_id: str
-    version: int
-    metadata: dict[str, Any]
-
-
 class Snapshot(WireModel):
     """A thread's projected, committed state at one version (its messages: one page)."""
 
@@ -130,31 +116,6 @@ class Snapshot(WireModel):
 Admission = AdmissionAnswer
 
 
-class VersionAnswer(WireModel):
-    thread_id: str
-    version: int
-
-
-class StopAnswer(WireModel):
-    thread_id: str
-    version: int
-    run_id: str
-    status: RunStatus
-
-
-class RegenerateAnswer(WireModel):
-    thread_id: str
-    version: int
-    run_id: str
-
-
-class Principal(WireModel):
-    subject: str
-    role: Role
-    scopes: list[str]
-    name: str | None = None  # the token's display name, else the subject (newer servers)
-
-
 def typed_chunk(chunk: dict[str, Any]) -> StreamChunk | dict[str, Any]:
     """A `chunk` frame's chunk as the runtime's own model (`TextDeltaChunk`, `ToolCallChunk`,
     ...); one this client does not know (a newer server's) stays a dict."""
@@ -162,3 +123,24 @@ def typed_chunk(chunk: dict[str, Any]) -> StreamChunk | dict[str, Any]:
         return StreamChunkAdapter.validate_python(chunk)
     except ValidationError:
         return chunk
+
+
+__all__ = [
+    "ACTIVE_RUN_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "Admission",
+    "Message",
+    "MetadataAnswer",
+    "Page",
+    "PendingAction",
+    "Principal",
+    "RegenerateAnswer",
+    "Run",
+    "Snapshot",
+    "StopAnswer",
+    "ThreadInfo",
+    "ThreadPage",
+    "VersionAnswer",
+    "WireModel",
+    "typed_chunk",
+]

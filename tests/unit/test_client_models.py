@@ -5,14 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from runtime import domain
+from server.protocol import answers
 from threadline_client import (
     Message,
     OtherPart,
+    Principal,
     QueuedItemView,
+    Role,
     RunStatus,
     Snapshot,
     TextDeltaChunk,
     TextPart,
+    ThreadPage,
     ToolCallPart,
     ToolState,
     WaitKind,
@@ -102,3 +106,30 @@ def test_a_chunk_reads_as_the_runtime_s_own_model() -> None:
     chunk = typed_chunk({"type": "text-delta", "delta": "hi"})
     assert isinstance(chunk, TextDeltaChunk) and chunk.delta == "hi"
     assert chunks.TextDeltaChunk is TextDeltaChunk
+
+
+def test_the_server_answers_are_the_wire_answers_the_client_reads() -> None:
+    thread = domain.Thread(
+        id="t1",
+        scope="s",
+        title="x",
+        version=2,
+        metadata={"k": "v"},
+        private_metadata={"secret": 1},
+        created_at=1.0,
+        updated_at=2.0,
+    )
+    body = answers.threads_answer([thread], limit=1)
+    assert set(body["threads"][0]) == {
+        "id", "scope", "title", "version", "metadata", "owner", "created_at", "updated_at"
+    }  # fmt: skip
+    page = ThreadPage.model_validate(body)
+    assert page.threads[0].metadata == {"k": "v"} and page.next_cursor is not None
+    principal = domain.Principal(subject="ann", role=domain.Role.USER, scopes=frozenset({"s"}))
+    me = Principal.model_validate(answers.principal_answer(principal))
+    assert me.role is Role.USER and me.name == "ann"
+    assert answers.metadata_answer(thread) == {
+        "thread_id": "t1",
+        "version": 2,
+        "metadata": {"k": "v"},
+    }

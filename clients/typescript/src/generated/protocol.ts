@@ -765,18 +765,21 @@ export interface Snapshot {
   [k: string]: unknown | undefined;
 }
 /**
+ * A thread as the list shows it (its private metadata never leaves the server).
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "ThreadInfo".
  */
 export interface ThreadInfo {
-  created_at?: unknown;
+  created_at?: number | null;
   id: string;
   metadata?: {
     [k: string]: unknown | undefined;
   };
+  owner?: string | null;
   scope: string;
   title: string;
-  updated_at?: unknown;
+  updated_at?: number | null;
   version: number;
   [k: string]: unknown | undefined;
 }
