@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from runtime.domain import InputPolicy
 from runtime.storage.retention import RetentionPolicy
 from runtime.storage.store import AdmissionLimits
+from runtime.storage.thread_query import keyset_cursor
 
 
 class MissedFire(StrEnum):
@@ -191,6 +192,16 @@ class AttemptOutcome(_Frozen):
     retry_in: float | None
 
 
+def fire_cursor(fire: ScheduleFire) -> str:
+    """The cursor after `fire` in a schedule's fires (newest first)."""
+    return keyset_cursor(fire.fire_at, fire.schedule_id)
+
+
+def delivery_cursor(delivery: Delivery) -> str:
+    """The cursor after `delivery` in a subscription's deliveries (oldest first, then id)."""
+    return keyset_cursor(delivery.occurred_at, delivery.id)
+
+
 class HooksStore(Protocol):
     """Timers, schedules and webhook subscriptions and deliveries; every write one
     transaction, every read filtered by the caller's scopes."""
@@ -219,7 +230,7 @@ class HooksStore(Protocol):
     ) -> Schedule: ...
     async def delete_schedule(self, scopes: Collection[str], schedule_id: str) -> None: ...
     async def schedule_fires(
-        self, scopes: Collection[str], schedule_id: str, limit: int = 100
+        self, scopes: Collection[str], schedule_id: str, limit: int = 100, after: str | None = None
     ) -> list[ScheduleFire]: ...
 
     # webhooks
@@ -252,6 +263,7 @@ class HooksStore(Protocol):
         *,
         state: DeliveryState | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[Delivery]: ...
     async def delivery_attempts(
         self, scopes: Collection[str], delivery_id: str

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from runtime.domain import Principal
 from runtime.errors import InvalidInput
@@ -14,6 +14,8 @@ from runtime.storage.hooks_store import (
     DeliveryState,
     Schedule,
     WebhookSubscription,
+    delivery_cursor,
+    fire_cursor,
 )
 from server.protocol.command_model import Command, Http
 from server.protocol.hooks_inputs import (
@@ -43,6 +45,9 @@ DELIVERY = (
 )
 
 
+T = TypeVar("T")
+
+
 def hooks(caller: Any) -> HooksService:
     return hooks_for(caller.service)
 
@@ -58,8 +63,21 @@ def limit_query(query: Mapping[str, str]) -> dict[str, Any]:
     return {"limit": _int(query, "limit", 100)}
 
 
-def deliveries_query(query: Mapping[str, str]) -> dict[str, Any]:
+def paged_query(query: Mapping[str, str]) -> dict[str, Any]:
+    """`limit` and the previous page's `cursor`."""
     fields = limit_query(query)
+    if "cursor" in query:
+        fields["cursor"] = query["cursor"]
+    return fields
+
+
+def next_cursor(items: Sequence[T], limit: int, cursor: Callable[[T], str]) -> str | None:
+    """The cursor after a full page's last item (None: this was the last page)."""
+    return cursor(items[-1]) if items and len(items) >= limit else None
+
+
+def deliveries_query(query: Mapping[str, str]) -> dict[str, Any]:
+    fields = paged_query(query)
     state = query.get("state")
     if state is not None:
         try:
@@ -133,12 +151,15 @@ HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="schedule.fires",
         input=ScheduleFires,
-        call=lambda c, i: hooks(c).schedule_fires(c.principal, i.schedule_id, i.limit),
-        answer=lambda i, fires: {"fires": [f.model_dump(mode="json") for f in fires]},
+        call=lambda c, i: hooks(c).schedule_fires(c.principal, i.schedule_id, i.limit, i.cursor),
+        answer=lambda i, fires: {
+            "fires": [f.model_dump(mode="json") for f in fires],
+            "next_cursor": next_cursor(fires, i.limit, fire_cursor),
+        },
         answer_doc='`{"fires": [{"fire_at", "fired_at", "outcome", "thread_id", "run_id", '
-        '"queued_item_id", "detail"}]}`, newest first',
+        '"queued_item_id", "detail"}], "next_cursor"}`, newest first; `?cursor=` pages on',
         reply=None,
-        http=Http("GET", f"{S}/fires", "schedule_fires", body=False, query=limit_query),
+        http=Http("GET", f"{S}/fires", "schedule_fires", body=False, query=paged_query),
         note=READ,
         limited=False,
     ),
@@ -222,10 +243,15 @@ HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="webhook.deliveries",
         input=ListDeliveries,
-        call=lambda c, i: hooks(c).deliveries(c.principal, i.webhook_id, i.state, i.limit),
-        answer=lambda i, items: {"deliveries": [delivery_answer(d) for d in items]},
-        answer_doc=f'`{{"deliveries": [{DELIVERY.strip("`")}]}}`, oldest first; '
-        "`?state=pending|delivered|dead`",
+        call=lambda c, i: hooks(c).deliveries(
+            c.principal, i.webhook_id, i.state, i.limit, i.cursor
+        ),
+        answer=lambda i, items: {
+            "deliveries": [delivery_answer(d) for d in items],
+            "next_cursor": next_cursor(items, i.limit, delivery_cursor),
+        },
+        answer_doc=f'`{{"deliveries": [{DELIVERY.strip("`")}], "next_cursor"}}`, oldest first; '
+        "`?state=pending|delivered|dead`, `?cursor=` pages on",
         reply=None,
         http=Http(
             "GET", f"{W}/deliveries", "webhook_deliveries", body=False, query=deliveries_query

@@ -27,6 +27,7 @@ from runtime.storage.sql.core import Conn, thread_row
 from runtime.storage.sql.sql_store import SqlStore
 from runtime.storage.sql.transactions import SqlTransactions
 from runtime.storage.store import AdmissionLimits
+from runtime.storage.thread_query import read_cursor
 
 
 def _limit(limit: int) -> int:
@@ -116,10 +117,12 @@ class SqlHooks(SqlTransactions):
         await self._write(lambda conn: schedules_tx.delete(conn, scopes, schedule_id))
 
     async def schedule_fires(
-        self, scopes: Collection[str], schedule_id: str, limit: int = 100
+        self, scopes: Collection[str], schedule_id: str, limit: int = 100, after: str | None = None
     ) -> list[ScheduleFire]:
+        if after is not None:
+            read_cursor(after)  # a bad cursor is refused before any transaction
         return await self._read(
-            lambda conn: schedules_tx.fires(conn, scopes, schedule_id, _limit(limit))
+            lambda conn: schedules_tx.fires(conn, scopes, schedule_id, _limit(limit), after)
         )
 
     # --- webhooks -----------------------------------------------------------------------
@@ -177,10 +180,13 @@ class SqlHooks(SqlTransactions):
         *,
         state: DeliveryState | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[Delivery]:
+        if after is not None:
+            read_cursor(after)  # a bad cursor is refused before any transaction
         return await self._read(
             lambda conn: webhooks_tx.list_deliveries(
-                conn, scopes, subscription_id, state, _limit(limit)
+                conn, scopes, subscription_id, state, _limit(limit), after
             )
         )
 

@@ -363,6 +363,7 @@ export interface ListActions {
  * via the `definition` "ListDeliveries".
  */
 export interface ListDeliveries {
+  cursor?: string | null;
   limit?: number;
   state?: DeliveryState | null;
   webhook_id: string;
@@ -706,6 +707,7 @@ export interface RunTakeoverChunk {
  * via the `definition` "ScheduleFires".
  */
 export interface ScheduleFires {
+  cursor?: string | null;
   limit?: number;
   schedule_id: string;
 }
