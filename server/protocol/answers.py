@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from runtime.domain import Admission, Principal, Thread
 from runtime.service.assigned import InboxPage
@@ -19,6 +20,8 @@ from threadline_wire.command_answers import (
 from threadline_wire.command_answers import (
     Principal as PrincipalAnswer,
 )
+
+T = TypeVar("T")
 
 
 def admission_answer(admission: Admission) -> dict[str, Any]:
@@ -56,23 +59,20 @@ def regenerate_answer(result: RewriteResult) -> dict[str, Any]:
     return answer.to_wire()
 
 
+def next_cursor(items: Sequence[T], limit: int | None, cursor: Callable[[T], str]) -> str | None:
+    """The cursor after a page's last item when the page is full (more may be behind it);
+    None: this was the last page."""
+    full = limit is not None and bool(items) and len(items) >= limit
+    return cursor(items[-1]) if full else None
+
+
 def threads_answer(threads: list[Thread], limit: int | None = None) -> dict[str, Any]:
-    # Private metadata never leaves the server. A full page may have more behind it: its last
-    # thread's cursor pages on (None: this was the last page).
-    full = limit is not None and bool(threads) and len(threads) >= limit
+    # Private metadata never leaves the server.
     page = ThreadPage(
-        next_cursor=page_cursor(threads[-1]) if full else None,
+        next_cursor=next_cursor(threads, limit, page_cursor),
         threads=[
-            ThreadInfo(
-                id=thread.id,
-                scope=thread.scope,
-                title=thread.title,
-                version=thread.version,
-                metadata=thread.metadata,
-                owner=thread.owner,
-                created_at=thread.created_at,
-                updated_at=thread.updated_at,
-            )
+            # The wire model's fields only: nothing internal leaves by being added to Thread.
+            ThreadInfo.model_validate(thread.model_dump(include=set(ThreadInfo.model_fields)))
             for thread in threads
         ],
     )

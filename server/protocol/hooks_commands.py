@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from runtime.domain import Principal
 from runtime.errors import InvalidInput
@@ -17,6 +17,7 @@ from runtime.storage.hooks_store import (
     delivery_cursor,
     fire_cursor,
 )
+from server.protocol.answers import next_cursor
 from server.protocol.command_model import Command, Http
 from server.protocol.hooks_inputs import (
     CreateSchedule,
@@ -45,9 +46,6 @@ DELIVERY = (
 )
 
 
-T = TypeVar("T")
-
-
 def hooks(caller: Any) -> HooksService:
     return hooks_for(caller.service)
 
@@ -69,11 +67,6 @@ def paged_query(query: Mapping[str, str]) -> dict[str, Any]:
     if "cursor" in query:
         fields["cursor"] = query["cursor"]
     return fields
-
-
-def next_cursor(items: Sequence[T], limit: int, cursor: Callable[[T], str]) -> str | None:
-    """The cursor after a full page's last item (None: this was the last page)."""
-    return cursor(items[-1]) if items and len(items) >= limit else None
 
 
 def deliveries_query(query: Mapping[str, str]) -> dict[str, Any]:
