@@ -281,15 +281,13 @@ class Lease(_Frozen):
 # --- projections -----------------------------------------------------------------------
 
 
-class PendingAction(_Frozen):
+class PendingAction(parts.PendingAction):
+    """The wire's pending action (threadline_wire), strict: every field the projection sets."""
+
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    id: str
-    kind: WaitKind
     run_id: str | None
     message_id: str
-    tool_call_id: str
-    tool_name: str
     input: dict[str, Any]
     payload_schema: dict[str, Any] = Field(alias="schema")
     allowed_roles: tuple[Role, ...]
@@ -314,12 +312,8 @@ class MessageView(_Frozen):
     run_id: str | None = None
 
 
-class RunView(_Frozen):
-    id: str
-    status: RunStatus
-    error: str | None = None
-    started_by: str | None = None
-    next_seq: int = 0
+class RunView(parts.RunView):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class QueuedItemView(parts.QueuedItemView):

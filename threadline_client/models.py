@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from threadline_wire import AdmissionAnswer
+from threadline_wire import AdmissionAnswer, message_parts
 from threadline_wire.chunks import StreamChunk, StreamChunkAdapter
 from threadline_wire.command_answers import (
     MetadataAnswer,
@@ -17,7 +17,7 @@ from threadline_wire.command_answers import (
     ThreadPage,
     VersionAnswer,
 )
-from threadline_wire.enums import MessageRole, Role, RunStatus, Visibility, WaitKind
+from threadline_wire.enums import MessageRole, RunStatus, Visibility
 from threadline_wire.message_parts import MessagePart, QueuedItemView, TextPart
 
 ACTIVE_RUN_STATUSES = frozenset(status for status in RunStatus if status.is_active)
@@ -45,30 +45,18 @@ class Message(WireModel):
         return "".join(p.text for p in self.parts if isinstance(p, TextPart))
 
 
-class PendingAction(WireModel):
-    id: str
-    kind: WaitKind
-    tool_call_id: str
-    tool_name: str
-    input: dict[str, Any] = Field(default_factory=dict)
-    payload_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    allowed_roles: list[Role] = Field(default_factory=list)
-    run_id: str | None = None
-    message_id: str | None = None
+class PendingAction(message_parts.PendingAction):
+    """A pending action as a snapshot or the scope-wide inbox lists it."""
+
     # Set in the scope-wide inbox (GET /v1/actions), where an action is not inside a snapshot.
     thread_id: str | None = None
     scope: str | None = None
     created_at: Any = None
-    # An approval under a policy: its policy and progress (docs/protocol.md, "Approval policies").
     approval: dict[str, Any] | None = None
 
 
-class Run(WireModel):
-    id: str
-    status: RunStatus
-    error: Any = None
-    started_by: str | None = None
-    next_seq: int = 0
+class Run(message_parts.RunView):
+    """The thread's latest run, as a snapshot holds it."""
 
 
 class Page(WireModel):

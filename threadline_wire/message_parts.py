@@ -1,4 +1,4 @@
-"""Message parts (text, tool calls) and queued inputs as the wire carries them, declared once.
+"""A snapshot's parts as the wire carries them: message parts, pending actions, run, queue.
 
 Lenient here (`extra="allow"`), so an older client still reads a newer server's parts; the
 server's own `runtime.domain` parts extend these models, strictly, with their bounds, the
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
-from threadline_wire.enums import Role, ToolState, WaitKind
+from threadline_wire.enums import Role, RunStatus, ToolState, WaitKind
 
 
 class _WirePart(BaseModel):
@@ -65,6 +65,33 @@ class QueuedItemView(_WirePart):
     size: int | None = None
 
 
+class RunView(_WirePart):
+    """A snapshot's run: the thread's latest, with the seq its live chunks continue from."""
+
+    id: str
+    status: RunStatus
+    error: str | None = None
+    started_by: str | None = None
+    next_seq: int = 0
+
+
+class PendingAction(_WirePart):
+    """A suspended tool part waiting for a caller: an approval, a client tool's result or a
+    manual result, with the JSON Schema (`schema`) its payload must match."""
+
+    id: str
+    kind: WaitKind
+    tool_call_id: str
+    tool_name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    payload_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    allowed_roles: tuple[Role, ...] = ()
+    run_id: str | None = None
+    message_id: str | None = None
+    # An approval under a policy: its policy and progress (docs/protocol.md, "Approval policies").
+    approval: Any = None
+
+
 def _part_type(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     return kind if kind in ("text", "tool-call") else "other"
@@ -83,7 +110,9 @@ __all__ = [
     "MessagePart",
     "MessagePartsAdapter",
     "OtherPart",
+    "PendingAction",
     "QueuedItemView",
+    "RunView",
     "TextPart",
     "ToolCallPart",
     "Waiting",

@@ -89,6 +89,8 @@ def test_the_server_parts_are_the_wire_models() -> None:
     assert issubclass(domain.TextPart, message_parts.TextPart)
     assert issubclass(domain.ToolCallPart, message_parts.ToolCallPart)
     assert issubclass(domain.QueuedItemView, message_parts.QueuedItemView)
+    assert issubclass(domain.RunView, message_parts.RunView)
+    assert issubclass(domain.PendingAction, message_parts.PendingAction)
     assert domain.RunStatus is RunStatus and domain.ToolState is ToolState
     part = domain.TextPart(text="x")
     assert TextPart.model_validate(part.model_dump()) == TextPart(text="x")

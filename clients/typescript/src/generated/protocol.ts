@@ -517,6 +517,8 @@ export interface Page {
   [k: string]: unknown | undefined;
 }
 /**
+ * A pending action as a snapshot or the scope-wide inbox lists it.
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "PendingAction".
  */
@@ -681,11 +683,13 @@ export interface RevokeTokenById {
   token_id: string;
 }
 /**
+ * The thread's latest run, as a snapshot holds it.
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Run".
  */
 export interface Run {
-  error?: unknown;
+  error?: string | null;
   id: string;
   next_seq?: number;
   started_by?: string | null;
