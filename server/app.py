@@ -170,7 +170,9 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             )
             await stack.enter_async_context(worker)
             state.worker = worker
-            # Schedules fire and webhooks are delivered where runs are executed.
+            # Schedules fire and webhooks are delivered where runs are executed; so does
+            # retention, whose one timer every worker sets to this process's policy.
+            await state.hooks_store.set_retention(settings.retention)
             await stack.enter_async_context(
                 TimerLoop(
                     state.hooks_store,

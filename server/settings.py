@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.approval_overrides import parse_policies
 from runtime.approvals import ApprovalPolicy
 from runtime.mcp.config import MCPServer
 from runtime.service.permissions import PermissionPolicy, Who
+from runtime.storage.retention import RetentionPolicy, parse_duration
 from server.oidc import BrowserSignIn, OIDCIssuer
 
+# `30d`, `12h`, `1h30m` or seconds (runtime.storage.retention.parse_duration).
+Duration = Annotated[float, BeforeValidator(parse_duration)]
 ServerRole = Literal["all", "gateway", "worker"]
 # uvicorn's loop setting: auto takes uvloop when it is installed (a dependency), else asyncio's.
 EventLoop = Literal["auto", "asyncio", "uvloop"]
@@ -158,6 +161,10 @@ class Settings(BaseSettings):
     webhook_max_age: float = Field(default=24 * 3600.0, gt=0)
     webhook_max_response_bytes: int = Field(default=64 * 1024, ge=1024)
     webhook_poll_interval: float = Field(default=0.5, gt=0)
+    # Threads idle longer than this are deleted (docs/operations.md, "Thread retention"),
+    # looked for every thread_retention_interval by one worker of the deployment. None: kept.
+    thread_retention: Duration | None = None
+    thread_retention_interval: Duration = 3600.0
 
     # --- operations (docs/operations.md, "Metrics", "Logs", "Shutdown")
     # Prometheus exposition at /metrics; with metrics_port set, on that port only.
@@ -195,6 +202,14 @@ class Settings(BaseSettings):
         if self.oidc_browser is not None and self.oidc_browser.issuer not in trusted:
             raise ValueError("THREADLINE_OIDC_BROWSER names an issuer not in OIDC_ISSUERS")
         return self
+
+    @property
+    def retention(self) -> RetentionPolicy | None:
+        if self.thread_retention is None:
+            return None
+        return RetentionPolicy(
+            idle_for=self.thread_retention, interval=self.thread_retention_interval
+        )
 
     @property
     def permissions(self) -> PermissionPolicy:

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ValidationError
 from runtime import instruments
 from runtime.agent import Agent
 from runtime.approvals import ApprovalDecision, ApprovalState
-from runtime.chunks import ToolCallChunk, ToolProgressChunk, ToolStateChunk
 from runtime.domain import ToolCallPart, ToolState, Waiting, WaitKind
 from runtime.engine.shielding import runtime_cancelled, stray
 from runtime.engine.streaming import ChunkSink
@@ -38,6 +37,7 @@ from runtime.tools import (
     Tool,
     ToolContext,
 )
+from threadline_wire.chunks import ToolCallChunk, ToolProgressChunk, ToolStateChunk
 
 # The model-visible result of a tool that a takeover found started without a committed result
 # and that does not declare itself idempotent: it may or may not have had its effect.

@@ -22,8 +22,8 @@ from server.live.revocation import TokenRevoker
 from server.live.snapshot_cache import SnapshotCache
 from server.protocol.authorizer import Authorizer
 from server.protocol.inputs import Input
-from server.protocol.replies import Ack, ServerFrame
 from server.tracing import QUOTA_REFUSALS
+from threadline_wire.frames import Ack, ServerFrame
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")

@@ -17,9 +17,11 @@ from server.live.snapshot_cache import snapshot_etag
 from server.protocol.answers import (
     actions_answer,
     admission_answer,
+    metadata_answer,
     principal_answer,
     regenerate_answer,
     stop_answer,
+    thread_version_answer,
     threads_answer,
     version_answer,
 )
@@ -59,15 +61,15 @@ from server.protocol.inputs import (
     ToolResult,
     UpdateMetadata,
 )
-from server.protocol.replies import (
+from server.protocol.snapshot_reads import read_snapshot, snapshot_query
+from threadline_wire import AdmissionAnswer, fields_doc
+from threadline_wire.frames import (
     ActionsSubscribed,
     ActionsUnsubscribed,
     Pong,
     Subscribed,
     Unsubscribed,
 )
-from server.protocol.snapshot_reads import read_snapshot, snapshot_query
-from threadline_wire import AdmissionAnswer, fields_doc
 
 T = "/v1/threads/{thread_id}"
 
@@ -212,7 +214,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         name="thread.rename",
         input=RenameThread,
         call=lambda c, i: c.service.rename_thread(c.principal, i.thread_id, i.title),
-        answer=lambda i, thread: {"thread_id": thread.id, "version": thread.version},
+        answer=lambda i, thread: thread_version_answer(thread),
         answer_doc=THREAD_VERSION,
         http=Http("PATCH", T, "rename_thread"),
     ),
@@ -220,11 +222,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         name="thread.update_metadata",
         input=UpdateMetadata,
         call=lambda c, i: c.service.update_metadata(c.principal, i.thread_id, i.metadata),
-        answer=lambda i, thread: {
-            "thread_id": thread.id,
-            "version": thread.version,
-            "metadata": thread.metadata,
-        },
+        answer=lambda i, thread: metadata_answer(thread),
         answer_doc='`{"thread_id", "version", "metadata"}`: `metadata` a JSON merge patch '
         "(RFC 7396: `null` removes a key); the answer has the whole result",
         http=Http("PATCH", f"{T}/metadata", "update_thread_metadata"),

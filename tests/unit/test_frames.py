@@ -18,8 +18,8 @@ from server.protocol.client_frames import (
     decode_frame,
 )
 from server.protocol.inputs import NoInput, ResumeAction, SendMessage, SetVisibility, ThreadRef
-from server.protocol.replies import Ack, Subscribed
 from server.protocol.wire_errors import wire_error
+from threadline_wire.frames import Ack, Subscribed
 
 M = TypeVar("M", bound=BaseModel)
 VALID: dict[str, dict[str, Any]] = {

@@ -149,7 +149,7 @@ def list_threads_sql(
         where.append(f"updated_at < ${len(args)}")
     if query.after is not None:
         position = read_cursor(query.after)
-        args += [position.updated_at, position.thread_id]
+        args += [position.at, position.key]
         n = len(args)
         where.append(f"(updated_at < ${n - 1} OR (updated_at = ${n - 1} AND id > ${n}))")
     args.append(int(limit))

@@ -31,18 +31,6 @@ export type DeliveryState = 'pending' | 'delivered' | 'dead';
  * via the `definition` "InputPolicy".
  */
 export type InputPolicy1 = 'enqueue' | 'reject' | 'interrupt';
-/**
- * What a fire later than its schedule's `misfire_grace` does (all workers were down).
- *
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "MissedFire".
- */
-export type MissedFire1 = 'run_once' | 'skip';
-/**
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "Part".
- */
-export type Part = TextPart | ToolCallPart;
 export type ToolState =
   | 'input-available'
   | 'awaiting-action'
@@ -64,12 +52,35 @@ export type Role = 'user' | 'backend' | 'admin';
  * via the `definition` "WaitKind".
  */
 export type WaitKind = 'approval' | 'client-tool' | 'manual-result';
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "MessageRole".
+ */
+export type MessageRole = 'user' | 'assistant' | 'system';
+export type Visibility = 'visible' | 'hidden';
+/**
+ * What a fire later than its schedule's `misfire_grace` does (all workers were down).
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "MissedFire".
+ */
+export type MissedFire1 = 'run_once' | 'skip';
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "Part".
+ */
+export type Part = TextPart | ToolCallPart;
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "RunStatus".
+ */
+export type RunStatus = 'queued' | 'running' | 'waiting' | 'completed' | 'failed' | 'cancelled';
 export type InputPolicy2 = 'enqueue' | 'reject' | 'interrupt';
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Visibility".
  */
-export type Visibility = 'visible' | 'hidden';
+export type Visibility1 = 'visible' | 'hidden';
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "StreamChunk".
@@ -400,6 +411,7 @@ export interface ListActions {
  * via the `definition` "ListDeliveries".
  */
 export interface ListDeliveries {
+  cursor?: string | null;
   limit?: number;
   state?: DeliveryState | null;
   webhook_id: string;
@@ -431,57 +443,18 @@ export interface ListThreads {
   updated_before?: number | null;
 }
 /**
+ * A message of a snapshot; its parts are the server's own part models (text, tool
+ * calls), a newer server's unknown ones kept as `OtherPart`.
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Message".
  */
 export interface Message {
   id: string;
-  parts?: {
-    [k: string]: unknown | undefined;
-  }[];
-  role: string;
+  parts?: (TextPart | ToolCallPart | OtherPart)[];
+  role: MessageRole;
   run_id?: string | null;
-  visibility?: string;
-  [k: string]: unknown | undefined;
-}
-/**
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "MetadataAnswer".
- */
-export interface MetadataAnswer {
-  metadata: {
-    [k: string]: unknown | undefined;
-  };
-  thread_id: string;
-  version: number;
-  [k: string]: unknown | undefined;
-}
-/**
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "NoInput".
- */
-export interface NoInput {}
-/**
- * A thread by the id a client chose, inside the caller's scope; created on first use when
- * `create` (a foreign id is a free one: the caller's own thread of that id).
- *
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "OpenThread".
- */
-export interface OpenThread {
-  create?: boolean;
-  thread_id: string;
-}
-/**
- * Which messages a snapshot holds: the last `limit` before a cursor. `before` not None:
- * older messages exist; `snapshot(thread_id, before=page.before)` reads the next older page.
- *
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "Page".
- */
-export interface Page {
-  before?: number | null;
-  limit: number;
+  visibility?: Visibility;
   [k: string]: unknown | undefined;
 }
 /**
@@ -544,11 +517,63 @@ export interface Resolution {
   subject: string;
 }
 /**
+ * A part of a type this client does not know (a newer server's): kept, fields and all.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "OtherPart".
+ */
+export interface OtherPart {
+  type: string;
+  [k: string]: unknown | undefined;
+}
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "MetadataAnswer".
+ */
+export interface MetadataAnswer {
+  metadata: {
+    [k: string]: unknown | undefined;
+  };
+  thread_id: string;
+  version: number;
+  [k: string]: unknown | undefined;
+}
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "NoInput".
+ */
+export interface NoInput {}
+/**
+ * A thread by the id a client chose, inside the caller's scope; created on first use when
+ * `create` (a foreign id is a free one: the caller's own thread of that id).
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "OpenThread".
+ */
+export interface OpenThread {
+  create?: boolean;
+  thread_id: string;
+}
+/**
+ * Which messages a snapshot holds: the last `limit` before a cursor. `before` not None:
+ * older messages exist; `snapshot(thread_id, before=page.before)` reads the next older page.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "Page".
+ */
+export interface Page {
+  before?: number | null;
+  limit: number;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A pending action as a snapshot or the scope-wide inbox lists it.
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "PendingAction".
  */
 export interface PendingAction {
-  allowed_roles?: string[];
+  allowed_roles?: Role[];
   approval?: {
     [k: string]: unknown | undefined;
   } | null;
@@ -557,7 +582,7 @@ export interface PendingAction {
   input?: {
     [k: string]: unknown | undefined;
   };
-  kind: string;
+  kind: WaitKind;
   message_id?: string | null;
   run_id?: string | null;
   schema?: {
@@ -596,9 +621,24 @@ export interface PresenceUpdate {
  */
 export interface Principal {
   name?: string | null;
-  role: string;
+  role: Role;
   scopes: string[];
   subject: string;
+  [k: string]: unknown | undefined;
+}
+/**
+ * An input queued behind the active run, as a snapshot's `queue` lists it.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "QueuedItemView".
+ */
+export interface QueuedItemView {
+  id: string;
+  interrupt?: boolean;
+  size?: number | null;
+  submitted_by: string;
+  text: string;
+  truncated?: boolean;
   [k: string]: unknown | undefined;
 }
 /**
@@ -705,15 +745,17 @@ export interface RevokeTokenById {
   token_id: string;
 }
 /**
+ * The thread's latest run, as a snapshot holds it.
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Run".
  */
 export interface Run {
-  error?: unknown;
+  error?: string | null;
   id: string;
   next_seq?: number;
   started_by?: string | null;
-  status: 'queued' | 'running' | 'waiting' | 'completed' | 'failed' | 'cancelled';
+  status: RunStatus;
   [k: string]: unknown | undefined;
 }
 /**
@@ -731,6 +773,7 @@ export interface RunTakeoverChunk {
  * via the `definition` "ScheduleFires".
  */
 export interface ScheduleFires {
+  cursor?: string | null;
   limit?: number;
   schedule_id: string;
 }
@@ -772,7 +815,7 @@ export interface SetVisibility {
   expected_version?: number | null;
   message_id: string;
   thread_id: string;
-  visibility: Visibility;
+  visibility: Visibility1;
 }
 /**
  * A thread's projected, committed state at one version (its messages: one page).
@@ -784,26 +827,27 @@ export interface Snapshot {
   messages?: Message[];
   page?: Page | null;
   pending_actions?: PendingAction[];
-  queue?: {
-    [k: string]: unknown | undefined;
-  }[];
+  queue?: QueuedItemView[];
   run?: Run | null;
   thread: ThreadInfo;
   [k: string]: unknown | undefined;
 }
 /**
+ * A thread as the list shows it (its private metadata never leaves the server).
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "ThreadInfo".
  */
 export interface ThreadInfo {
-  created_at?: unknown;
+  created_at?: number | null;
   id: string;
   metadata?: {
     [k: string]: unknown | undefined;
   };
+  owner?: string | null;
   scope: string;
   title: string;
-  updated_at?: unknown;
+  updated_at?: number | null;
   version: number;
   [k: string]: unknown | undefined;
 }
@@ -830,7 +874,7 @@ export interface StepStartChunk {
  */
 export interface StopAnswer {
   run_id: string;
-  status: 'queued' | 'running' | 'waiting' | 'completed' | 'failed' | 'cancelled';
+  status: RunStatus;
   thread_id: string;
   version: number;
   [k: string]: unknown | undefined;
