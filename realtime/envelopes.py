@@ -7,27 +7,15 @@ from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+# The frames clients receive are declared in threadline_wire (the Python client reads the same).
+from threadline_wire.frames import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope
+
 # What a hub tells its listeners a message is, so outboxes never re-parse per connection.
 MessageKind: TypeAlias = Literal["chunk", "invalidate", "resync"]
 
 
 class _Envelope(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ChunkEnvelope(_Envelope):
-    """A live canonical chunk; its bytes are the client's `chunk` frame as is.
-
-    `episode` is the fencing token of the run episode that streamed it: after a takeover the
-    new episode streams the redone step with the same seqs, and anything an older episode still
-    publishes is void (receivers drop it; see `ChunkPosition`)."""
-
-    type: Literal["chunk"] = "chunk"
-    thread_id: str
-    run_id: str
-    seq: int = Field(ge=0)
-    episode: int = Field(default=0, ge=0)
-    chunk: dict[str, Any]
 
 
 class ChunkPosition(NamedTuple):
@@ -49,21 +37,6 @@ def chunk_position(data: bytes) -> ChunkPosition | None:
         return ChunkPosition(str(frame["run_id"]), int(frame.get("episode", 0)), int(frame["seq"]))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
-
-
-class InvalidateEnvelope(_Envelope):
-    """Watch invalidation: the thread committed `version`; refetch if you hold an older one."""
-
-    type: Literal["invalidate"] = "invalidate"
-    thread_id: str
-    version: int = Field(ge=0)
-
-
-class ResyncEnvelope(_Envelope):
-    """Made by the hub, never published: live messages may have been lost, refetch the snapshot."""
-
-    type: Literal["resync"] = "resync"
-    thread_id: str
 
 
 class ScopeInvalidateEnvelope(_Envelope):
@@ -140,3 +113,21 @@ def encode_scope_invalidate(scope: str, thread_id: str, version: int) -> bytes:
 def decode_thread_message(data: bytes) -> ChunkEnvelope | InvalidateEnvelope:
     """Parse a thread-channel message; raises `pydantic.ValidationError` on anything else."""
     return THREAD_MESSAGE_ADAPTER.validate_json(data)
+
+
+__all__ = [
+    "THREAD_MESSAGE_ADAPTER",
+    "ChunkEnvelope",
+    "ChunkPosition",
+    "InvalidateEnvelope",
+    "MessageKind",
+    "ResyncEnvelope",
+    "ScopeInvalidateEnvelope",
+    "ThreadMessage",
+    "chunk_position",
+    "decode_thread_message",
+    "encode",
+    "encode_chunk",
+    "encode_invalidate",
+    "encode_scope_invalidate",
+]

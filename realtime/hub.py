@@ -30,6 +30,27 @@ VersionSource: TypeAlias = Callable[[Sequence[str]], Awaitable[Mapping[str, int]
 DeliverFn: TypeAlias = Callable[[bytes, MessageKind, "int | None"], None]
 
 
+@dataclass(frozen=True)
+class Freshness:
+    """What a gateway knows of a watched thread's committed state right now: the live watch
+    (`watch`, an identity), its resync `epoch` and the newest version announced (None: none
+    since the subscription was established). Something read at version v while these held is
+    current for this gateway as long as `Hub.freshness` returns the same watch and epoch and a
+    version of at most v."""
+
+    watch: object
+    epoch: int
+    version: int | None
+
+    def covers(self, read_with: Freshness, version: int) -> bool:
+        """Whether a read made at `version` under `read_with` is still as new as this knows."""
+        return (
+            self.watch is read_with.watch
+            and self.epoch == read_with.epoch
+            and (self.version is None or version >= self.version)
+        )
+
+
 @runtime_checkable
 class Listener(Protocol):
     """A local receiver (typically one connection's outbox for one thread).
@@ -53,6 +74,7 @@ class _Watch:
     task: asyncio.Task[None] | None = None
     version: int | None = None  # newest invalidation seen (live or polled)
     dropped: int = 0
+    epoch: int = 0  # resyncs so far: what was derived from earlier invalidations may be stale
     # Newest episode seen per run (the last few runs): an older episode's chunks are void.
     episodes: dict[str, int] = field(default_factory=dict)
 
@@ -143,6 +165,17 @@ class Hub(AsyncResource):
     @property
     def watched_threads(self) -> list[str]:
         return list(self._watches)
+
+    def freshness(self, thread_id: str) -> Freshness | None:
+        """The thread's `Freshness`, or None when this hub cannot vouch for it: not watched, its
+        subscription not established, the bus unhealthy, or a resync after a reconnect due."""
+        watch = self._watches.get(thread_id)
+        if watch is None or not self._bus.healthy or self._resync_pending:
+            return None
+        ready = watch.ready
+        if not ready.done() or ready.cancelled() or ready.exception() is not None:
+            return None
+        return Freshness(watch, watch.epoch, watch.version)
 
     def listener_count(self, thread_id: str) -> int:
         watch = self._watches.get(thread_id)
@@ -259,6 +292,7 @@ class Hub(AsyncResource):
                 log.exception("hub listener %r failed", listener)
 
     def _resync(self, watch: _Watch) -> None:
+        watch.epoch += 1
         data = encode(ResyncEnvelope(thread_id=watch.thread_id))
         self._fan_out(watch, data, "resync", None)
 

@@ -36,6 +36,9 @@ from realtime.bus_support import (
 )
 
 DEFAULT_REPLAY_TTL = 3600
+# At most this many bus commands at once per bus: fewer than a pool's connections, which the
+# connection checks and the cluster's slot refreshes share.
+COMMANDS_IN_FLIGHT = 64
 
 ClientT = TypeVar("ClientT", Redis, RedisCluster)
 
@@ -90,6 +93,10 @@ class RedisBusCommon(AsyncResource, Generic[ClientT]):
         self._state = BusState.NEW
         self._healthy = False
         self._client: ClientT | None = None  # commands (publish, replay)
+        # Commands at once: a worker streaming hundreds of runs has more publishes in flight
+        # than redis-py's pools hold connections (100 per node), and a pool that has none free
+        # refuses the command (`Too many connections`) instead of waiting. The rest wait here.
+        self._in_flight = asyncio.Semaphore(COMMANDS_IN_FLIGHT)
         self._reader: asyncio.Task[None] | None = None
         # Serialises changes of the pub/sub connection(s) and the (un)subscribe commands sent
         # on them, so a reconnect never races a channel change. Reading holds no lock.
@@ -188,7 +195,8 @@ class RedisBusCommon(AsyncResource, Generic[ClientT]):
         (`what % args` names the operation in it: formatted only then, not on every call)."""
         client = self._require_open()
         try:
-            async with asyncio.timeout(self._command_timeout):
+            # Waiting for a turn counts against the deadline, as the command itself does.
+            async with asyncio.timeout(self._command_timeout), self._in_flight:
                 yield client
         except (RedisError, OSError) as exc:  # TimeoutError is an OSError
             raise BusUnavailableError(

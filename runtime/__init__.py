@@ -17,16 +17,6 @@ from runtime.authorization import (
     ThreadMatch,
     ThreadResource,
 )
-from runtime.chunks import (
-    RunTakeoverChunk,
-    StepFinishChunk,
-    StepStartChunk,
-    StreamChunk,
-    TextDeltaChunk,
-    ToolCallChunk,
-    ToolProgressChunk,
-    ToolStateChunk,
-)
 from runtime.compose import HistoryRewrittenErrors, as_lifecycle, compose_lifecycle
 from runtime.demo.redact import RedactEmails
 from runtime.domain import (
@@ -77,6 +67,16 @@ from runtime.tools import (
     denied_unless_approved,
     manual_tool,
     tool,
+)
+from threadline_wire.chunks import (
+    RunTakeoverChunk,
+    StepFinishChunk,
+    StepStartChunk,
+    StreamChunk,
+    TextDeltaChunk,
+    ToolCallChunk,
+    ToolProgressChunk,
+    ToolStateChunk,
 )
 
 if TYPE_CHECKING:

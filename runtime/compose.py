@@ -9,7 +9,6 @@ import inspect
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from runtime.chunks import StreamChunk
 from runtime.lifecycle import (
     AfterStepDecision,
     AgentLifecycle,
@@ -35,6 +34,7 @@ from runtime.lifecycle import (
     ToolResult,
 )
 from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest
+from threadline_wire.chunks import StreamChunk
 
 __all__ = ["HistoryRewrittenErrors", "as_lifecycle", "compose_lifecycle"]
 

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from runtime.approvals import ApprovalDecision, ApprovalState
+from runtime.approvals import ApprovalDecision, ApprovalState, ExpiryOutcome
 from runtime.errors import IllegalTransition
 from threadline_wire import AdmissionAnswer
+from threadline_wire import enums as _wire
+from threadline_wire import message_parts as parts
+
+# The wire's enumerations, declared once in threadline_wire (the client reads the same ones).
+InputPolicy = _wire.InputPolicy
+MessageRole = _wire.MessageRole
+Role = _wire.Role
+RunStatus = _wire.RunStatus
+ToolState = _wire.ToolState
+Visibility = _wire.Visibility
+WaitKind = _wire.WaitKind
 
 # Documented limits (docs/architecture.md). Larger input is refused with `too_large`.
 MAX_TEXT_CHARS = 64 * 1024
@@ -20,14 +31,6 @@ MAX_PARTS_PER_MESSAGE = 256
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Role(StrEnum):
-    """Principal role. `backend` and `admin` are trusted actors."""
-
-    USER = "user"
-    BACKEND = "backend"
-    ADMIN = "admin"
 
 
 class Principal(_Frozen):
@@ -49,44 +52,10 @@ class Principal(_Frozen):
         return scope in self.scopes
 
 
-class Visibility(StrEnum):
-    VISIBLE = "visible"
-    HIDDEN = "hidden"
-
-
-class MessageRole(StrEnum):
-    USER = "user"
-    ASSISTANT = "assistant"
-    SYSTEM = "system"
-
-
 # --- tool-call part state machine -------------------------------------------------------
 
 
-class ToolState(StrEnum):
-    INPUT_AVAILABLE = "input-available"
-    AWAITING_ACTION = "awaiting-action"
-    RUNNING = "running"
-    OUTPUT_AVAILABLE = "output-available"
-    OUTPUT_ERROR = "output-error"
-    SKIPPED = "skipped"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_final(self) -> bool:
-        return self in _FINAL_TOOL_STATES
-
-
-_FINAL_TOOL_STATES = frozenset(
-    {
-        ToolState.OUTPUT_AVAILABLE,
-        ToolState.OUTPUT_ERROR,
-        ToolState.SKIPPED,
-        ToolState.REJECTED,
-        ToolState.CANCELLED,
-    }
-)
+_FINAL_TOOL_STATES = frozenset(state for state in ToolState if state.is_final)
 _TOOL_TRANSITIONS: dict[ToolState, frozenset[ToolState]] = {
     ToolState.INPUT_AVAILABLE: frozenset(
         {ToolState.AWAITING_ACTION, ToolState.RUNNING} | _FINAL_TOOL_STATES
@@ -103,12 +72,6 @@ _TOOL_TRANSITIONS: dict[ToolState, frozenset[ToolState]] = {
 def check_tool_transition(current: ToolState, target: ToolState) -> None:
     if target not in _TOOL_TRANSITIONS.get(current, frozenset()):
         raise IllegalTransition(f"tool part cannot go from {current} to {target}")
-
-
-class WaitKind(StrEnum):
-    APPROVAL = "approval"
-    CLIENT_TOOL = "client-tool"
-    MANUAL_RESULT = "manual-result"
 
 
 class Origin(_Frozen):
@@ -130,38 +93,37 @@ class Resolution(_Frozen):
     at: float
     display_name: str | None = None
     decisions: tuple[ApprovalDecision, ...] = ()
+    # Set when the action's deadline ended it (the system resolved it): the policy's
+    # `on_expiry` and the recorded reason (runtime.approvals).
+    by_deadline: ExpiryOutcome | None = None
+    reason: str | None = None
     # What the store reads for the decision record and the audit entry; never persisted.
     decision: ApprovalDecision | None = Field(default=None, exclude=True)
     origin: Origin | None = Field(default=None, exclude=True)
 
 
-class Waiting(_Frozen):
+class Waiting(parts.Waiting):
     """What a suspended tool part waits for. Projected as a PendingAction while unresolved."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    action_id: str
-    kind: WaitKind
-    payload_schema: dict[str, Any] = Field(alias="schema")
-    allowed_roles: tuple[Role, ...]
     resolution: Resolution | None = None
     # The tool's approval policy and the decisions committed so far (None: one resolution).
     approval: ApprovalState | None = None
 
 
-class TextPart(_Frozen):
-    type: Literal["text"] = "text"
+# The parts the wire carries (threadline_wire.message_parts, which the client reads), strict here.
+class TextPart(parts.TextPart):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     text: str = Field(max_length=MAX_TEXT_CHARS)
 
 
-class ToolCallPart(_Frozen):
-    type: Literal["tool-call"] = "tool-call"
+class ToolCallPart(parts.ToolCallPart):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     tool_call_id: str = Field(min_length=1, max_length=200)
     name: str = Field(min_length=1, max_length=200)
-    input: dict[str, Any] = Field(default_factory=dict)
-    state: ToolState = ToolState.INPUT_AVAILABLE
-    output: Any = None
-    error: str | None = None
     waiting: Waiting | None = None
 
     def transition(self, target: ToolState, **changes: Any) -> ToolCallPart:
@@ -223,23 +185,6 @@ class Thread(_Frozen):
 
 
 # --- runs ------------------------------------------------------------------------------
-
-
-class RunStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    WAITING = "waiting"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
-
-    @property
-    def is_active(self) -> bool:
-        return not self.is_terminal
 
 
 _RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
@@ -308,12 +253,6 @@ class QueuedItem(_Frozen):
     created_at: float
 
 
-class InputPolicy(StrEnum):
-    ENQUEUE = "enqueue"
-    REJECT = "reject"
-    INTERRUPT = "interrupt"
-
-
 class Admission(AdmissionAnswer):
     """Outcome of queue admission for one input: the wire answer of `message.send` (declared
     in threadline_wire, which the client reads too) and what stays inside the server."""
@@ -346,15 +285,13 @@ class Lease(_Frozen):
 # --- projections -----------------------------------------------------------------------
 
 
-class PendingAction(_Frozen):
+class PendingAction(parts.PendingAction):
+    """The wire's pending action (threadline_wire), strict: every field the projection sets."""
+
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    id: str
-    kind: WaitKind
     run_id: str | None
     message_id: str
-    tool_call_id: str
-    tool_name: str
     input: dict[str, Any]
     payload_schema: dict[str, Any] = Field(alias="schema")
     allowed_roles: tuple[Role, ...]
@@ -379,22 +316,12 @@ class MessageView(_Frozen):
     run_id: str | None = None
 
 
-class RunView(_Frozen):
-    id: str
-    status: RunStatus
-    error: str | None = None
-    started_by: str | None = None
-    next_seq: int = 0
+class RunView(parts.RunView):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class QueuedItemView(_Frozen):
-    id: str
-    text: str
-    submitted_by: str
-    interrupt: bool = False
-    # Set when `text` is only a preview; the full text has its own route (docs/protocol.md).
-    truncated: bool = False
-    size: int | None = None
+class QueuedItemView(parts.QueuedItemView):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Snapshot(_Frozen):
@@ -413,6 +340,21 @@ class Snapshot(_Frozen):
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
+
+    @classmethod
+    def of_new_thread(cls, thread: Thread, message_limit: int | None) -> Snapshot:
+        """The snapshot of a thread just created, as storage would read it (bounded by
+        `message_limit`, None: whole): nothing but the thread itself."""
+        view = ThreadView(
+            id=thread.id,
+            scope=thread.scope,
+            title=thread.title,
+            version=thread.version,
+            metadata=thread.metadata,
+            owner=thread.owner,
+        )
+        page = None if message_limit is None else {"limit": message_limit, "before": None}
+        return cls(thread=view, messages=(), pending_actions=(), run=None, queue=(), page=page)
 
 
 def pending_actions_of(message: Message) -> list[PendingAction]:

@@ -53,6 +53,12 @@ class NotADecider(Forbidden):
     code = "not_a_decider"
 
 
+class DelegationNotAllowed(Forbidden):
+    """The approval policy does not let its deciders hand the action to someone else."""
+
+    code = "delegation_not_allowed"
+
+
 class Conflict(ThreadlineError):
     code = "conflict"
 

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from runtime.chunks import StreamChunk
 from runtime.domain import Resolution, RunTrigger, ToolState, Visibility
 from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest
+from threadline_wire.chunks import StreamChunk
 
 # What agent authors get from `runtime` (it star-imports this list; RewriteKind stays internal).
 __all__ = [

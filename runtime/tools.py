@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from runtime.approvals import ApprovalDecision, ApprovalPolicy
 from runtime.domain import Role, WaitKind
@@ -49,6 +49,17 @@ class SuspendStep:
     # Approvals only: who decides, how many must, four-eyes (runtime.approvals); None: the
     # first allowed resolution settles the action, as before policies existed.
     policy: ApprovalPolicy | None = None
+
+    def __post_init__(self) -> None:
+        # What an auto-approving deadline resumes the tool with must be a valid payload.
+        if self.policy is not None and self.policy.on_expiry == "approve":
+            try:
+                self.payload.model_validate(self.policy.approve_payload)
+            except ValidationError as exc:
+                raise ValueError(
+                    f"approve_payload is not a valid {self.payload.__name__}:"
+                    f" {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}"
+                ) from None
 
 
 DENIED = "denied"

@@ -17,29 +17,29 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
-from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope
-from runtime.chunks import StreamChunk
 from runtime.domain import Part
 from server.protocol.commands import COMMANDS
-from server.protocol.replies import (
-    Ack,
-    ActionsSubscribed,
-    ActionsUnsubscribed,
-    ErrorFrame,
-    Pong,
-    Subscribed,
-    Unsubscribed,
-)
-from threadline_client.models import (
-    Admission,
+from threadline_client.models import Admission, PendingAction, Snapshot
+from threadline_wire.chunks import StreamChunk
+from threadline_wire.command_answers import (
     MetadataAnswer,
-    PendingAction,
     Principal,
     RegenerateAnswer,
-    Snapshot,
     StopAnswer,
     ThreadPage,
     VersionAnswer,
+)
+from threadline_wire.frames import (
+    Ack,
+    ActionsSubscribed,
+    ActionsUnsubscribed,
+    ChunkEnvelope,
+    ErrorFrame,
+    InvalidateEnvelope,
+    Pong,
+    ResyncEnvelope,
+    Subscribed,
+    Unsubscribed,
 )
 
 REF = "#/$defs/{model}"

@@ -19,6 +19,7 @@ from realtime import connect_bus, open_bus
 from realtime.counters import open_counters
 from realtime.hub import Hub
 from runtime.agent import load_agent
+from runtime.approval_overrides import apply_policies
 from runtime.authorization import load_authorize_hook
 from runtime.engine.publisher import Publisher
 from runtime.engine.worker import Worker
@@ -39,6 +40,7 @@ from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
 from server.live.revocation import TokenRevoker, listen_revocations
+from server.live.snapshot_cache import SnapshotCache
 from server.logs import RequestIds
 from server.metrics import metrics_endpoint, metrics_server
 from server.oidc import Issuers
@@ -97,7 +99,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.bus = bus
         state.publisher = Publisher(bus, scope_of=ScopeCache(state.store).scope_of)
 
-        agent = load_agent(settings.agent)
+        agent = apply_policies(load_agent(settings.agent), settings.policy_overrides)
         state.agent = agent
         state.service = ThreadService(
             state.store,
@@ -125,6 +127,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.revoker = TokenRevoker(state.store, bus)
 
         state.hub = None
+        state.snapshots = None
         state.gateway = None
         if settings.runs_gateway:
             hub = Hub(
@@ -134,6 +137,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             )
             await stack.enter_async_context(hub)
             state.hub = hub
+            state.snapshots = SnapshotCache(hub.freshness, settings.snapshot_cache)
+            state.publisher.observe(state.snapshots.saw)
             inbox = ActionInbox(bus, state.store)
             stack.push_async_callback(inbox.close)
             presence = await stack.enter_async_context(
@@ -165,13 +170,16 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             )
             await stack.enter_async_context(worker)
             state.worker = worker
-            # Schedules fire and webhooks are delivered where runs are executed.
+            # Schedules fire and webhooks are delivered where runs are executed; so does
+            # retention, whose one timer every worker sets to this process's policy.
+            await state.hooks_store.set_retention(settings.retention)
             await stack.enter_async_context(
                 TimerLoop(
                     state.hooks_store,
                     state.publisher,
                     limits=admission_limits(settings),
                     poll_interval=settings.timer_poll_interval,
+                    lease_ttl=settings.timer_lease_ttl,
                 )
             )
             await stack.enter_async_context(

@@ -40,6 +40,21 @@ def _settings(**overrides: Any) -> Settings:
     return settings
 
 
+def _check_policies(settings: Settings) -> None:
+    """THREADLINE_APPROVAL_POLICIES against the agent's tools, before anything starts: a name
+    that is no approval tool (or a payload the tool refuses) is one line, then exit 2."""
+    if settings.approval_policies is None:
+        return
+    from runtime.agent import load_agent
+    from runtime.approval_overrides import apply_policies
+
+    try:
+        apply_policies(load_agent(settings.agent), settings.policy_overrides)
+    except ValueError as exc:
+        click.echo(f"threadline: invalid setting {exc}", err=True)
+        raise SystemExit(BAD_SETTINGS) from None
+
+
 @asynccontextmanager
 async def _migrated_store(settings: Settings) -> AsyncIterator[Any]:
     from server.app import open_storage
@@ -137,6 +152,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
 
     overrides = {k: v for k, v in {"host": host, "port": port, "role": role}.items() if v}
     settings = _settings(**overrides)
+    _check_policies(settings)
     setup_logging(settings.log_level, settings.log_format)
     if settings.redis_url is None and settings.role != "all":
         log.warning(
@@ -336,6 +352,54 @@ def audit_verify(scope: str) -> None:
         return
     click.echo(f"audit chain of scope {scope} is broken at {report.problem}", err=True)
     raise SystemExit(CHAIN_BROKEN)
+
+
+@main.group()
+def retention() -> None:
+    """Thread retention (docs/operations.md, "Thread retention")."""
+
+
+# A bound on one `retention run`: batches of RETENTION_BATCH threads, far beyond any deployment.
+RETENTION_ROUNDS = 100_000
+
+
+@retention.command("run")
+@click.option(
+    "--older-than",
+    "older_than",
+    default=None,
+    help="Delete threads idle longer than this (30d, 12h, seconds); default: "
+    "THREADLINE_THREAD_RETENTION.",
+)
+def retention_run(older_than: str | None) -> None:
+    """Delete the threads idle longer than the retention, now, in batches (for cron; the
+    workers' timer does the same every THREADLINE_THREAD_RETENTION_INTERVAL). A thread with a
+    live run, pending action, active schedule or held lease is kept."""
+    from runtime.storage.retention import RETENTION_BATCH, parse_duration
+    from runtime.storage.sql.hooks_sql import SqlHooks
+
+    settings = _settings()
+    try:
+        idle_for = parse_duration(older_than) if older_than else settings.thread_retention
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--older-than") from None
+    if idle_for is None:
+        raise click.UsageError("no retention: pass --older-than or set THREADLINE_THREAD_RETENTION")
+
+    async def expire() -> int:
+        async with _migrated_store(settings) as store:
+            hooks = SqlHooks(store)
+            cutoff = await store.db_time() - idle_for
+            total = 0
+            for _ in range(RETENTION_ROUNDS):
+                deleted = await hooks.expire_threads(cutoff, RETENTION_BATCH)
+                total += len(deleted)
+                if len(deleted) < RETENTION_BATCH:
+                    break
+            return total
+
+    total = asyncio.run(expire())
+    click.echo(f"retention: deleted {total} threads idle longer than {idle_for:g}s")
 
 
 main.add_command(schedule)

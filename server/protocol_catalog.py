@@ -6,10 +6,10 @@ Where each part is declared (this module re-exports them; docs/protocol.md descr
 - their inputs (HTTP bodies and frame fields): `server.protocol.inputs`
 - client -> server websocket frames, generated from the commands: `server.protocol.client_frames`
 - server -> client answers to frames (`subscribed`, `ack`, `pong`, `error`, ...):
-  `server.protocol.replies`
+  `threadline_wire.frames`
 - live server -> client frames, published on the bus (`chunk`, `invalidate`, `resync`):
   `realtime.envelopes`
-- the `chunk` payloads of a step (`text-delta`, `tool-call`, ...): `runtime.chunks`
+- the `chunk` payloads of a step (`text-delta`, `tool-call`, ...): `threadline_wire.chunks`
 - websocket close codes: `realtime.closecodes.CloseCode`
 - error codes and their HTTP statuses: `server.protocol.wire_errors.STATUS`
 
@@ -30,7 +30,6 @@ from pydantic import BaseModel
 
 from realtime.closecodes import CloseCode
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope
-from runtime.chunks import StreamChunk
 from server.protocol.client_frames import (
     CLIENT_FRAME_TYPES,
     FRAME_MODELS,
@@ -41,9 +40,10 @@ from server.protocol.client_frames import (
 from server.protocol.command_model import Command, Http
 from server.protocol.commands import BY_NAME, COMMANDS
 from server.protocol.inputs import Input
-from server.protocol.replies import Ack, ErrorFrame, Pong, ServerFrame, Subscribed, Unsubscribed
 from server.protocol.wire_errors import STATUS, WireError, wire_error
 from server.transports.http_routes import body_model
+from threadline_wire.chunks import StreamChunk
+from threadline_wire.frames import Ack, ErrorFrame, Pong, ServerFrame, Subscribed, Unsubscribed
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 

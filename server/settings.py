@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.approval_overrides import parse_policies
+from runtime.approvals import ApprovalPolicy
 from runtime.mcp.config import MCPServer
 from runtime.service.permissions import PermissionPolicy, Who
+from runtime.storage.retention import RetentionPolicy, parse_duration
 from server.oidc import BrowserSignIn, OIDCIssuer
 
+# `30d`, `12h`, `1h30m` or seconds (runtime.storage.retention.parse_duration).
+Duration = Annotated[float, BeforeValidator(parse_duration)]
 ServerRole = Literal["all", "gateway", "worker"]
 # uvicorn's loop setting: auto takes uvloop when it is installed (a dependency), else asyncio's.
 EventLoop = Literal["auto", "asyncio", "uvloop"]
@@ -86,6 +91,9 @@ class Settings(BaseSettings):
     # Bounded snapshots: the last N messages (older ones page with ?before=), and queued texts
     # cut to a preview of this many characters (the full text: GET …/queue/{item_id}).
     snapshot_messages: int = Field(default=100, ge=1, le=500)
+    # Snapshots a gateway keeps of the threads its websockets watch, so a commit watched by
+    # many tabs costs one storage read per gateway (server/live/snapshot_cache.py); 0: off.
+    snapshot_cache: int = Field(default=1024, ge=0)
     queue_preview_chars: int = Field(default=500, ge=16)
     # Websocket upgrades whose Origin header is not in this list are refused (HTTP 403).
     # Empty (the default): no check. JSON list, e.g. '["https://chat.example.com"]'.
@@ -115,6 +123,11 @@ class Settings(BaseSettings):
     # {"type": "http", "name", "url", "secret_headers"} objects (docs/operations.md, "MCP
     # servers"). Secrets are references (env:NAME, file:/path), never values.
     mcp_servers: list[MCPServer] = Field(default_factory=list)
+    # Approval policies of this deployment (docs/operations.md, "Approval policies"): a JSON
+    # object, or the path of a file holding one, of tool name -> policy; each replaces the
+    # policy declared with that tool. Checked here (syntax, fields) and against the agent's
+    # tools when the server starts.
+    approval_policies: str | None = None
 
     # --- OIDC issuers whose JWTs are accepted beside `tl_` tokens (docs/operations.md, "OIDC"):
     # a JSON list of {"issuer", "audience", "scopes_claim" | "scope", ...} objects.
@@ -134,6 +147,9 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # Schedules and webhooks (docs/operations.md, "Schedules" and "Webhooks").
     timer_poll_interval: float = Field(default=0.25, gt=0)
+    # How long a worker holds a due timer (a schedule's fire, an approval deadline) before
+    # another worker may take it over; a fire takes one transaction, so seconds are plenty.
+    timer_lease_ttl: float = Field(default=30.0, gt=0)
     schedules_per_scope: int = Field(default=100, ge=1)
     webhooks_per_scope: int = Field(default=20, ge=1)
     # Networks webhooks may reach although private, loopback or link-local (comma-separated
@@ -145,6 +161,10 @@ class Settings(BaseSettings):
     webhook_max_age: float = Field(default=24 * 3600.0, gt=0)
     webhook_max_response_bytes: int = Field(default=64 * 1024, ge=1024)
     webhook_poll_interval: float = Field(default=0.5, gt=0)
+    # Threads idle longer than this are deleted (docs/operations.md, "Thread retention"),
+    # looked for every thread_retention_interval by one worker of the deployment. None: kept.
+    thread_retention: Duration | None = None
+    thread_retention_interval: Duration = 3600.0
 
     # --- operations (docs/operations.md, "Metrics", "Logs", "Shutdown")
     # Prometheus exposition at /metrics; with metrics_port set, on that port only.
@@ -154,6 +174,17 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     # Seconds open streams and websockets get after SIGTERM before they are closed.
     shutdown_grace: float = Field(default=5.0, ge=0, le=300)
+
+    @field_validator("approval_policies")
+    @classmethod
+    def _policies_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_policies(value)
+        return value
+
+    @property
+    def policy_overrides(self) -> dict[str, ApprovalPolicy]:
+        return {} if self.approval_policies is None else parse_policies(self.approval_policies)
 
     @model_validator(mode="after")
     def _cors_origins_may_open_websockets(self) -> Settings:
@@ -171,6 +202,14 @@ class Settings(BaseSettings):
         if self.oidc_browser is not None and self.oidc_browser.issuer not in trusted:
             raise ValueError("THREADLINE_OIDC_BROWSER names an issuer not in OIDC_ISSUERS")
         return self
+
+    @property
+    def retention(self) -> RetentionPolicy | None:
+        if self.thread_retention is None:
+            return None
+        return RetentionPolicy(
+            idle_for=self.thread_retention, interval=self.thread_retention_interval
+        )
 
     @property
     def permissions(self) -> PermissionPolicy:

@@ -162,6 +162,10 @@ SSE_STREAMS = meter.create_up_down_counter(
 QUOTA_REFUSALS = meter.create_counter(
     "threadline.quota.refusals", description="commands and connections refused by a limit, by code"
 )
+SNAPSHOT_READS = meter.create_counter(
+    "threadline.snapshot.reads",
+    description="snapshots answered, by source: storage (a read) or cache (the gateway's)",
+)
 
 
 # Current HTTP semantic conventions (`http.request.method`, `http.response.status_code`,

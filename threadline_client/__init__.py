@@ -1,4 +1,7 @@
-"""Threadline's Python client for backend actors and scripts (async, typed, with a sync wrapper)."""
+"""Threadline's Python client for backend actors and scripts (async, typed, with a sync wrapper).
+
+Its answers, parts, chunks and frames are the server's own wire models (`threadline_wire`).
+"""
 
 from threadline_client.client import ThreadlineClient, payload_dict
 from threadline_client.convergence import ThreadState
@@ -28,16 +31,39 @@ from threadline_client.hooks import Delivery, DeliveryAttempt, Schedule, Schedul
 from threadline_client.models import (
     Admission,
     Message,
+    MetadataAnswer,
     PendingAction,
     Principal,
+    RegenerateAnswer,
     Run,
     Snapshot,
+    StopAnswer,
     ThreadInfo,
+    ThreadPage,
     VersionAnswer,
 )
 from threadline_client.sync import SyncThreadlineClient
 from threadline_client.tokens import TokenProvider, jwt_expiry
 from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch, WatchEvent
+from threadline_wire.chunks import (
+    RunTakeoverChunk,
+    StepFinishChunk,
+    StepStartChunk,
+    StreamChunk,
+    TextDeltaChunk,
+    ToolCallChunk,
+    ToolProgressChunk,
+    ToolStateChunk,
+)
+from threadline_wire.enums import MessageRole, Role, RunStatus, ToolState, Visibility, WaitKind
+from threadline_wire.message_parts import (
+    MessagePart,
+    OtherPart,
+    QueuedItemView,
+    TextPart,
+    ToolCallPart,
+    Waiting,
+)
 
 __all__ = [
     "ActionConflict",
@@ -56,29 +82,53 @@ __all__ = [
     "InvariantViolation",
     "LeaseLost",
     "Message",
+    "MessagePart",
+    "MessageRole",
+    "MetadataAnswer",
     "MethodNotAllowed",
     "NotFound",
+    "OtherPart",
     "PendingAction",
     "Principal",
+    "QueuedItemView",
     "RateLimited",
+    "RegenerateAnswer",
+    "Role",
     "Run",
     "RunActive",
+    "RunStatus",
     "RunStopping",
+    "RunTakeoverChunk",
     "Schedule",
     "ScheduleFire",
     "ServerError",
     "Snapshot",
+    "StepFinishChunk",
+    "StepStartChunk",
+    "StopAnswer",
+    "StreamChunk",
     "SyncThreadlineClient",
+    "TextDeltaChunk",
+    "TextPart",
     "ThreadInfo",
+    "ThreadPage",
     "ThreadState",
     "ThreadWatch",
     "ThreadlineClient",
     "ThreadlineError",
     "TokenProvider",
     "TooLarge",
+    "ToolCallChunk",
+    "ToolCallPart",
+    "ToolProgressChunk",
+    "ToolState",
+    "ToolStateChunk",
     "Unauthorized",
     "Unavailable",
     "VersionAnswer",
+    "Visibility",
+    "WaitKind",
+    "Waiting",
     "WatchEvent",
     "Webhook",
     "jwt_expiry",

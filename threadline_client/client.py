@@ -353,6 +353,23 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
         path = f"/v1/threads/{thread_id}/actions/{action_id}/resume"
         return VersionAnswer.model_validate(await self.request("POST", path, json=body))
 
+    async def reassign(
+        self,
+        action: PendingAction | str,
+        *,
+        to_subject: str | None = None,
+        to_group: str | None = None,
+        thread_id: str | None = None,
+    ) -> VersionAnswer:
+        """Hand an approval you may decide to one subject or one group (its policy must permit
+        delegation): they are its deciders until the stage ends. Raises `Forbidden`
+        (`delegation_not_allowed`, `not_a_decider`, `requester_excluded`), `ActionConflict`
+        when it is no longer pending, `NotFound`."""
+        action_id, thread_id = self._action_ref(action, thread_id)
+        body = {k: v for k, v in {"to_subject": to_subject, "to_group": to_group}.items() if v}
+        path = f"/v1/threads/{thread_id}/actions/{action_id}/reassign"
+        return VersionAnswer.model_validate(await self.request("POST", path, json=body))
+
     async def submit_result(
         self,
         action: PendingAction | str,

@@ -153,6 +153,7 @@ _BY_CODE: dict[str, type[ThreadlineError]] = {
     # An approval policy's refusals (docs/protocol.md, "Approval policies").
     "requester_excluded": Forbidden,
     "not_a_decider": Forbidden,
+    "delegation_not_allowed": Forbidden,
     # The deployment's authorization hook (docs/authorization.md); its own codes are 403 too.
     "forbidden_by_policy": Forbidden,
     "already_decided": Conflict,

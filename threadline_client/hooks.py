@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from pydantic import Field
@@ -113,11 +114,27 @@ class HooksCalls:
     async def delete_schedule(self, schedule_id: str) -> None:
         await self.request("DELETE", f"/v1/schedules/{schedule_id}")
 
-    async def schedule_fires(self, schedule_id: str, limit: int = 100) -> list[ScheduleFire]:
-        answer = await self.request(
-            "GET", f"/v1/schedules/{schedule_id}/fires", params={"limit": limit}
-        )
-        return [ScheduleFire.model_validate(item) for item in answer["fires"]]
+    async def _pages(
+        self, path: str, key: str, params: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The items under `key` of every page of a cursor-paged list, page after page."""
+        cursor: str | None = None
+        while True:
+            page = {**params, "cursor": cursor} if cursor is not None else params
+            answer = await self.request("GET", path, params=page)
+            for item in answer[key]:
+                yield item
+            cursor = answer.get("next_cursor")
+            if not cursor:
+                return
+
+    async def schedule_fires(
+        self, schedule_id: str, *, page_size: int = 100
+    ) -> AsyncIterator[ScheduleFire]:
+        """Every fire of the schedule, newest first, page after page by its cursor."""
+        path = f"/v1/schedules/{schedule_id}/fires"
+        async for item in self._pages(path, "fires", {"limit": page_size}):
+            yield ScheduleFire.model_validate(item)
 
     async def create_webhook(
         self,
@@ -145,13 +162,16 @@ class HooksCalls:
         await self.request("DELETE", f"/v1/webhooks/{webhook_id}")
 
     async def deliveries(
-        self, webhook_id: str, state: str | None = None, limit: int = 100
-    ) -> list[Delivery]:
-        params: dict[str, Any] = {"limit": limit}
+        self, webhook_id: str, state: str | None = None, *, page_size: int = 100
+    ) -> AsyncIterator[Delivery]:
+        """Every delivery of the webhook (in `state`, if given), oldest first, page after
+        page by its cursor."""
+        params: dict[str, Any] = {"limit": page_size}
         if state is not None:
             params["state"] = state
-        answer = await self.request("GET", f"/v1/webhooks/{webhook_id}/deliveries", params=params)
-        return [Delivery.model_validate(item) for item in answer["deliveries"]]
+        path = f"/v1/webhooks/{webhook_id}/deliveries"
+        async for item in self._pages(path, "deliveries", params):
+            yield Delivery.model_validate(item)
 
     async def delivery_attempts(self, delivery_id: str) -> list[DeliveryAttempt]:
         answer = await self.request("GET", f"/v1/deliveries/{delivery_id}/attempts")

@@ -1,16 +1,27 @@
-"""Typed views of Threadline's wire bodies; unknown fields are kept so newer servers still parse."""
+"""Typed views of Threadline's wire bodies (the answers: threadline_wire's); unknown fields kept."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from threadline_wire import AdmissionAnswer
+from threadline_wire import AdmissionAnswer, message_parts
+from threadline_wire.chunks import StreamChunk, StreamChunkAdapter
+from threadline_wire.command_answers import (
+    MetadataAnswer,
+    Principal,
+    RegenerateAnswer,
+    StopAnswer,
+    ThreadInfo,
+    ThreadPage,
+    VersionAnswer,
+)
+from threadline_wire.enums import MessageRole, RunStatus, Visibility
+from threadline_wire.message_parts import MessagePart, QueuedItemView, TextPart
 
-RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
-ACTIVE_RUN_STATUSES = frozenset({"queued", "running", "waiting"})
-TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
+ACTIVE_RUN_STATUSES = frozenset(status for status in RunStatus if status.is_active)
+TERMINAL_RUN_STATUSES = frozenset(status for status in RunStatus if status.is_terminal)
 
 
 class WireModel(BaseModel):
@@ -19,52 +30,33 @@ class WireModel(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
 
 
-class ThreadInfo(WireModel):
-    id: str
-    scope: str
-    title: str
-    version: int
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    created_at: Any = None
-    updated_at: Any = None
-
-
 class Message(WireModel):
+    """A message of a snapshot; its parts are the server's own part models (text, tool
+    calls), a newer server's unknown ones kept as `OtherPart`."""
+
     id: str
-    role: str
-    visibility: str = "visible"
+    role: MessageRole
+    visibility: Visibility = Visibility.VISIBLE
     run_id: str | None = None
-    parts: list[dict[str, Any]] = Field(default_factory=list)
+    parts: list[MessagePart] = Field(default_factory=list)
 
     @property
     def text(self) -> str:
-        return "".join(str(p.get("text", "")) for p in self.parts if p.get("type") == "text")
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
 
 
-class PendingAction(WireModel):
-    id: str
-    kind: str
-    tool_call_id: str
-    tool_name: str
-    input: dict[str, Any] = Field(default_factory=dict)
-    payload_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    allowed_roles: list[str] = Field(default_factory=list)
-    run_id: str | None = None
-    message_id: str | None = None
+class PendingAction(message_parts.PendingAction):
+    """A pending action as a snapshot or the scope-wide inbox lists it."""
+
     # Set in the scope-wide inbox (GET /v1/actions), where an action is not inside a snapshot.
     thread_id: str | None = None
     scope: str | None = None
     created_at: Any = None
-    # An approval under a policy: its policy and progress (docs/protocol.md, "Approval policies").
     approval: dict[str, Any] | None = None
 
 
-class Run(WireModel):
-    id: str
-    status: RunStatus
-    error: Any = None
-    started_by: str | None = None
-    next_seq: int = 0
+class Run(message_parts.RunView):
+    """The thread's latest run, as a snapshot holds it."""
 
 
 class Page(WireModel):
@@ -75,19 +67,6 @@ class Page(WireModel):
     before: int | None = None
 
 
-class ThreadPage(WireModel):
-    """A page of `GET /v1/threads`; `next_cursor` pages on (None: the last page)."""
-
-    threads: list[ThreadInfo]
-    next_cursor: str | None = None
-
-
-class MetadataAnswer(WireModel):
-    thread_id: str
-    version: int
-    metadata: dict[str, Any]
-
-
 class Snapshot(WireModel):
     """A thread's projected, committed state at one version (its messages: one page)."""
 
@@ -95,7 +74,7 @@ class Snapshot(WireModel):
     messages: list[Message] = Field(default_factory=list)
     pending_actions: list[PendingAction] = Field(default_factory=list)
     run: Run | None = None
-    queue: list[dict[str, Any]] = Field(default_factory=list)
+    queue: list[QueuedItemView] = Field(default_factory=list)
     page: Page | None = None
 
     @model_validator(mode="before")
@@ -125,26 +104,31 @@ class Snapshot(WireModel):
 Admission = AdmissionAnswer
 
 
-class VersionAnswer(WireModel):
-    thread_id: str
-    version: int
+def typed_chunk(chunk: dict[str, Any]) -> StreamChunk | dict[str, Any]:
+    """A `chunk` frame's chunk as the runtime's own model (`TextDeltaChunk`, `ToolCallChunk`,
+    ...); one this client does not know (a newer server's) stays a dict."""
+    try:
+        return StreamChunkAdapter.validate_python(chunk)
+    except ValidationError:
+        return chunk
 
 
-class StopAnswer(WireModel):
-    thread_id: str
-    version: int
-    run_id: str
-    status: RunStatus
-
-
-class RegenerateAnswer(WireModel):
-    thread_id: str
-    version: int
-    run_id: str
-
-
-class Principal(WireModel):
-    subject: str
-    role: str
-    scopes: list[str]
-    name: str | None = None  # the token's display name, else the subject (newer servers)
+__all__ = [
+    "ACTIVE_RUN_STATUSES",
+    "TERMINAL_RUN_STATUSES",
+    "Admission",
+    "Message",
+    "MetadataAnswer",
+    "Page",
+    "PendingAction",
+    "Principal",
+    "RegenerateAnswer",
+    "Run",
+    "Snapshot",
+    "StopAnswer",
+    "ThreadInfo",
+    "ThreadPage",
+    "VersionAnswer",
+    "WireModel",
+    "typed_chunk",
+]

@@ -26,8 +26,10 @@ from threadline_client.exceptions import (
     Unauthorized,
     error_from,
 )
-from threadline_client.models import PendingAction, Snapshot
+from threadline_client.models import PendingAction, Snapshot, typed_chunk
 from threadline_client.tokens import keep_fresh
+from threadline_wire.chunks import RunTakeoverChunk
+from threadline_wire.frames import Subscribed
 
 if TYPE_CHECKING:
     from threadline_client.client import ThreadlineClient
@@ -105,7 +107,8 @@ class Backoff:
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One thing that happened: `kind`, the frame it came from (if any), and what it carried."""
+    """One thing that happened: `kind`, the frame it came from (if any), and what it carried
+    (`chunk` and `takeover`: the chunk, a `threadline_wire.chunks` model)."""
 
     kind: EventKind
     frame: dict[str, Any] | None = None
@@ -368,7 +371,7 @@ class ThreadWatch(_LiveView):
 
     async def _on_open(self, socket: _Socket) -> None:
         answer = await self._request(socket, {"type": "subscribe", "thread_id": self.thread_id})
-        self._trigger(self.state.subscribed(int(answer.get("version", 0))))
+        self._trigger(self.state.subscribed(Subscribed.model_validate(answer).version))
 
     def _on_frame(self, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
@@ -376,8 +379,8 @@ class ThreadWatch(_LiveView):
             return
         if kind == "chunk":
             refetch = self.state.chunk(frame)
-            chunk = frame.get("chunk") or {}
-            takeover = chunk.get("type") == "run-takeover"
+            chunk = typed_chunk(frame.get("chunk") or {})
+            takeover = isinstance(chunk, RunTakeoverChunk)
             self._emit("takeover" if takeover else "chunk", frame, chunk)
             self._trigger(refetch)
         elif kind == "invalidate":

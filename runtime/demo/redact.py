@@ -7,8 +7,8 @@ import string
 from collections.abc import AsyncIterator
 from typing import ClassVar
 
-from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.lifecycle import AgentLifecycle, StepContext
+from threadline_wire.chunks import StreamChunk, TextDeltaChunk
 
 # No anchors, lookarounds or \b on purpose: a match then depends only on the characters it
 # covers, which is what makes redacting run by run equal to redacting the whole text.

@@ -11,7 +11,6 @@ from typing import Any
 
 from runtime import instruments, log_context
 from runtime.agent import Agent
-from runtime.chunks import RunTakeoverChunk
 from runtime.domain import (
     Lease,
     Message,
@@ -48,6 +47,7 @@ from runtime.storage.store import (
     StepCommit,
 )
 from runtime.tools import ToolSource
+from threadline_wire.chunks import RunTakeoverChunk
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from runtime.chunks import StepFinishChunk, StepStartChunk
 from runtime.domain import (
     Message,
     MessageRole,
@@ -45,6 +44,7 @@ from runtime.lifecycle import (
 from runtime.providers.model_api import ContextMessage, ModelRequest
 from runtime.storage.store import RunChange, StepCommit, TailUpdate
 from runtime.tools import client_tools_from
+from threadline_wire.chunks import StepFinishChunk, StepStartChunk
 
 
 class RunFailed(Exception):

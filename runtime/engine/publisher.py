@@ -61,6 +61,16 @@ class Publisher:
         self._replay_limit = replay_limit
         self._replay_max_bytes = replay_max_bytes
         self._failing = False
+        self._observers: list[Callable[[str, int], None]] = []
+
+    def observe(self, observer: Callable[[str, int], None]) -> None:
+        """Call `observer(thread_id, version)` for every invalidation this publisher sends,
+        before sending it: this process knows of its own commits before the bus says so."""
+        self._observers.append(observer)
+
+    def _saw(self, thread_id: str, version: int) -> None:
+        for observer in self._observers:
+            observer(thread_id, version)
 
     async def chunk(
         self, thread_id: str, run_id: str, seq: int, chunk: dict[str, Any], *, episode: int = 0
@@ -123,6 +133,7 @@ class Publisher:
         """The thread's invalidation and, where its scope is known, the scope's announcement:
         (channel, message) pairs, their (kind, count) for telemetry, and whether the scope was
         known."""
+        self._saw(thread_id, version)
         messages = [(thread_channel(thread_id), encode_invalidate(thread_id, version))]
         kinds = [("invalidate", 1)]
         scope, known = await self._scope(thread_id)

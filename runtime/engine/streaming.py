@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.chunks import StreamChunk, TextDeltaChunk, ToolCallChunk
 from runtime.domain import MAX_TEXT_CHARS, TextPart
 from runtime.engine.modeltrace import ModelCallTrace
 from runtime.engine.publisher import Publisher
@@ -21,6 +20,7 @@ from runtime.providers.model_api import (
     UsageDelta,
 )
 from runtime.providers.parts import StepAssembler
+from threadline_wire.chunks import StreamChunk, TextDeltaChunk, ToolCallChunk
 
 # A step's text commits in full up to this bound (docs/architecture.md, "Long replies"), split
 # into text parts of at most MAX_TEXT_CHARS; the marker ends a step whose text would exceed it.

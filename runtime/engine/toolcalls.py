@@ -15,7 +15,6 @@ from pydantic import BaseModel, ValidationError
 from runtime import instruments
 from runtime.agent import Agent
 from runtime.approvals import ApprovalDecision, ApprovalState
-from runtime.chunks import ToolCallChunk, ToolProgressChunk, ToolStateChunk
 from runtime.domain import ToolCallPart, ToolState, Waiting, WaitKind
 from runtime.engine.shielding import runtime_cancelled, stray
 from runtime.engine.streaming import ChunkSink
@@ -38,6 +37,7 @@ from runtime.tools import (
     Tool,
     ToolContext,
 )
+from threadline_wire.chunks import ToolCallChunk, ToolProgressChunk, ToolStateChunk
 
 # The model-visible result of a tool that a takeover found started without a committed result
 # and that does not declare itself idempotent: it may or may not have had its effect.
@@ -136,7 +136,11 @@ class ToolPhase:
                 # each decider with the run's starter, whoever resumes the run later.
                 approval=None
                 if policy is None or tool_.suspend.kind is not WaitKind.APPROVAL
-                else ApprovalState(policy=policy, requester=self.step.run.started_by),
+                else ApprovalState(
+                    policy=policy,
+                    requester=self.step.run.started_by,
+                    waiting_for=policy.stage_deciders(0).label(),
+                ),
             )
         else:
             waiting = Waiting(
@@ -185,6 +189,11 @@ class ToolPhase:
             payload = waiting.resolution.payload
             if waiting.kind is not WaitKind.APPROVAL:
                 finals.append((index, _submitted_result(payload)))
+                continue
+            if waiting.resolution.by_deadline == "deny":
+                # Expired: ended as a denial is, the tool never runs, the model sees why.
+                reason = waiting.resolution.reason or "expired"
+                finals.append((index, ToolResult(ToolState.REJECTED, error=reason)))
                 continue
             tool_ = self._tool(part.name)
             if tool_ is None or tool_.suspend is None:

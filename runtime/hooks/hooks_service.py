@@ -73,9 +73,9 @@ class HooksService:
         await self.store.delete_schedule(principal.scopes, schedule_id)
 
     async def schedule_fires(
-        self, principal: Principal, schedule_id: str, limit: int
+        self, principal: Principal, schedule_id: str, limit: int, after: str | None = None
     ) -> list[ScheduleFire]:
-        return await self.store.schedule_fires(principal.scopes, schedule_id, limit)
+        return await self.store.schedule_fires(principal.scopes, schedule_id, limit, after)
 
     # --- webhooks -----------------------------------------------------------------------
 
@@ -128,11 +128,16 @@ class HooksService:
         await self.store.delete_subscription(principal.scopes, subscription_id)
 
     async def deliveries(
-        self, principal: Principal, subscription_id: str, state: DeliveryState | None, limit: int
+        self,
+        principal: Principal,
+        subscription_id: str,
+        state: DeliveryState | None,
+        limit: int,
+        after: str | None = None,
     ) -> list[Delivery]:
         require_trusted(principal)
         return await self.store.list_deliveries(
-            principal.scopes, subscription_id, state=state, limit=limit
+            principal.scopes, subscription_id, state=state, limit=limit, after=after
         )
 
     async def attempts(self, principal: Principal, delivery_id: str) -> list[DeliveryAttempt]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from runtime.engine.publisher import Publisher
 from runtime.storage.hooks_store import DueTimer, HooksStore
@@ -35,7 +36,9 @@ class TimerLoop:
         self.poll_interval = poll_interval
         self.lease_ttl = lease_ttl
         self.batch = batch
-        self.owner = owner or new_id("timers")
+        # The process id in the owner says which worker holds a timer's lease (operators
+        # and the deadline fault test read it from the timer row).
+        self.owner = owner or new_id(f"timers-{os.getpid()}")
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> TimerLoop:

@@ -131,7 +131,9 @@ class ThreadService:
         thread = await self.store.create_thread(
             target, title, dict(metadata or {}), owner=principal.subject
         )
-        return await self.snapshot(principal, thread.id)
+        # Nobody knows its id yet, so nothing else is in it: its first snapshot needs no read.
+        committed = Snapshot.of_new_thread(thread, self.snapshot_messages)
+        return await self.view_snapshot(principal, committed)
 
     async def rename_thread(self, principal: Principal, thread_id: str, title: str) -> Thread:
         """A new title. The rule of creating a thread: any principal of its scope (the title is
@@ -184,14 +186,33 @@ class ThreadService:
     ) -> Snapshot:
         """The thread as this principal sees it; bounded when the service is configured so
         (the last messages, `page.before` the cursor of older ones; queued texts previewed)."""
-        snapshot = await self.store.snapshot(
+        committed = await self.committed_snapshot(
+            principal, thread_id, include_hidden=include_hidden, before=before, limit=limit
+        )
+        return await self.view_snapshot(principal, committed)
+
+    async def committed_snapshot(
+        self,
+        principal: Principal,
+        thread_id: str,
+        *,
+        include_hidden: bool = False,
+        before: int | None = None,
+        limit: int | None = None,
+    ) -> Snapshot:
+        """`snapshot`'s storage read: the same for every principal who may read the thread
+        (its scope among theirs), before `view_snapshot` makes it one principal's."""
+        return await self.store.snapshot(
             thread_id,
             principal.scopes,
             include_hidden=include_hidden,
             message_limit=limit or self.snapshot_messages,
             before=before,
         )
-        return await self.access.annotate(principal, self._preview_queue(snapshot))
+
+    async def view_snapshot(self, principal: Principal, committed: Snapshot) -> Snapshot:
+        """A committed snapshot as `principal` sees it: queue previews, what they may do."""
+        return await self.access.annotate(principal, self._preview_queue(committed))
 
     def _preview_queue(self, snapshot: Snapshot) -> Snapshot:
         cap = self.queue_preview_chars

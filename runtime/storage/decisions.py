@@ -95,6 +95,30 @@ def check_tail_rewrite(old: Sequence[Part], new: Sequence[Part]) -> None:
             )
 
 
+def keep_approvals(old: Sequence[Part], new: Sequence[Part]) -> list[Part]:
+    """`new` with each still-pending action's approval state as stored: a worker's tail update
+    carries the state it read, while decisions, deadlines, escalations and reassignments are
+    committed beside it (under the thread lock) and must not be undone or re-armed."""
+    stored = {
+        part.waiting.action_id: part.waiting.approval
+        for part in old
+        if isinstance(part, ToolCallPart) and part.waiting is not None and part.is_pending
+    }
+    kept: list[Part] = []
+    for part in new:
+        if (
+            isinstance(part, ToolCallPart)
+            and part.is_pending
+            and part.waiting is not None
+            and stored.get(part.waiting.action_id) is not None
+            and stored[part.waiting.action_id] != part.waiting.approval
+        ):
+            waiting = part.waiting.model_copy(update={"approval": stored[part.waiting.action_id]})
+            part = part.model_copy(update={"waiting": waiting})
+        kept.append(part)
+    return kept
+
+
 def check_tail_update(
     thread_id: str,
     message_id: str,

@@ -9,7 +9,9 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from runtime.domain import InputPolicy
+from runtime.storage.retention import RetentionPolicy
 from runtime.storage.store import AdmissionLimits
+from runtime.storage.thread_query import keyset_cursor
 
 
 class MissedFire(StrEnum):
@@ -32,11 +34,18 @@ class WebhookEvent(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     ACTION_CREATED = "action.created"
     ACTION_RESOLVED = "action.resolved"
+    # Approval policies: each decider's decision, a deadline's escalation and its expiry.
+    ACTION_DECIDED = "action.decided"
+    ACTION_ESCALATED = "action.escalated"
+    ACTION_EXPIRED = "action.expired"
     MESSAGE_COMMITTED = "message.committed"  # opt-in: never in the default set
 
 
+# Opt-in: every message, and every decision (one per decider, partial ones too; the settling
+# one is also `action.resolved`).
+_OPT_IN = (WebhookEvent.MESSAGE_COMMITTED, WebhookEvent.ACTION_DECIDED)
 DEFAULT_EVENTS: tuple[WebhookEvent, ...] = tuple(
-    event for event in WebhookEvent if event is not WebhookEvent.MESSAGE_COMMITTED
+    event for event in WebhookEvent if event not in _OPT_IN
 )
 
 
@@ -159,6 +168,10 @@ class Delivery(_Frozen):
             data["role"] = self.detail
         elif self.event_type == WebhookEvent.ACTION_RESOLVED:
             data["resolved_by"] = self.detail
+        elif self.event_type == WebhookEvent.ACTION_DECIDED:
+            data["decision"] = self.detail  # "<subject>: approved (1 of 2)"
+        elif self.event_type in (WebhookEvent.ACTION_ESCALATED, WebhookEvent.ACTION_EXPIRED):
+            data["reason"] = self.detail
         return {"type": self.event_type, "timestamp": self.occurred_at, "data": data}
 
 
@@ -190,6 +203,16 @@ class AttemptOutcome(_Frozen):
     retry_in: float | None
 
 
+def fire_cursor(fire: ScheduleFire) -> str:
+    """The cursor after `fire` in a schedule's fires (newest first)."""
+    return keyset_cursor(fire.fire_at, fire.schedule_id)
+
+
+def delivery_cursor(delivery: Delivery) -> str:
+    """The cursor after `delivery` in a subscription's deliveries (oldest first, then id)."""
+    return keyset_cursor(delivery.occurred_at, delivery.id)
+
+
 class HooksStore(Protocol):
     """Timers, schedules and webhook subscriptions and deliveries; every write one
     transaction, every read filtered by the caller's scopes."""
@@ -197,6 +220,17 @@ class HooksStore(Protocol):
     # timers
     async def claim_timers(self, owner: str, ttl: float, limit: int) -> list[DueTimer]: ...
     async def fire_timer(self, timer: DueTimer, limits: AdmissionLimits | None) -> FireResult: ...
+
+    # thread retention (docs/operations.md, "Thread retention")
+    async def set_retention(self, policy: RetentionPolicy | None) -> None:
+        """The deployment's retention timer for `policy` (None: no retention)."""
+        ...
+
+    async def expire_threads(self, updated_before: float, limit: int) -> list[str]:
+        """Delete up to `limit` idle threads not updated since `updated_before` (database
+        clock), in one transaction; their ids. A queued, running or waiting run (so queued
+        input and a pending action), an active schedule or a held lease keeps a thread."""
+        ...
 
     # schedules
     async def create_schedule(self, spec: ScheduleSpec, created_by: str) -> Schedule: ...
@@ -207,7 +241,7 @@ class HooksStore(Protocol):
     ) -> Schedule: ...
     async def delete_schedule(self, scopes: Collection[str], schedule_id: str) -> None: ...
     async def schedule_fires(
-        self, scopes: Collection[str], schedule_id: str, limit: int = 100
+        self, scopes: Collection[str], schedule_id: str, limit: int = 100, after: str | None = None
     ) -> list[ScheduleFire]: ...
 
     # webhooks
@@ -240,6 +274,7 @@ class HooksStore(Protocol):
         *,
         state: DeliveryState | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[Delivery]: ...
     async def delivery_attempts(
         self, scopes: Collection[str], delivery_id: str

@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from runtime.approvals import Reassignment
 from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Admission,
@@ -24,6 +25,7 @@ from runtime.domain import (
     InputPolicy,
     Lease,
     Message,
+    Origin,
     Principal,
     QueuedItem,
     Resolution,
@@ -233,6 +235,18 @@ class ActionStore(Protocol):
         resolution: Resolution,
         expected_version: int | None = None,
     ) -> ResolveResult: ...
+    async def reassign_action(
+        self,
+        thread_id: str,
+        scopes: Scopes,
+        action_id: str,
+        change: Reassignment,
+        origin: Origin | None = None,
+    ) -> ResolveResult:
+        """Hand a pending approval to another subject or group when its policy permits
+        delegation (`runtime.approvals.reassigned`); audited; `run_resumed` is always False."""
+        ...
+
     async def act(
         self,
         thread_id: str,

@@ -46,34 +46,40 @@ class ThreadQuery:
 
 @dataclass(frozen=True)
 class CursorPosition:
-    updated_at: float
-    thread_id: str
+    """A place in a list ordered by a time, then an id: the row a page ended with."""
+
+    at: float
+    key: str
 
 
-def page_cursor(thread: Thread) -> str:
-    """The cursor after `thread`: its place in the order (update time, id), opaque to clients.
-
-    A keyset, not an offset: threads created meanwhile sort before it (they are newer), so
-    the pages after it neither repeat nor skip a thread because of them."""
-    raw = orjson.dumps([thread.updated_at, thread.id])
+def keyset_cursor(at: float, key: str) -> str:
+    """The cursor after the row at (`at`, `key`), opaque to clients: a keyset, not an offset,
+    so rows added meanwhile elsewhere in the order neither repeat nor skip one of a page."""
+    raw = orjson.dumps([at, key])
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
+def page_cursor(thread: Thread) -> str:
+    """The cursor after `thread` in the thread list (update time, id): threads updated
+    meanwhile sort before it (they are newer)."""
+    return keyset_cursor(thread.updated_at, thread.id)
+
+
 def read_cursor(cursor: str) -> CursorPosition:
-    """The position a `page_cursor` names; `InvalidInput` for anything else."""
+    """The position a `keyset_cursor` names; `InvalidInput` for anything else."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        updated_at, thread_id = orjson.loads(raw)
+        at, key = orjson.loads(raw)
     except (binascii.Error, ValueError, TypeError, orjson.JSONDecodeError) as exc:
         raise InvalidInput("cursor is not one this server gave") from exc
     if (
-        not isinstance(updated_at, int | float)
-        or isinstance(updated_at, bool)
-        or not math.isfinite(updated_at)
-        or not isinstance(thread_id, str)
+        not isinstance(at, int | float)
+        or isinstance(at, bool)
+        or not math.isfinite(at)
+        or not isinstance(key, str)
     ):
         raise InvalidInput("cursor is not one this server gave")
-    return CursorPosition(float(updated_at), thread_id)
+    return CursorPosition(float(at), key)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -94,6 +100,7 @@ __all__ = [
     "CursorPosition",
     "ThreadQuery",
     "ThreadStatus",
+    "keyset_cursor",
     "merge_patch",
     "page_cursor",
     "read_cursor",

@@ -12,7 +12,7 @@ from runtime.service.thread_service import validation_field_errors
 from server.protocol.command_model import Command
 from server.protocol.commands import COMMANDS
 from server.protocol.inputs import ID_MAX
-from server.protocol.replies import FrameId
+from threadline_wire.frames import FrameId
 
 
 class Frame(BaseModel):

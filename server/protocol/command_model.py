@@ -19,10 +19,11 @@ from runtime.storage.store import ActResult
 from server.auth import Grant
 from server.live.quotas import Limiter
 from server.live.revocation import TokenRevoker
+from server.live.snapshot_cache import SnapshotCache
 from server.protocol.authorizer import Authorizer
 from server.protocol.inputs import Input
-from server.protocol.replies import Ack, ServerFrame
 from server.tracing import QUOTA_REFUSALS
+from threadline_wire.frames import Ack, ServerFrame
 
 I = TypeVar("I", bound=Input)  # noqa: E741 - the input model, as in the table's columns
 R = TypeVar("R")
@@ -63,6 +64,8 @@ class Caller:
     # allowed this command, `narrow` the threads a list may show (None: every one in scope).
     admitted: bool = False
     narrow: tuple[ThreadMatch, ...] | None = None
+    # The gateway's snapshot cache (None: every snapshot is read from storage).
+    snapshots: SnapshotCache | None = None
 
     def tokens(self) -> TokenRevoker:
         if self.revoker is None:
@@ -85,6 +88,9 @@ class Http:
     status: int = 200
     body: bool = True  # False: the route does not read its body at all
     query: Callable[[Mapping[str, str]], dict[str, Any]] | None = None
+    # A conditional read: the entity tag of a result as the caller sees it. The route answers
+    # with an `ETag` header, and `304 Not Modified` (no body) to an `If-None-Match` naming it.
+    etag: Callable[[Principal, Any], str] | None = None
 
     @property
     def path_fields(self) -> tuple[str, ...]:

@@ -13,15 +13,19 @@ from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart
 from runtime.service.client_threads import open_client_thread
 from runtime.service.thread_service import require_trusted
 from runtime.storage.thread_query import ThreadQuery
+from server.live.snapshot_cache import snapshot_etag
 from server.protocol.answers import (
     actions_answer,
     admission_answer,
+    metadata_answer,
     principal_answer,
     regenerate_answer,
     stop_answer,
+    thread_version_answer,
     threads_answer,
     version_answer,
 )
+from server.protocol.approval_commands import APPROVAL_COMMANDS
 from server.protocol.audit_commands import AUDIT_COMMANDS
 from server.protocol.command_model import (
     Caller,
@@ -57,14 +61,15 @@ from server.protocol.inputs import (
     ToolResult,
     UpdateMetadata,
 )
-from server.protocol.replies import (
+from server.protocol.snapshot_reads import read_snapshot, snapshot_query
+from threadline_wire import AdmissionAnswer, fields_doc
+from threadline_wire.frames import (
     ActionsSubscribed,
     ActionsUnsubscribed,
     Pong,
     Subscribed,
     Unsubscribed,
 )
-from threadline_wire import AdmissionAnswer, fields_doc
 
 T = "/v1/threads/{thread_id}"
 
@@ -109,25 +114,6 @@ def _actions_query(query: Mapping[str, str]) -> dict[str, Any]:
         fields["cursor"] = query["cursor"]
     if "assigned" in query:
         fields["assigned"] = query["assigned"]  # the input refuses anything but "me"
-    return fields
-
-
-def _include_hidden(query: Mapping[str, str]) -> dict[str, Any]:
-    value = query.get("include_hidden", "false").lower()
-    if value not in ("true", "false", "1", "0"):
-        raise InvalidInput("query parameter 'include_hidden' must be true or false")
-    return {"include_hidden": value in ("true", "1")}
-
-
-def _snapshot_query(query: Mapping[str, str]) -> dict[str, Any]:
-    fields = _include_hidden(query)
-    for name, low, high in (("before", 0, 2**62), ("limit", 1, 500)):
-        raw = query.get(name)
-        if raw is None:
-            continue
-        if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-            raise InvalidInput(f"query parameter {name!r} must be an integer from {low} to {high}")
-        fields[name] = int(raw)
     return fields
 
 
@@ -215,17 +201,12 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="thread.snapshot",
         input=GetSnapshot,
-        call=lambda c, i: c.service.snapshot(
-            c.principal,
-            i.thread_id,
-            include_hidden=i.include_hidden,
-            before=i.before,
-            limit=i.limit,
-        ),
+        call=read_snapshot,
         answer=lambda i, snapshot: snapshot.to_wire(),
-        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones",
+        answer_doc=f"{SNAPSHOT}: the last messages; `?before=<page.before>` pages older ones;"
+        " an `ETag` header, and `304` (no body) to an `If-None-Match` naming the current one",
         reply=None,
-        http=Http("GET", T, "snapshot", body=False, query=_snapshot_query),
+        http=Http("GET", T, "snapshot", body=False, query=snapshot_query, etag=snapshot_etag),
         note=READ,
         limited=False,
     ),
@@ -233,7 +214,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         name="thread.rename",
         input=RenameThread,
         call=lambda c, i: c.service.rename_thread(c.principal, i.thread_id, i.title),
-        answer=lambda i, thread: {"thread_id": thread.id, "version": thread.version},
+        answer=lambda i, thread: thread_version_answer(thread),
         answer_doc=THREAD_VERSION,
         http=Http("PATCH", T, "rename_thread"),
     ),
@@ -241,11 +222,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         name="thread.update_metadata",
         input=UpdateMetadata,
         call=lambda c, i: c.service.update_metadata(c.principal, i.thread_id, i.metadata),
-        answer=lambda i, thread: {
-            "thread_id": thread.id,
-            "version": thread.version,
-            "metadata": thread.metadata,
-        },
+        answer=lambda i, thread: metadata_answer(thread),
         answer_doc='`{"thread_id", "version", "metadata"}`: `metadata` a JSON merge patch '
         "(RFC 7396: `null` removes a key); the answer has the whole result",
         http=Http("PATCH", f"{T}/metadata", "update_thread_metadata"),
@@ -548,5 +525,6 @@ COMMANDS = (
     + AUTH_COMMANDS
     + HOOKS_COMMANDS
     + AUDIT_COMMANDS
+    + APPROVAL_COMMANDS
 )
 BY_NAME: dict[str, Command[Any, Any]] = {command.name: command for command in COMMANDS}

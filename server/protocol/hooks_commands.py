@@ -14,7 +14,10 @@ from runtime.storage.hooks_store import (
     DeliveryState,
     Schedule,
     WebhookSubscription,
+    delivery_cursor,
+    fire_cursor,
 )
+from server.protocol.answers import next_cursor
 from server.protocol.command_model import Command, Http
 from server.protocol.hooks_inputs import (
     CreateSchedule,
@@ -58,8 +61,16 @@ def limit_query(query: Mapping[str, str]) -> dict[str, Any]:
     return {"limit": _int(query, "limit", 100)}
 
 
-def deliveries_query(query: Mapping[str, str]) -> dict[str, Any]:
+def paged_query(query: Mapping[str, str]) -> dict[str, Any]:
+    """`limit` and the previous page's `cursor`."""
     fields = limit_query(query)
+    if "cursor" in query:
+        fields["cursor"] = query["cursor"]
+    return fields
+
+
+def deliveries_query(query: Mapping[str, str]) -> dict[str, Any]:
+    fields = paged_query(query)
     state = query.get("state")
     if state is not None:
         try:
@@ -133,12 +144,15 @@ HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="schedule.fires",
         input=ScheduleFires,
-        call=lambda c, i: hooks(c).schedule_fires(c.principal, i.schedule_id, i.limit),
-        answer=lambda i, fires: {"fires": [f.model_dump(mode="json") for f in fires]},
+        call=lambda c, i: hooks(c).schedule_fires(c.principal, i.schedule_id, i.limit, i.cursor),
+        answer=lambda i, fires: {
+            "fires": [f.model_dump(mode="json") for f in fires],
+            "next_cursor": next_cursor(fires, i.limit, fire_cursor),
+        },
         answer_doc='`{"fires": [{"fire_at", "fired_at", "outcome", "thread_id", "run_id", '
-        '"queued_item_id", "detail"}]}`, newest first',
+        '"queued_item_id", "detail"}], "next_cursor"}`, newest first; `?cursor=` pages on',
         reply=None,
-        http=Http("GET", f"{S}/fires", "schedule_fires", body=False, query=limit_query),
+        http=Http("GET", f"{S}/fires", "schedule_fires", body=False, query=paged_query),
         note=READ,
         limited=False,
     ),
@@ -222,10 +236,15 @@ HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="webhook.deliveries",
         input=ListDeliveries,
-        call=lambda c, i: hooks(c).deliveries(c.principal, i.webhook_id, i.state, i.limit),
-        answer=lambda i, items: {"deliveries": [delivery_answer(d) for d in items]},
-        answer_doc=f'`{{"deliveries": [{DELIVERY.strip("`")}]}}`, oldest first; '
-        "`?state=pending|delivered|dead`",
+        call=lambda c, i: hooks(c).deliveries(
+            c.principal, i.webhook_id, i.state, i.limit, i.cursor
+        ),
+        answer=lambda i, items: {
+            "deliveries": [delivery_answer(d) for d in items],
+            "next_cursor": next_cursor(items, i.limit, delivery_cursor),
+        },
+        answer_doc=f'`{{"deliveries": [{DELIVERY.strip("`")}], "next_cursor"}}`, oldest first; '
+        "`?state=pending|delivered|dead`, `?cursor=` pages on",
         reply=None,
         http=Http(
             "GET", f"{W}/deliveries", "webhook_deliveries", body=False, query=deliveries_query

@@ -33,9 +33,14 @@ class ScheduleRef(Input):
     schedule_id: Id
 
 
+# The previous page's `next_cursor` (opaque, as the thread list's).
+Cursor = Annotated[str, Field(min_length=1, max_length=4 * ID_MAX)]
+
+
 class ScheduleFires(Input):
     schedule_id: Id
     limit: Limit = 100
+    cursor: Cursor | None = None
 
 
 class ListHooks(Input):
@@ -66,6 +71,7 @@ class ListDeliveries(Input):
     webhook_id: Id
     state: DeliveryState | None = None
     limit: Limit = 100
+    cursor: Cursor | None = None
 
 
 class DeliveryRef(Input):

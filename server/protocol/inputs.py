@@ -16,8 +16,10 @@ from runtime.domain import (
 )
 from runtime.errors import InvalidInput, TooLarge
 from runtime.storage.thread_query import ThreadQuery, ThreadStatus
+from threadline_wire import frames
 
-ID_MAX = 200
+# The wire's id bound (threadline_wire.frames), which every id of an input shares.
+ID_MAX = frames.ID_MAX
 ThreadId = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
 ItemId = Annotated[str, Field(min_length=1, max_length=ID_MAX)]
 

@@ -17,8 +17,8 @@ from runtime.errors import Forbidden, QuotaExceeded, ThreadlineError
 from runtime.service.thread_service import validation_field_errors
 from server.auth import Unauthorized
 from server.auth_errors import CODES as AUTH_CODES
-from server.protocol.replies import ErrorFrame
 from server.protocol.responses import JSONResponse, error_body
+from threadline_wire.frames import ErrorFrame
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ STATUS: dict[str, int] = {
     "forbidden_by_policy": 403,
     "requester_excluded": 403,
     "not_a_decider": 403,
+    "delegation_not_allowed": 403,
     "already_decided": 409,
     "not_found": 404,
     "method_not_allowed": 405,

@@ -20,6 +20,7 @@ from runtime.domain import Origin
 from runtime.errors import InvalidInput, TooLarge
 from runtime.service.thread_service import ThreadService
 from server.auth import authenticate, bearer_token, token_key
+from server.live.snapshot_cache import etag_matches
 from server.protocol.command_model import Caller, Command
 from server.protocol.commands import COMMANDS
 from server.protocol.inputs import Input
@@ -56,6 +57,7 @@ async def request_caller(request: Request) -> Caller:
         limiter=getattr(request.app.state, "limiter", None),
         token_id=token_key(token or ""),
         revoker=getattr(request.app.state, "revoker", None),
+        snapshots=getattr(request.app.state, "snapshots", None),
         origin=Origin(
             transport=_transport_of(request.url.path),
             client_address=request.client.host if request.client else None,
@@ -141,8 +143,16 @@ def command_endpoint(command: Command[Any, Any]) -> Endpoint:
             # Path and query fields are validated like the body: one answer for one bad id on
             # every transport (a NUL in a path id is `invalid_input`, as in a frame).
             data = command.parse(caller, fields)
-            answer = await command.run(caller, data)
-            return JSONResponse(answer, status_code=http.status)
+            if http.etag is None:
+                return JSONResponse(await command.run(caller, data), status_code=http.status)
+            result = await command.result(caller, data)
+            tag = http.etag(caller.principal, result)
+            # Private: the tag and the body are one viewer's; revalidated on every use.
+            headers = {"ETag": tag, "Cache-Control": "private, no-cache"}
+            if etag_matches(request.headers.get("if-none-match"), tag):
+                return Response(status_code=304, headers=headers)
+            answer = command.answer(data, result)
+            return JSONResponse(answer, status_code=http.status, headers=headers)
         except HTTPException:
             raise  # Starlette's own HTTP errors: rendered as JSON by the app's handler
         except Exception as exc:

@@ -43,6 +43,8 @@ _WRITES = (
 )
 # What deciding an approval under a policy may also answer (docs/protocol.md, "Approvals").
 _DECISIONS = ("requester_excluded", "not_a_decider", "already_decided")
+# What reassigning one may answer ("Approval policies", reassignment).
+_REASSIGNS = ("requester_excluded", "not_a_decider", "delegation_not_allowed")
 # Routes outside the command table: probes and metrics, no token.
 _PROBES = {
     "/healthz": ("healthz", "Liveness: the process answers.", {"200": "`{status, role, ...}`"}),
@@ -58,7 +60,7 @@ _PROBES = {
 def error_codes(command: Command[Any, Any]) -> list[str]:
     """The error codes a command's route may answer (docs/protocol.md, "Errors")."""
     refused_tokens = [code for code in TOKEN_CODES if code not in _ANY_ROUTE]  # all 401
-    decides = _DECISIONS if command.name == "action.resume" else ()
+    decides = {"action.resume": _DECISIONS, "action.reassign": _REASSIGNS}.get(command.name, ())
     return [*_ANY_ROUTE, *refused_tokens, *(_WRITES if command.limited else ()), *decides]
 
 
@@ -88,6 +90,8 @@ def _responses(command: Command[Any, Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"type": "object"}}},
         }
     }
+    if command.http.etag is not None:
+        responses["304"] = {"description": "not modified: `If-None-Match` names the current `ETag`"}
     by_status: dict[int, list[str]] = {}
     for code in error_codes(command):
         by_status.setdefault(STATUS.get(code, 400), []).append(code)

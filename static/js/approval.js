@@ -55,7 +55,10 @@ export function renderApproval(approval) {
   const waiting = [];
   if (approval.waiting_for) waiting.push(`waiting for ${approval.waiting_for}`);
   if (approval.due_at) waiting.push(`due ${clock(approval.due_at)}`);
-  if (approval.stage) waiting.push(`stage ${approval.stage + 1}`);
+  if (approval.stage) {
+    const stages = (policy.escalations || []).length + 1;
+    waiting.push(`escalated: stage ${approval.stage + 1} of ${stages}`);
+  }
   return h(
     'div',
     { class: 'card__approval', testid: 'approval' },
@@ -74,8 +77,13 @@ export function renderApproval(approval) {
   );
 }
 
-/** "Decided by Ada (approved), Bo (approved)" for a resolved part that had a policy. */
+/** "Decided by Ada (approved), Bo (approved)" for a resolved part that had a policy, or what
+ * its deadline did ("Denied automatically at the deadline: <reason>"). */
 export function decidedText(resolution) {
+  if (resolution && resolution.by_deadline) {
+    const verdict = resolution.by_deadline === 'approve' ? 'Approved' : 'Denied';
+    return `${verdict} automatically at the deadline: ${resolution.reason || 'no decision'}`;
+  }
   const decisions = (resolution && resolution.decisions) || [];
   if (!decisions.length) return null;
   return `Decided by ${decisions.map((d) => `${d.display_name || d.subject} (${d.approved ? 'approved' : 'denied'})`).join(', ')}`;

@@ -45,7 +45,8 @@ var COMMANDS = {
   "webhook.deliveries": { method: "GET", path: "/v1/webhooks/{webhook_id}/deliveries", status: 200, query: true, websocket: false },
   "delivery.attempts": { method: "GET", path: "/v1/deliveries/{delivery_id}/attempts", status: 200, query: false, websocket: false },
   "delivery.redeliver": { method: "POST", path: "/v1/deliveries/{delivery_id}/redeliver", status: 200, query: false, websocket: true },
-  "audit.list": { method: "GET", path: "/v1/audit", status: 200, query: true, websocket: false }
+  "audit.list": { method: "GET", path: "/v1/audit", status: 200, query: true, websocket: false },
+  "action.reassign": { method: "POST", path: "/v1/threads/{thread_id}/actions/{action_id}/reassign", status: 200, query: false, websocket: true }
 };
 
 // src/http.ts
@@ -146,6 +147,10 @@ var HttpClient = class {
   }
   resume(threadId, actionId, payload, expectedVersion) {
     return this.call("action.resume", { thread_id: threadId, action_id: actionId, payload, expected_version: expectedVersion });
+  }
+  /** Hand an approval the caller may decide to one subject or one group (the policy must permit delegation). */
+  reassign(threadId, actionId, to) {
+    return this.call("action.reassign", { thread_id: threadId, action_id: actionId, ...to });
   }
   stop(threadId, runId) {
     return this.call("run.stop", { thread_id: threadId, run_id: runId });
@@ -766,6 +771,9 @@ var ThreadWatch = class extends Emitter {
   }
   resume(actionId, payload) {
     return this.settle(this.client.http.resume(this.threadId, actionId, payload));
+  }
+  reassign(actionId, to) {
+    return this.settle(this.client.http.reassign(this.threadId, actionId, to));
   }
   stop() {
     const run = this.getView().run;

@@ -96,6 +96,26 @@ async def test_every_subscriber_gets_every_message(bus: Bus) -> None:
             assert await take(subscription, 10) == expected
 
 
+async def test_many_publishes_at_once_all_arrive(bus: Bus) -> None:
+    """Thousands of live runs publish at once: more operations in flight than a client pool
+    holds connections must wait for one, never fail (a worker streaming 500 runs had its
+    chunks refused with `Too many connections`)."""
+    threads = [f"many-{n}" for n in range(300)]
+    channels = [thread_channel(t) for t in threads]
+    async with bus.subscribe(channels[0]) as subscription:
+        replays = [Replay(replay_key(t), 10, 10_000) for t in threads]
+        await within(
+            asyncio.gather(
+                *(
+                    bus.publish(c, b"chunk", PublishOptions(replay=r))
+                    for c, r in zip(channels, replays, strict=True)
+                )
+            )
+        )
+        assert await take(subscription, 1) == [b"chunk"]
+    assert [await bus.read_replay(r.key) for r in replays[:3]] == [[b"chunk"]] * 3
+
+
 async def test_unsubscribed_subscription_gets_nothing_more(bus: Bus) -> None:
     async with bus.subscribe("thread:u") as staying:
         async with bus.subscribe("thread:u") as leaving:

@@ -11,7 +11,6 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.domain import RunStatus, ToolCallPart, ToolState, Visibility
 from runtime.errors import RunActive
 from runtime.lifecycle import (
@@ -45,6 +44,7 @@ from runtime.providers.scripted import (
 from runtime.tools import SuspendStep, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, SCOPE, first_text, run_of, settled
+from threadline_wire.chunks import StreamChunk, TextDeltaChunk
 
 EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
 

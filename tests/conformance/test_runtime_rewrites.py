@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from runtime.agent import Agent
-from runtime.chunks import StreamChunk
 from runtime.compose import compose_lifecycle
 from runtime.domain import Lease, RunStatus, RunTrigger, Visibility
 from runtime.errors import Conflict, VersionMismatch
@@ -27,6 +26,7 @@ from runtime.providers.scripted import ScriptedModel, text_response
 from runtime.storage.store import Store
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, SCOPE, first_text, run_of, settled
+from threadline_wire.chunks import StreamChunk
 
 
 class Counting(AgentLifecycle):

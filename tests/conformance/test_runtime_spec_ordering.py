@@ -14,7 +14,6 @@ import pytest
 from pydantic import BaseModel, field_validator
 
 from runtime.agent import Agent
-from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.compose import compose_lifecycle
 from runtime.domain import RunStatus, Snapshot, ToolCallPart, ToolState
 from runtime.errors import InvalidPayload
@@ -48,6 +47,7 @@ from runtime.providers.scripted import (
 from runtime.tools import SuspendStep, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, SCOPE, Runtime, first_text, run_of, settled
+from threadline_wire.chunks import StreamChunk, TextDeltaChunk
 
 
 class Args(BaseModel):

@@ -14,7 +14,6 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.domain import RunStatus, Snapshot, ToolCallPart, ToolState, WaitKind
 from runtime.errors import InvalidInput
 from runtime.lifecycle import (
@@ -56,6 +55,7 @@ from tests.conformance.runtime_harness import (
     run_of,
     settled,
 )
+from threadline_wire.chunks import StreamChunk, TextDeltaChunk
 
 MANUAL = WaitKind.MANUAL_RESULT
 

@@ -11,7 +11,6 @@ import pytest
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.chunks import StreamChunk, ToolCallChunk
 from runtime.compose import compose_lifecycle
 from runtime.domain import Lease, RunStatus, Snapshot, ToolCallPart, ToolState
 from runtime.engine.toolcalls import INTERRUPTED
@@ -35,6 +34,7 @@ from runtime.tools import ToolContext, tool
 from tests import otel
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, settled
+from threadline_wire.chunks import StreamChunk, ToolCallChunk
 
 
 class Args(BaseModel):

@@ -14,7 +14,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel
 
 from runtime.agent import Agent
-from runtime.chunks import StreamChunk
 from runtime.domain import RunStatus, Visibility
 from runtime.lifecycle import (
     AgentLifecycle,
@@ -36,6 +35,7 @@ from tests import otel
 from tests.conformance.conftest_bus import eventually
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, first_text, settled
+from threadline_wire.chunks import StreamChunk
 
 
 class BrokenExporter(SpanExporter):

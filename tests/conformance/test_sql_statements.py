@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import asyncpg
 import pytest
 
 from runtime.domain import (
+    Role,
     RunStatus,
 )
 from runtime.errors import (
@@ -78,3 +81,34 @@ async def test_open_applies_every_migration_once(make_sql_store: SqlStoreFactory
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_the_reads_around_every_request_are_one_statement_each(
+    sql_store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token's principal (every authenticated request), a thread's scope check and its
+    version (every subscription): one statement each, with no BEGIN, COMMIT or clock read
+    around it (on Postgres each was a transaction: three or four round trips)."""
+    thread = await new_thread(sql_store)
+    await sql_store.create_token("hash-live", "alice", Role.USER, SCOPES)
+    await sql_store.create_token("hash-expired", "bob", Role.USER, SCOPES, expires_in=0.01)
+    await asyncio.sleep(0.05)  # past its expiry on the database clock
+    sent: list[str] = []
+    for name in ("execute", "fetch", "fetchrow", "fetchval"):
+        original = getattr(asyncpg.Connection, name)
+
+        def counting(original: Any = original) -> Any:
+            async def sends(self: Any, query: str, *args: Any, **kw: Any) -> Any:
+                sent.append(query)
+                return await original(self, query, *args, **kw)
+
+            return sends
+
+        monkeypatch.setattr(asyncpg.Connection, name, counting())
+    principal = await sql_store.principal_for_token("hash-live")
+    assert principal is not None and principal.subject == "alice"
+    assert await sql_store.principal_for_token("hash-expired") is None
+    assert (await sql_store.get_thread(thread.id, SCOPES)).id == thread.id
+    assert await sql_store.thread_versions([thread.id]) == {thread.id: thread.version}
+    if sql_store.dialect.name == "postgres":
+        assert len(sent) == 4, sent

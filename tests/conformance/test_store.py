@@ -51,6 +51,7 @@ MIGRATIONS = [
     "0013_thread_metadata_index",
     "0014_thread_owner",
     "0015_run_traceparent",
+    "0016_thread_retention",
 ]
 
 

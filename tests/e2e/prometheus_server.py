@@ -144,3 +144,12 @@ def scrape(url: str, name: str) -> dict[frozenset[tuple[str, str]], float]:
         for sample in family.samples
         if sample.name == name
     }
+
+
+def snapshot_reads(url: str) -> dict[str, float]:
+    """A server's snapshot answers so far by source (`storage`, `cache`), from `url`/metrics."""
+    counts = {"storage": 0.0, "cache": 0.0}
+    for labels, value in scrape(f"{url}/metrics", "threadline_snapshot_reads_total").items():
+        source = dict(labels).get("source", "")
+        counts[source] = counts.get(source, 0.0) + value
+    return counts

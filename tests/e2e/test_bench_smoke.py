@@ -106,3 +106,43 @@ def test_instructions_bench_quick() -> None:
     assert lines[1].split()[1:] == ["uvloop"], stdout
     # This tree's row: instructions per run, in millions.
     assert float(lines[2].split()[-1]) > 0, stdout
+
+
+def test_api_bench_quick() -> None:
+    stdout = run_bench("api.py")
+    rows = [line for line in stdout.splitlines() if line.startswith(("embedded", "Postgres"))]
+    assert len(rows) == 2, stdout
+    for row in rows:
+        # runs, runs/s, CPU ms per run, ..., first p50, first p99, refetches, 304s, round trips
+        cells = row.split(")", 1)[1].split()
+        runs, rate, cpu = int(cells[0]), float(cells[1]), float(cells[2])
+        assert runs == 5 and rate > 0 and cpu > 0, stdout
+        first_p50, _p99, refetches, _not_modified, trips = (float(v) for v in cells[-5:])
+        assert first_p50 > 0 and refetches >= 1 and trips >= 5, stdout
+    assert "postgres" in rows[1], stdout  # the database's backends are counted
+
+
+def test_watchers_bench_quick() -> None:
+    stdout = run_bench("watchers.py")
+    rows = [line.split() for line in stdout.splitlines() if line.split()[1:2] in (["on"], ["off"])]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("4", "on"),
+        ("10", "on"),
+        ("4", "off"),
+        ("10", "off"),
+    ], stdout
+    for watchers, cache, *figures in rows:
+        reads = float(figures[0]) + float(figures[1])  # both gateways, per commit
+        # Off: one read per watcher per commit. Cached: one per gateway (a read that raced a
+        # resync may be made again: at most half a read more per gateway on average).
+        if cache == "off":
+            assert reads == int(watchers), stdout
+        else:
+            assert 2 <= reads <= 3, stdout
+
+
+def test_live_runs_bench_quick() -> None:
+    stdout = run_bench("live_runs.py")
+    (row,) = [line.split() for line in stdout.splitlines() if line.split()[:1] == ["20"]]
+    assert int(row[1]) == 200, stdout  # every token of every run arrived
+    assert float(row[2]) > 0 and float(row[3]) >= float(row[2]), stdout

@@ -118,3 +118,17 @@ def test_env_file_variable_names_another_file(env: dict[str, str], tmp_path: Pat
     done = cli(["config"], {**env, "THREADLINE_ENV_FILE": os.fspath(other)}, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "THREADLINE_ROLE=worker" in done.stdout.splitlines()
+
+
+def test_approval_policies_are_checked_before_the_server_starts(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    unknown = cli(["serve"], {**env, "THREADLINE_APPROVAL_POLICIES": '{"wire": {}}'}, tmp_path)
+    assert unknown.returncode == 2
+    [line] = unknown.stderr.splitlines()
+    assert line.startswith(f"{PROBLEM_PREFIX}THREADLINE_APPROVAL_POLICIES names wire,")
+    assert "its approval tools: send_email" in line
+    bad = cli(["serve"], {**env, "THREADLINE_APPROVAL_POLICIES": '{"x": {"quorum": 0}}'}, tmp_path)
+    assert bad.returncode == 2
+    assert "x.quorum: Input should be greater than or equal to 1" in bad.stderr
+    assert "Traceback" not in bad.stderr + unknown.stderr

@@ -53,6 +53,11 @@ def test_schedules_are_scoped_and_validated(api_for: Any) -> None:
         body = {k: v for k, v in bad.items() if v is not None}
         assert_error(alice.request("POST", "/v1/schedules", json=body), 422, "invalid_input")
     assert len(alice.request("GET", "/v1/schedules").json()["schedules"]) == 1
+    fires = alice.request("GET", f"/v1/schedules/{schedule}/fires?limit=1")
+    assert fires.json() == {"fires": [], "next_cursor": None}
+    for cursor in ("nope", "WzEsMl0", ""):
+        refused = alice.request("GET", f"/v1/schedules/{schedule}/fires?cursor={cursor}")
+        assert_error(refused, 422, "invalid_input")
     paused = alice.request("POST", f"/v1/schedules/{schedule}/pause").json()["schedule"]
     assert paused["status"] == "paused" and paused["next_fire_at"] is None
 
@@ -83,6 +88,11 @@ def test_webhooks_need_a_trusted_role_and_their_scope(api_for: Any) -> None:
         422,
         "invalid_input",
     )
+    assert_error(
+        svc.request("GET", f"/v1/webhooks/{webhook['id']}/deliveries?cursor=nope"),
+        422,
+        "invalid_input",
+    )
     listed = svc.request("GET", "/v1/webhooks").json()["webhooks"]
     assert [w["id"] for w in listed] == [webhook["id"]] and "secret" not in listed[0]
 
@@ -96,6 +106,7 @@ async def test_websocket_frames_and_the_client(
             "hello", thread_id=thread.thread.id, cron="*/5 * * * *", timezone="Asia/Tokyo"
         )
         assert schedule.status == "active" and schedule.next_fire_at is not None
+        assert [fire async for fire in alice.schedule_fires(schedule.id, page_size=1)] == []
         with pytest.raises(InvalidInput):
             await alice.create_schedule("x", thread_id=thread.thread.id, cron="99 * * * *")
         with pytest.raises(Forbidden):

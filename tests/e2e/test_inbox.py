@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e import cluster, harness
 from tests.services import require_postgres, require_redis
-from threadline_client import ActionsWatch, NotFound, ThreadlineClient, ThreadWatch
+from threadline_client import ActionsWatch, NotFound, ThreadlineClient, ThreadWatch, ToolCallPart
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 TIMEOUT = 30.0
@@ -161,8 +161,9 @@ async def test_the_approvals_service_resolves_each_action_exactly_once(setup: Se
         output, _ = await asyncio.to_thread(process.communicate, timeout=15)
     decisions = []
     for final in finals:
-        (part,) = [p for m in final.messages for p in m.parts if p.get("type") == "tool-call"]
-        resolution = part["waiting"]["resolution"]
+        (part,) = [p for m in final.messages for p in m.parts if isinstance(p, ToolCallPart)]
+        assert part.waiting is not None
+        resolution = part.waiting.resolution
         assert resolution["subject"] == "approvals-bot", output
         decisions.append(resolution["payload"]["approved"])
     assert decisions == [True, False, True], output

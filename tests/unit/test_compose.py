@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.compose import as_lifecycle, compose_lifecycle, defines_hook
 from runtime.domain import MessageRole, RunTrigger, TextPart
 from runtime.lifecycle import (
@@ -32,6 +31,7 @@ from runtime.providers.model_api import (
     ProviderError,
     TextDelta,
 )
+from threadline_wire.chunks import StreamChunk, TextDeltaChunk
 
 # --- builders -------------------------------------------------------------------------------
 

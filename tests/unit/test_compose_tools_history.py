@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.compose import HistoryRewrittenErrors, as_lifecycle, compose_lifecycle
 from runtime.domain import MessageRole, RunTrigger, TextPart, ToolState
 from runtime.lifecycle import (
@@ -35,6 +34,7 @@ from runtime.lifecycle import (
     ToolResult,
 )
 from runtime.providers.model_api import ContextMessage, ModelDelta, ModelRequest, TextDelta
+from threadline_wire.chunks import StreamChunk, TextDeltaChunk
 
 # --- builders -------------------------------------------------------------------------------
 

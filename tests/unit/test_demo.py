@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from runtime.chunks import StreamChunk, TextDeltaChunk
 from runtime.demo import (
     INSTRUCTIONS,
     DemoModel,
@@ -52,6 +51,7 @@ from runtime.providers.model_api import (
 )
 from runtime.providers.parts import AssembledStep, StepAssembler
 from runtime.tools import Tool, ToolContext
+from threadline_wire.chunks import StreamChunk, TextDeltaChunk
 
 AGENT = demo_agent()
 TOOLS = tuple(t.spec for t in AGENT.tools)

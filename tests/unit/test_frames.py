@@ -18,8 +18,8 @@ from server.protocol.client_frames import (
     decode_frame,
 )
 from server.protocol.inputs import NoInput, ResumeAction, SendMessage, SetVisibility, ThreadRef
-from server.protocol.replies import Ack, Subscribed
 from server.protocol.wire_errors import wire_error
+from threadline_wire.frames import Ack, Subscribed
 
 M = TypeVar("M", bound=BaseModel)
 VALID: dict[str, dict[str, Any]] = {
@@ -48,6 +48,7 @@ VALID: dict[str, dict[str, Any]] = {
     "webhook.update": {"webhook_id": "w1", "enabled": False},
     "webhook.delete": {"webhook_id": "w1"},
     "delivery.redeliver": {"delivery_id": "d1"},
+    "action.reassign": {"thread_id": "t1", "action_id": "a1", "to_subject": "bob"},
 }
 
 

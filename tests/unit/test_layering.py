@@ -37,10 +37,12 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("threadline_client", "threadline_client"),
     ("threadline_wire", "threadline_wire"),  # wire answers both ends import
 )
-_RUNTIME_BELOW = frozenset({"runtime.authoring"})
+# The wire's models (chunks, frames, enums) are the authoring layer's vocabulary too, so every
+# layer above it may name them where they are declared.
+_RUNTIME_BELOW = frozenset({"runtime.authoring", "threadline_wire"})
 # What each layer may import of the other layers; anything not listed is forbidden.
 ALLOWED: dict[str, frozenset[str]] = {
-    "realtime": frozenset(),
+    "realtime": frozenset({"threadline_wire"}),  # the live frames clients read are the wire's
     "threadline_wire": frozenset(),  # pydantic only: the server and the client may both use it
     # The client talks to the server over the wire only, with the models the server answers in.
     "threadline_client": frozenset({"threadline_wire"}),
@@ -65,10 +67,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     | {"server.live", "server.base", "realtime", "threadline_wire"},
     # Transports never touch storage or the engine: every effect goes through the command table.
     "server.transports": frozenset({"runtime.authoring", "runtime.service"})
-    | {"server.protocol", "server.live", "server.base", "realtime"},
+    | {"server.protocol", "server.live", "server.base", "realtime", "threadline_wire"},
     "server.composition": frozenset(
         {"runtime.api", "runtime.authoring", "runtime.engine", "runtime.service", "runtime.hooks"}
-        | {"runtime.storage", "runtime.demo", "realtime"}
+        | {"runtime.storage", "runtime.demo", "realtime", "threadline_wire"}
         | {"server.base", "server.protocol", "server.transports", "server.live"}
     ),
 }

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.chunks import StepFinishChunk, StreamChunk, TextDeltaChunk, ToolCallChunk
 from runtime.demo.redact import (
     ADDRESS_CHARS,
     EMAIL,
@@ -21,6 +20,7 @@ from runtime.demo.redact import (
 )
 from runtime.domain import RunTrigger
 from runtime.lifecycle import RunContext, StepContext
+from threadline_wire.chunks import StepFinishChunk, StreamChunk, TextDeltaChunk, ToolCallChunk
 
 # --- strategies ---------------------------------------------------------------------------------
 

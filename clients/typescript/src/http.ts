@@ -125,6 +125,11 @@ export class HttpClient {
     return this.call('action.resume', { thread_id: threadId, action_id: actionId, payload, expected_version: expectedVersion });
   }
 
+  /** Hand an approval the caller may decide to one subject or one group (the policy must permit delegation). */
+  reassign(threadId: string, actionId: string, to: { to_subject?: string; to_group?: string }): Promise<P.VersionAnswer> {
+    return this.call('action.reassign', { thread_id: threadId, action_id: actionId, ...to });
+  }
+
   stop(threadId: string, runId: string): Promise<P.StopAnswer> {
     return this.call('run.stop', { thread_id: threadId, run_id: runId });
   }

@@ -138,6 +138,10 @@ export class ThreadWatch extends Emitter {
     return this.settle(this.client.http.resume(this.threadId, actionId, payload));
   }
 
+  reassign(actionId: string, to: { to_subject?: string; to_group?: string }): Promise<P.VersionAnswer> {
+    return this.settle(this.client.http.reassign(this.threadId, actionId, to));
+  }
+
   stop(): Promise<P.StopAnswer | null> {
     const run = this.getView().run;
     if (!run || run.live) return Promise.resolve(null);

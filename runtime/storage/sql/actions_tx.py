@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from runtime import instruments
-from runtime.domain import Part, Resolution, RunStatus, ToolCallPart
-from runtime.errors import RunStopping
+from runtime.approvals import Reassignment, reassigned
+from runtime.domain import Origin, Part, Resolution, RunStatus, ToolCallPart
+from runtime.errors import Forbidden, InvalidInput, NotFound, RunStopping
 from runtime.storage.decisions import (
     ResolvedAction,
+    action_conflict,
     action_ids,
     check_expected_version,
     find_action,
@@ -21,6 +23,7 @@ from runtime.storage.sql import audit_tx
 from runtime.storage.sql.core import Conn, bump, lock_thread
 from runtime.storage.sql.rows import decode_parts, encode_parts
 from runtime.storage.sql.threads_tx import tail_row
+from runtime.storage.sql.timers_tx import delete_timer
 from runtime.storage.sql.webhooks_tx import record_event
 from runtime.storage.store import ResolveResult
 
@@ -74,20 +77,10 @@ async def resolve(
             run_id=run_id,
             run_resumed=False,
         )
-    resumed = False
-    if run_id is not None and outcome.last_pending:
-        status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
-        if status == RunStatus.WAITING:
-            await conn.execute(
-                # The next episode resumes; one after it (episode past this count) is a takeover.
-                # It links to the request that resumed it (when one is traced), as a wakeup's.
-                "UPDATE runs SET status = 'running', resumed_episode = episode, updated_at = $2,"
-                " traceparent = COALESCE($3, traceparent) WHERE id = $1",
-                run_id,
-                await conn.now(),
-                instruments.current_traceparent(),
-            )
-            resumed = True
+    # A decided action's deadline is cancelled with the decision (a fire in flight finds its
+    # token gone; one that would come later finds nothing pending anyway).
+    await delete_timer(conn, DEADLINE_KIND, deadline_ref(thread_id, action_id))
+    resumed = await wake_run(conn, run_id, outcome.last_pending)
     # The webhook outbox row, in this transaction: it exists if and only if the resolution does.
     await record_event(
         conn,
@@ -105,6 +98,34 @@ async def resolve(
         run_id=run_id,
         run_resumed=resumed,
     )
+
+
+DEADLINE_KIND = "approval_deadline"
+
+
+def deadline_ref(thread_id: str, action_id: str) -> str:
+    """The approval-deadline timer's ref: the thread and the action it moves on."""
+    return f"{thread_id}/{action_id}"
+
+
+async def wake_run(conn: Conn, run_id: str | None, last_pending: bool) -> bool:
+    """Make a waiting run runnable once its tail's last pending action is resolved; whether
+    it was (a worker resumes it on the wakeup published after commit)."""
+    if run_id is None or not last_pending:
+        return False
+    status = await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id)
+    if status != RunStatus.WAITING:
+        return False
+    await conn.execute(
+        # The next episode resumes; one after it (episode past this count) is a takeover.
+        # It links to the request that resumed it (when one is traced), as a wakeup's.
+        "UPDATE runs SET status = 'running', resumed_episode = episode, updated_at = $2,"
+        " traceparent = COALESCE($3, traceparent) WHERE id = $1",
+        run_id,
+        await conn.now(),
+        instruments.current_traceparent(),
+    )
+    return True
 
 
 async def _record(
@@ -137,6 +158,14 @@ async def _record(
         payload=decision.payload,
         origin=resolution.origin,
     )
+    await record_event(
+        conn,
+        scope,
+        WebhookEvent.ACTION_DECIDED,
+        thread_id=thread_id,
+        action_id=action_id,
+        detail=f"{decision.subject}: {verdict}{progress}",
+    )
 
 
 async def index_actions(conn: Conn, thread_id: str, message_id: str, parts: Sequence[Part]) -> None:
@@ -150,3 +179,63 @@ async def index_actions(conn: Conn, thread_id: str, message_id: str, parts: Sequ
             action_id,
             message_id,
         )
+
+
+async def reassign(
+    conn: Conn,
+    thread_id: str,
+    scopes: Collection[str],
+    action_id: str,
+    change: Reassignment,
+    origin: Origin | None,
+) -> ResolveResult:
+    """Hand a pending approval to another subject or group (`approvals.reassigned`), under the
+    thread lock as a decision is; audited with who asked, from where. Its deadline stays."""
+    thread = await lock_thread(conn, thread_id, scopes)
+    tail = await tail_row(conn, thread_id)
+    parts = () if tail is None else decode_parts(tail["parts"])
+    index = find_action(parts, action_id) if tail is not None else None
+    if tail is None or index is None:
+        raise NotFound(f"action {action_id} not found")
+    part = parts[index]
+    assert isinstance(part, ToolCallPart) and part.waiting is not None
+    if not part.is_pending:
+        raise action_conflict(action_id, part)
+    if change.role not in part.waiting.allowed_roles:
+        raise Forbidden(f"role {change.role} may not decide action {action_id}")
+    if part.waiting.approval is None:
+        raise InvalidInput(f"action {action_id} has no approval policy to reassign under")
+    state = reassigned(
+        part.waiting.approval,
+        change.subject,
+        change.role,
+        change.groups,
+        to_subject=change.to_subject,
+        to_group=change.to_group,
+    )
+    waiting = part.waiting.model_copy(update={"approval": state})
+    new_parts = [*parts[:index], part.model_copy(update={"waiting": waiting}), *parts[index + 1 :]]
+    await conn.execute(
+        "UPDATE messages SET parts = $2, updated_at = $3 WHERE id = $1",
+        tail["id"],
+        encode_parts(new_parts),
+        await conn.now(),
+    )
+    await audit_tx.append(
+        conn,
+        str(thread["scope"]),
+        event="action.reassigned",
+        thread_id=thread_id,
+        action_id=action_id,
+        subject=change.subject,
+        display_name=change.display_name,
+        detail=f"stage {state.stage}: to {state.waiting_for}",
+        payload={"to_subject": change.to_subject, "to_group": change.to_group},
+        origin=origin,
+    )
+    return ResolveResult(
+        thread_id=thread_id,
+        version=await bump(conn, thread_id),
+        run_id=tail["run_id"],
+        run_resumed=False,
+    )

@@ -20,12 +20,14 @@ from runtime.storage.hooks_store import (
     WebhookSubscription,
 )
 from runtime.storage.input_checks import check_owner, check_ttl
+from runtime.storage.retention import RetentionPolicy
 from runtime.storage.schedule_rules import check_spec, next_cron_time
-from runtime.storage.sql import schedules_tx, timers_tx, webhooks_tx
+from runtime.storage.sql import retention_tx, schedules_tx, timers_tx, webhooks_tx
 from runtime.storage.sql.core import Conn, thread_row
 from runtime.storage.sql.sql_store import SqlStore
 from runtime.storage.sql.transactions import SqlTransactions
 from runtime.storage.store import AdmissionLimits
+from runtime.storage.thread_query import read_cursor
 
 
 def _limit(limit: int) -> int:
@@ -63,6 +65,13 @@ class SqlHooks(SqlTransactions):
         self, timer: DueTimer, limits: AdmissionLimits | None = None
     ) -> FireResult:
         return await self._write(lambda conn: timers_tx.fire(conn, timer, limits))
+
+    async def set_retention(self, policy: RetentionPolicy | None) -> None:
+        await self._write(lambda conn: retention_tx.set_policy(conn, policy))
+
+    async def expire_threads(self, updated_before: float, limit: int) -> list[str]:
+        cutoff, batch = float(updated_before), _limit(limit)
+        return await self._write(lambda conn: retention_tx.expire_threads(conn, cutoff, batch))
 
     # --- schedules ----------------------------------------------------------------------
 
@@ -108,10 +117,12 @@ class SqlHooks(SqlTransactions):
         await self._write(lambda conn: schedules_tx.delete(conn, scopes, schedule_id))
 
     async def schedule_fires(
-        self, scopes: Collection[str], schedule_id: str, limit: int = 100
+        self, scopes: Collection[str], schedule_id: str, limit: int = 100, after: str | None = None
     ) -> list[ScheduleFire]:
+        if after is not None:
+            read_cursor(after)  # a bad cursor is refused before any transaction
         return await self._read(
-            lambda conn: schedules_tx.fires(conn, scopes, schedule_id, _limit(limit))
+            lambda conn: schedules_tx.fires(conn, scopes, schedule_id, _limit(limit), after)
         )
 
     # --- webhooks -----------------------------------------------------------------------
@@ -169,10 +180,13 @@ class SqlHooks(SqlTransactions):
         *,
         state: DeliveryState | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[Delivery]:
+        if after is not None:
+            read_cursor(after)  # a bad cursor is refused before any transaction
         return await self._read(
             lambda conn: webhooks_tx.list_deliveries(
-                conn, scopes, subscription_id, state, _limit(limit)
+                conn, scopes, subscription_id, state, _limit(limit), after
             )
         )
 

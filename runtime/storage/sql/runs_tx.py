@@ -22,12 +22,14 @@ from runtime.storage.decisions import (
     check_run_message,
     check_tail_update,
     episode_status,
+    keep_approvals,
     next_seq_changes,
     plan_run_target,
     stop_outcome,
 )
 from runtime.storage.sql.actions_tx import index_actions
 from runtime.storage.sql.core import Conn, bump, lock_thread
+from runtime.storage.sql.deadlines_tx import arm_deadlines
 from runtime.storage.sql.leases_tx import Fenced, fence, live_lease, release_with_commit
 from runtime.storage.sql.queue_tx import admit_next, append_message
 from runtime.storage.sql.rows import (
@@ -270,13 +272,10 @@ async def _update_tail(
     conn: Conn, thread_id: str, message_id: str, parts: list[Part], known: Fenced | None
 ) -> None:
     tail = await _tail(conn, thread_id, known)
-    check_tail_update(
-        thread_id,
-        message_id,
-        None if tail is None else tail["id"],
-        decode_parts(tail["parts"]) if tail is not None else (),
-        parts,
-    )
+    stored = decode_parts(tail["parts"]) if tail is not None else ()
+    check_tail_update(thread_id, message_id, None if tail is None else tail["id"], stored, parts)
+    parts = keep_approvals(stored, parts)
+    parts = await arm_deadlines(conn, thread_id, parts) or parts
     await _write_parts(conn, message_id, encode_parts(parts))
     await index_actions(conn, thread_id, message_id, parts)
 
@@ -301,6 +300,9 @@ async def _append_run_message(
         message.client_request_id,
     ):
         raise Conflict(f"client_request_id {message.client_request_id} is already used")
+    deadlined = await arm_deadlines(conn, thread_id, message.parts)
+    if deadlined is not None:
+        parts_json = encode_parts(deadlined)
     row = await append_message(
         conn,
         thread_id,

@@ -20,6 +20,7 @@ from runtime.storage.sql.core import Conn, scope_clause
 from runtime.storage.sql.rows import Row, encode_client_tools, encode_metadata, new_id
 from runtime.storage.sql.timers_tx import TimerOutcome, delete_timer, register_timer_kind, set_timer
 from runtime.storage.store import AdmissionLimits
+from runtime.storage.thread_query import read_cursor
 
 KIND = "schedule"
 
@@ -137,13 +138,19 @@ async def delete(conn: Conn, scopes: Collection[str], schedule_id: str) -> None:
 
 
 async def fires(
-    conn: Conn, scopes: Collection[str], schedule_id: str, limit: int
+    conn: Conn, scopes: Collection[str], schedule_id: str, limit: int, after: str | None = None
 ) -> list[ScheduleFire]:
+    """Newest fire first (one per fire time); `after` (a `fire_cursor`) pages on."""
     await get(conn, scopes, schedule_id)
+    older = ""
+    args: list[object] = [schedule_id, limit]
+    if after is not None:
+        args.append(read_cursor(after).at)
+        older = " AND fire_at < $3"
     rows = await conn.fetch(
-        "SELECT * FROM schedule_fires WHERE schedule_id = $1 ORDER BY fire_at DESC LIMIT $2",
-        schedule_id,
-        limit,
+        f"SELECT * FROM schedule_fires WHERE schedule_id = $1{older}"
+        " ORDER BY fire_at DESC LIMIT $2",
+        *args,
     )
     return [ScheduleFire(**{**row, "fire_at": float(row["fire_at"])}) for row in rows]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
+from runtime.approvals import Reassignment
 from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Admission,
@@ -13,6 +14,7 @@ from runtime.domain import (
     Lease,
     LeaseKind,
     Message,
+    Origin,
     Principal,
     QueuedItem,
     Resolution,
@@ -159,7 +161,9 @@ class SqlStore(SqlTransactions):
         )
 
     async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread:
-        return await self._read(lambda conn: threads_tx.get_thread(conn, thread_id, scopes))
+        return await self._read_statements(
+            lambda conn: threads_tx.get_thread(conn, thread_id, scopes)
+        )
 
     async def update_metadata(
         self, thread_id: str, scopes: Collection[str], patch: dict[str, Any]
@@ -199,7 +203,8 @@ class SqlStore(SqlTransactions):
         ids = list(dict.fromkeys(thread_ids))
         if not ids:
             return {}
-        return await self._read(lambda conn: threads_tx.thread_versions(conn, ids))
+        # Each thread's version stands alone: the statements need no common transaction.
+        return await self._read_statements(lambda conn: threads_tx.thread_versions(conn, ids))
 
     async def message_authors(self, thread_id: str, message_ids: Sequence[str]) -> dict[str, str]:
         ids = list(dict.fromkeys(message_ids))
@@ -390,6 +395,18 @@ class SqlStore(SqlTransactions):
             )
         )
 
+    async def reassign_action(
+        self,
+        thread_id: str,
+        scopes: Collection[str],
+        action_id: str,
+        change: Reassignment,
+        origin: Origin | None = None,
+    ) -> ResolveResult:
+        return await self._write(
+            lambda conn: actions_tx.reassign(conn, thread_id, scopes, action_id, change, origin)
+        )
+
     async def act(
         self,
         thread_id: str,
@@ -478,7 +495,10 @@ class SqlStore(SqlTransactions):
         return await self._write(lambda conn: threads_tx.revoke_token(conn, token_hash))
 
     async def principal_for_token(self, token_hash: str) -> Principal | None:
-        return await self._read(lambda conn: threads_tx.principal_for_token(conn, token_hash))
+        # One statement, consistent on its own: no BEGIN and COMMIT around it.
+        return await self._read_statements(
+            lambda conn: threads_tx.principal_for_token(conn, token_hash)
+        )
 
     async def live_tokens(self, token_hashes: Collection[str]) -> set[str]:
         hashes = list(dict.fromkeys(token_hashes))

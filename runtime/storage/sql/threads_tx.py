@@ -149,7 +149,7 @@ def list_threads_sql(
         where.append(f"updated_at < ${len(args)}")
     if query.after is not None:
         position = read_cursor(query.after)
-        args += [position.updated_at, position.thread_id]
+        args += [position.at, position.key]
         n = len(args)
         where.append(f"(updated_at < ${n - 1} OR (updated_at = ${n - 1} AND id > ${n}))")
     args.append(int(limit))
@@ -457,11 +457,18 @@ async def create_token(
 
 async def principal_for_token(conn: Conn, token_hash: str) -> Principal | None:
     # Expiry on the database clock, like leases: every gateway agrees on when a token ends.
+    # Read in the statement where the clock needs a query (Postgres): one round trip per
+    # authenticated request, not a clock read before it.
+    args: list[Any] = [token_hash]
+    if conn.dialect.local_clock is None:
+        now = conn.dialect.now_sql
+    else:
+        now = "$2"
+        args.append(await conn.now())
     row = await conn.fetchrow(
         "SELECT subject, role, scopes, display_name FROM api_tokens WHERE token_hash = $1"
-        " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $2)",
-        token_hash,
-        await conn.now(),
+        f" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {now})",
+        *args,
     )
     if row is None:
         return None

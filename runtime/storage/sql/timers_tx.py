@@ -40,8 +40,8 @@ TIMER_KINDS: dict[str, TimerKind] = {}
 
 
 def register_timer_kind(kind: TimerKind) -> TimerKind:
-    """Make `kind` fireable by every worker of this process (schedules register here; approval
-    deadlines will, under a name of their own)."""
+    """Make `kind` fireable by every worker of this process (schedules, approval deadlines and
+    thread retention register here, each under its name; a later registration replaces it)."""
     TIMER_KINDS[kind.name] = kind
     return kind
 

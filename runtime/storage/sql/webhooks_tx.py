@@ -17,6 +17,7 @@ from runtime.storage.hooks_store import (
 from runtime.storage.sql.core import Conn, scope_clause
 from runtime.storage.sql.rows import Row, new_id
 from runtime.storage.sql.timers_tx import next_token
+from runtime.storage.thread_query import read_cursor
 
 
 def encode_events(events: Sequence[WebhookEvent]) -> str:
@@ -172,13 +173,20 @@ async def list_deliveries(
     subscription_id: str,
     state: DeliveryState | None,
     limit: int,
+    after: str | None = None,
 ) -> list[Delivery]:
+    """Oldest first, then by id; `after` (a `delivery_cursor`) pages on."""
     await _subscription(conn, scopes, subscription_id)
     sql = "SELECT * FROM webhook_deliveries WHERE subscription_id = $1"
     args: list[object] = [subscription_id, limit]
     if state is not None:
-        sql += " AND state = $3"
         args.append(state.value)
+        sql += f" AND state = ${len(args)}"
+    if after is not None:
+        position = read_cursor(after)
+        args += [position.at, position.key]
+        n = len(args)
+        sql += f" AND (occurred_at > ${n - 1} OR (occurred_at = ${n - 1} AND id > ${n}))"
     rows = await conn.fetch(sql + " ORDER BY occurred_at, id LIMIT $2", *args)
     return [delivery_from_row(row) for row in rows]
 

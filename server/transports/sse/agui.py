@@ -40,7 +40,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from runtime.chunks import StepFinishChunk, StepStartChunk, ToolCallChunk
 from runtime.domain import (
     MessageView,
     PendingAction,
@@ -68,6 +67,7 @@ from server.transports.sse.thread_stream import (
     sse_response,
 )
 from server.transports.sse.ui_events import FINAL_STATES, UIEventStream
+from threadline_wire.chunks import StepFinishChunk, StepStartChunk, ToolCallChunk
 
 
 def result_id(tool_call_id: str) -> str:

@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from runtime.chunks import StepFinishChunk, StepStartChunk, ToolCallChunk
 from runtime.domain import (
     InputPolicy,
     MessageView,
@@ -38,6 +37,7 @@ from server.transports.sse.thread_stream import (
     sse_response,
 )
 from server.transports.sse.ui_events import UIEventStream
+from threadline_wire.chunks import StepFinishChunk, StepStartChunk, ToolCallChunk
 
 Part = dict[str, Any]
 HEADERS = {"x-vercel-ai-ui-message-stream": "v1"}  # with streams.SSE_HEADERS

@@ -7,7 +7,9 @@ from typing import Generic, TypeVar
 
 from pydantic import ValidationError
 
-from runtime.chunks import (
+from runtime.domain import ToolCallPart, ToolState
+from server.transports.sse.thread_stream import Chunk
+from threadline_wire.chunks import (
     StepFinishChunk,
     StepStartChunk,
     StreamChunkAdapter,
@@ -15,8 +17,6 @@ from runtime.chunks import (
     ToolCallChunk,
     ToolStateChunk,
 )
-from runtime.domain import ToolCallPart, ToolState
-from server.transports.sse.thread_stream import Chunk
 
 log = logging.getLogger(__name__)
 E = TypeVar("E")

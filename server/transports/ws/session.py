@@ -24,8 +24,8 @@ from server.live.quotas import Limiter
 from server.protocol.client_frames import Frame, FrameError, decode_frame
 from server.protocol.command_model import Caller
 from server.protocol.commands import BY_NAME
-from server.protocol.replies import Subscribed
 from server.protocol.wire_errors import WireError, wire_error
+from threadline_wire.frames import Subscribed
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ export const COMMANDS = {
   "delivery.attempts": { method: "GET", path: "/v1/deliveries/{delivery_id}/attempts", status: 200, query: false, websocket: false },
   "delivery.redeliver": { method: "POST", path: "/v1/deliveries/{delivery_id}/redeliver", status: 200, query: false, websocket: true },
   "audit.list": { method: "GET", path: "/v1/audit", status: 200, query: true, websocket: false },
+  "action.reassign": { method: "POST", path: "/v1/threads/{thread_id}/actions/{action_id}/reassign", status: 200, query: false, websocket: true },
 } as const;
 
 export type CommandName = keyof typeof COMMANDS;
@@ -96,4 +97,5 @@ export interface CommandInputs {
   "delivery.attempts": P.DeliveryRef;
   "delivery.redeliver": P.DeliveryRef;
   "audit.list": P.ReadAudit;
+  "action.reassign": P.ReassignAction;
 }

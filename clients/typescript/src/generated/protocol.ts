@@ -17,6 +17,9 @@ export type WebhookEvent =
   | 'run.cancelled'
   | 'action.created'
   | 'action.resolved'
+  | 'action.decided'
+  | 'action.escalated'
+  | 'action.expired'
   | 'message.committed';
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -28,18 +31,6 @@ export type DeliveryState = 'pending' | 'delivered' | 'dead';
  * via the `definition` "InputPolicy".
  */
 export type InputPolicy1 = 'enqueue' | 'reject' | 'interrupt';
-/**
- * What a fire later than its schedule's `misfire_grace` does (all workers were down).
- *
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "MissedFire".
- */
-export type MissedFire1 = 'run_once' | 'skip';
-/**
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "Part".
- */
-export type Part = TextPart | ToolCallPart;
 export type ToolState =
   | 'input-available'
   | 'awaiting-action'
@@ -61,12 +52,35 @@ export type Role = 'user' | 'backend' | 'admin';
  * via the `definition` "WaitKind".
  */
 export type WaitKind = 'approval' | 'client-tool' | 'manual-result';
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "MessageRole".
+ */
+export type MessageRole = 'user' | 'assistant' | 'system';
+export type Visibility = 'visible' | 'hidden';
+/**
+ * What a fire later than its schedule's `misfire_grace` does (all workers were down).
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "MissedFire".
+ */
+export type MissedFire1 = 'run_once' | 'skip';
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "Part".
+ */
+export type Part = TextPart | ToolCallPart;
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "RunStatus".
+ */
+export type RunStatus = 'queued' | 'running' | 'waiting' | 'completed' | 'failed' | 'cancelled';
 export type InputPolicy2 = 'enqueue' | 'reject' | 'interrupt';
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Visibility".
  */
-export type Visibility = 'visible' | 'hidden';
+export type Visibility1 = 'visible' | 'hidden';
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "StreamChunk".
@@ -169,13 +183,45 @@ export interface ApprovalDecision {
  * `exclude_requester`, the run's starter (the author of the message that caused it) may not
  * decide (four-eyes): refused with 403 `requester_excluded`.
  *
+ * With `deadline` (seconds, database time), stage 0 (these deciders) is due that long after
+ * the action was asked for; then the next of `escalations` takes over with its own deadline,
+ * and once the last stage is due the action ends by `on_expiry`: `deny` (the tool never
+ * runs; the model sees a rejection with `expiry_reason`) or `approve` (the tool runs with
+ * `approve_payload`, the reason recorded). Decisions made so far count at every stage. With
+ * `delegation`, a current decider may hand the action to a subject or group
+ * (`action.reassign`).
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "ApprovalPolicy".
  */
 export interface ApprovalPolicy {
+  approve_payload?: {
+    [k: string]: unknown | undefined;
+  };
+  deadline?: number | null;
+  delegation?: boolean;
+  /**
+   * @maxItems 20
+   */
+  escalations?: Escalation[];
   exclude_requester?: boolean;
+  expiry_reason?: string;
   groups?: string[];
+  on_expiry?: 'deny' | 'approve';
   quorum?: number;
+  roles?: ('user' | 'backend' | 'admin')[];
+  subjects?: string[];
+}
+/**
+ * A later stage: when the stage before it is due, the action moves to these deciders,
+ * due again `deadline` seconds later.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "Escalation".
+ */
+export interface Escalation {
+  deadline: number;
+  groups?: string[];
   roles?: ('user' | 'backend' | 'admin')[];
   subjects?: string[];
 }
@@ -188,6 +234,7 @@ export interface ApprovalPolicy {
  */
 export interface ApprovalState {
   approvals: number;
+  assigned?: Deciders | null;
   decisions?: ApprovalDecision[];
   due_at?: number | null;
   needed: number;
@@ -195,6 +242,18 @@ export interface ApprovalState {
   requester?: string | null;
   stage?: number;
   waiting_for?: string;
+}
+/**
+ * Who may decide at one stage: a role from `roles` (empty: any role the step allows) and,
+ * when `subjects` or `groups` are set, one of `subjects` or a member of one of `groups`.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "Deciders".
+ */
+export interface Deciders {
+  groups?: string[];
+  roles?: ('user' | 'backend' | 'admin')[];
+  subjects?: string[];
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -352,6 +411,7 @@ export interface ListActions {
  * via the `definition` "ListDeliveries".
  */
 export interface ListDeliveries {
+  cursor?: string | null;
   limit?: number;
   state?: DeliveryState | null;
   webhook_id: string;
@@ -383,57 +443,18 @@ export interface ListThreads {
   updated_before?: number | null;
 }
 /**
+ * A message of a snapshot; its parts are the server's own part models (text, tool
+ * calls), a newer server's unknown ones kept as `OtherPart`.
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Message".
  */
 export interface Message {
   id: string;
-  parts?: {
-    [k: string]: unknown | undefined;
-  }[];
-  role: string;
+  parts?: (TextPart | ToolCallPart | OtherPart)[];
+  role: MessageRole;
   run_id?: string | null;
-  visibility?: string;
-  [k: string]: unknown | undefined;
-}
-/**
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "MetadataAnswer".
- */
-export interface MetadataAnswer {
-  metadata: {
-    [k: string]: unknown | undefined;
-  };
-  thread_id: string;
-  version: number;
-  [k: string]: unknown | undefined;
-}
-/**
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "NoInput".
- */
-export interface NoInput {}
-/**
- * A thread by the id a client chose, inside the caller's scope; created on first use when
- * `create` (a foreign id is a free one: the caller's own thread of that id).
- *
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "OpenThread".
- */
-export interface OpenThread {
-  create?: boolean;
-  thread_id: string;
-}
-/**
- * Which messages a snapshot holds: the last `limit` before a cursor. `before` not None:
- * older messages exist; `snapshot(thread_id, before=page.before)` reads the next older page.
- *
- * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
- * via the `definition` "Page".
- */
-export interface Page {
-  before?: number | null;
-  limit: number;
+  visibility?: Visibility;
   [k: string]: unknown | undefined;
 }
 /**
@@ -485,20 +506,74 @@ export interface Waiting {
  */
 export interface Resolution {
   at: number;
+  by_deadline?: ('deny' | 'approve') | null;
   decisions?: ApprovalDecision[];
   display_name?: string | null;
   payload: {
     [k: string]: unknown | undefined;
   };
+  reason?: string | null;
   role: Role;
   subject: string;
 }
 /**
+ * A part of a type this client does not know (a newer server's): kept, fields and all.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "OtherPart".
+ */
+export interface OtherPart {
+  type: string;
+  [k: string]: unknown | undefined;
+}
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "MetadataAnswer".
+ */
+export interface MetadataAnswer {
+  metadata: {
+    [k: string]: unknown | undefined;
+  };
+  thread_id: string;
+  version: number;
+  [k: string]: unknown | undefined;
+}
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "NoInput".
+ */
+export interface NoInput {}
+/**
+ * A thread by the id a client chose, inside the caller's scope; created on first use when
+ * `create` (a foreign id is a free one: the caller's own thread of that id).
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "OpenThread".
+ */
+export interface OpenThread {
+  create?: boolean;
+  thread_id: string;
+}
+/**
+ * Which messages a snapshot holds: the last `limit` before a cursor. `before` not None:
+ * older messages exist; `snapshot(thread_id, before=page.before)` reads the next older page.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "Page".
+ */
+export interface Page {
+  before?: number | null;
+  limit: number;
+  [k: string]: unknown | undefined;
+}
+/**
+ * A pending action as a snapshot or the scope-wide inbox lists it.
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "PendingAction".
  */
 export interface PendingAction {
-  allowed_roles?: string[];
+  allowed_roles?: Role[];
   approval?: {
     [k: string]: unknown | undefined;
   } | null;
@@ -507,7 +582,7 @@ export interface PendingAction {
   input?: {
     [k: string]: unknown | undefined;
   };
-  kind: string;
+  kind: WaitKind;
   message_id?: string | null;
   run_id?: string | null;
   schema?: {
@@ -546,9 +621,24 @@ export interface PresenceUpdate {
  */
 export interface Principal {
   name?: string | null;
-  role: string;
+  role: Role;
   scopes: string[];
   subject: string;
+  [k: string]: unknown | undefined;
+}
+/**
+ * An input queued behind the active run, as a snapshot's `queue` lists it.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "QueuedItemView".
+ */
+export interface QueuedItemView {
+  id: string;
+  interrupt?: boolean;
+  size?: number | null;
+  submitted_by: string;
+  text: string;
+  truncated?: boolean;
   [k: string]: unknown | undefined;
 }
 /**
@@ -562,6 +652,18 @@ export interface ReadAudit {
   limit?: number;
   scope?: string | null;
   thread?: string | null;
+}
+/**
+ * Hand a pending approval to one subject (`to_subject`) or one group (`to_group`).
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "ReassignAction".
+ */
+export interface ReassignAction {
+  action_id: string;
+  thread_id: string;
+  to_group?: string | null;
+  to_subject?: string | null;
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
@@ -643,15 +745,17 @@ export interface RevokeTokenById {
   token_id: string;
 }
 /**
+ * The thread's latest run, as a snapshot holds it.
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Run".
  */
 export interface Run {
-  error?: unknown;
+  error?: string | null;
   id: string;
   next_seq?: number;
   started_by?: string | null;
-  status: 'queued' | 'running' | 'waiting' | 'completed' | 'failed' | 'cancelled';
+  status: RunStatus;
   [k: string]: unknown | undefined;
 }
 /**
@@ -669,6 +773,7 @@ export interface RunTakeoverChunk {
  * via the `definition` "ScheduleFires".
  */
 export interface ScheduleFires {
+  cursor?: string | null;
   limit?: number;
   schedule_id: string;
 }
@@ -710,7 +815,7 @@ export interface SetVisibility {
   expected_version?: number | null;
   message_id: string;
   thread_id: string;
-  visibility: Visibility;
+  visibility: Visibility1;
 }
 /**
  * A thread's projected, committed state at one version (its messages: one page).
@@ -722,26 +827,27 @@ export interface Snapshot {
   messages?: Message[];
   page?: Page | null;
   pending_actions?: PendingAction[];
-  queue?: {
-    [k: string]: unknown | undefined;
-  }[];
+  queue?: QueuedItemView[];
   run?: Run | null;
   thread: ThreadInfo;
   [k: string]: unknown | undefined;
 }
 /**
+ * A thread as the list shows it (its private metadata never leaves the server).
+ *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "ThreadInfo".
  */
 export interface ThreadInfo {
-  created_at?: unknown;
+  created_at?: number | null;
   id: string;
   metadata?: {
     [k: string]: unknown | undefined;
   };
+  owner?: string | null;
   scope: string;
   title: string;
-  updated_at?: unknown;
+  updated_at?: number | null;
   version: number;
   [k: string]: unknown | undefined;
 }
@@ -768,7 +874,7 @@ export interface StepStartChunk {
  */
 export interface StopAnswer {
   run_id: string;
-  status: 'queued' | 'running' | 'waiting' | 'completed' | 'failed' | 'cancelled';
+  status: RunStatus;
   thread_id: string;
   version: number;
   [k: string]: unknown | undefined;

@@ -1,4 +1,4 @@
-"""Stream chunks of a step: what transform_step_stream sees and yields, and clients receive."""
+"""Stream chunks of a step: what transform_step_stream yields and every client receives."""
 
 from __future__ import annotations
 

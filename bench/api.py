@@ -1,0 +1,349 @@
+"""API-path benchmark: a scripted agent's run (a tool call, then 15 streamed tokens) driven
+through the public API of real `threadline serve` processes, the way a careful client does it.
+Prints server CPU per run, runs/s, first-token latency and refetches and round trips per run;
+asserts nothing.
+
+    python bench/api.py [--runs 60] [--setups embedded,scale-out] [--postgres ADMIN_DSN]
+                        [--redis URL] [--profile-dir DIR] [--quick]
+
+Per run, one after another, one client (httpx over HTTP/1.1 keep-alive, one `websockets`
+connection held for the whole bench):
+
+1. `POST /v1/threads` (the answer is the new thread's snapshot);
+2. `subscribe` on the websocket, until `subscribed`;
+3. `POST /v1/threads/{id}/messages`;
+4. on every `invalidate` newer than the snapshot it holds, `GET /v1/threads/{id}` (a refetch;
+   with `If-None-Match` of the snapshot it holds, so an unchanged one answers 304), until the
+   snapshot shows the run ended; the first `text-delta` chunk is the first token;
+5. `unsubscribe`, until `unsubscribed`.
+
+Setups: `embedded` is one `threadline serve` (SQLite file, in-process bus, worker inside);
+`scale-out` is a gateway and a worker process (`--role gateway`, `--role worker`) on Postgres +
+Redis (throwaway servers of the run's own unless given). Server CPU is read from /proc (psutil)
+for the served processes and, on Postgres, for every backend of the bench's database
+(`pg_stat_activity`) before and after the measured runs; round trips are the client's HTTP
+requests and websocket frames sent per run. First token: from sending step 3 to receiving the
+first text-delta. --profile-dir DIR runs each server under `py-spy record` (when installed) and
+writes collapsed stacks per process there (`flamegraph.pl` or speedscope read them).
+
+Aegra (LangGraph Platform API) is not installable on this box, so its reference row is not
+measured here; docs/benchmarks.md quotes issue 35's figures for it, measured elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import orjson
+import psutil
+from websockets.asyncio.client import ClientConnection, connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import common  # bench/common.py, next to this script
+
+from tests.e2e import harness
+
+BENCH_DIR = Path(__file__).resolve().parent
+TERMINAL = {"completed", "failed", "cancelled"}
+
+
+def agent_env(agent: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Settings that serve bench/scripted_agent.py's `agent` without the per-token caps."""
+    return {
+        "THREADLINE_AGENT": f"scripted_agent:{agent}",
+        "PYTHONPATH": os.pathsep.join([str(BENCH_DIR), str(harness.ROOT)]),
+        "THREADLINE_TOKEN_RATE": "1000000",
+        "THREADLINE_TOKEN_BURST": "1000000",
+        "THREADLINE_SCOPE_RATE": "1000000",
+        "THREADLINE_SCOPE_BURST": "1000000",
+        "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
+        "THREADLINE_WS_MAX_CONNECTIONS_PER_SUBJECT": "1000000",
+        **(extra or {}),
+    }
+
+
+@dataclass
+class Tally:
+    runs: int = 0
+    requests: int = 0  # HTTP requests
+    frames: int = 0  # websocket frames sent
+    refetches: int = 0  # snapshot reads after an invalidation
+    not_modified: int = 0  # of them answered 304
+    first_token: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        self.first_token = []
+
+
+class Client:
+    """The careful client of the module docstring: one HTTP client, one websocket."""
+
+    def __init__(self, http: httpx.AsyncClient, ws: ClientConnection, tally: Tally) -> None:
+        self.http = http
+        self.ws = ws
+        self.tally = tally
+
+    async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        self.tally.requests += 1
+        response = await self.http.request(method, path, **kw)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{method} {path}: {response.status_code} {response.text[:300]}")
+        return response
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        self.tally.frames += 1
+        await self.ws.send(orjson.dumps(frame).decode())
+
+    async def until(self, kind: str) -> dict[str, Any]:
+        while True:
+            frame: dict[str, Any] = orjson.loads(await self.ws.recv())
+            if frame["type"] == kind:
+                return frame
+            if frame["type"] == "error":
+                raise RuntimeError(f"error frame: {frame}")
+
+    async def run_once(self, n: int) -> None:
+        snapshot = (await self.request("POST", "/v1/threads", json={"title": f"api {n}"})).json()
+        thread_id = snapshot["thread"]["id"]
+        etag = None
+        await self.send({"type": "subscribe", "thread_id": thread_id})
+        await self.until("subscribed")
+        sent = time.perf_counter()
+        admission = await self.request(
+            "POST", f"/v1/threads/{thread_id}/messages", json={"text": f"look it up {n}"}
+        )
+        run_id = admission.json()["run_id"]
+        held = snapshot["thread"]["version"]
+        first: float | None = None
+        async with asyncio.timeout(60):
+            while True:
+                frame = orjson.loads(await self.ws.recv())
+                kind = frame["type"]
+                if kind == "chunk" and first is None and frame["chunk"]["type"] == "text-delta":
+                    first = time.perf_counter() - sent
+                elif kind in ("invalidate", "resync") and frame.get("version", held + 1) > held:
+                    headers: dict[str, str] = {"If-None-Match": etag} if etag else {}
+                    self.tally.refetches += 1
+                    got = await self.request("GET", f"/v1/threads/{thread_id}", headers=headers)
+                    if got.status_code == 304:
+                        self.tally.not_modified += 1
+                        continue
+                    snapshot, etag = got.json(), got.headers.get("etag")
+                    held = snapshot["thread"]["version"]
+                    run = snapshot.get("run") or {}
+                    if run.get("id") == run_id and run.get("status") in TERMINAL:
+                        break
+        await self.send({"type": "unsubscribe", "thread_id": thread_id})
+        await self.until("unsubscribed")
+        assert self.tally.first_token is not None
+        self.tally.first_token.append(first if first is not None else float("nan"))
+        self.tally.runs += 1
+
+
+@contextlib.asynccontextmanager
+async def client(url: str, token: str, tally: Tally) -> Any:
+    headers = {"Authorization": f"Bearer {token}"}
+    ws_url = url.replace("http://", "ws://") + "/v1/ws"
+    async with (
+        httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http,
+        connect(ws_url, subprotocols=["threadline.v1", f"bearer.{token}"]) as ws,  # type: ignore[list-item]
+    ):
+        yield Client(http, ws, tally)
+
+
+def cpu_of(pids: list[int]) -> dict[int, float]:
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            out[pid] = float(times.user + times.system)
+    return out
+
+
+async def backend_pids(dsn: str | None) -> list[int]:
+    """The Postgres backends serving the bench's database (its pools), by pg_stat_activity."""
+    if dsn is None:
+        return []
+    connection = await asyncpg.connect(dsn)
+    try:
+        rows = await connection.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await connection.close()
+    return [int(row["pid"]) for row in rows]
+
+
+@dataclass
+class Row:
+    setup: str
+    runs: int
+    wall: float
+    cpu_ms: dict[str, float]  # per run, by process kind
+    tally: Tally
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.cpu_ms.values())
+
+
+async def measure(
+    setup: str, url: str, token: str, processes: dict[str, int], dsn: str | None, runs: int
+) -> Row:
+    tally = Tally()
+    async with client(url, token, tally) as api:
+        for n in range(min(10, runs)):  # warm-up: imports, pools, caches
+            await api.run_once(n)
+        tally.__init__()  # type: ignore[misc]
+        backends = await backend_pids(dsn)
+        before = {kind: cpu_of([pid]) for kind, pid in processes.items()}
+        before_pg = cpu_of(backends)
+        started = time.perf_counter()
+        for n in range(runs):
+            await api.run_once(n)
+        wall = time.perf_counter() - started
+        after = {kind: cpu_of([pid]) for kind, pid in processes.items()}
+        after_pg = cpu_of(await backend_pids(dsn))
+    cpu = {
+        kind: (sum(after[kind].values()) - sum(before[kind].values())) / runs * 1e3
+        for kind in processes
+    }
+    if dsn is not None:
+        used = sum(t - before_pg.get(pid, 0.0) for pid, t in after_pg.items())
+        cpu["postgres"] = used / runs * 1e3
+    return Row(setup, runs, wall, cpu, tally)
+
+
+@contextlib.contextmanager
+def profiled(handles: list[harness.ServerHandle], directory: Path | None) -> Iterator[None]:
+    """py-spy on every served process while the block runs (nothing without a directory)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if directory is None or not Path(spy).exists():
+        if directory is not None:
+            print("py-spy is not installed: no profile", file=sys.stderr)
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    spies = [
+        subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(h.process.pid),
+                "--rate",
+                "500",
+                "--format",
+                "raw",
+                "--output",
+                str(directory / f"{h.role}-{h.port}.folded"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for h in handles
+    ]
+    try:
+        yield
+    finally:
+        for process in spies:
+            process.send_signal(2)  # SIGINT: py-spy writes its profile and exits
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=30)
+
+
+async def embedded(runs: int, profile: Path | None) -> Row:
+    directory = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
+    env = harness.server_env(harness.sqlite_url(directory), agent_env("api_agent"))
+    with harness.start("all", env, log_dir=directory) as server:
+        token = server.token("bench")
+        with profiled([server], profile):
+            return await measure(
+                "embedded (SQLite, one process)",
+                server.url,
+                token,
+                {"server": server.process.pid},
+                None,
+                runs,
+            )
+
+
+async def scale_out(runs: int, postgres: str, redis: str, profile: Path | None) -> Row:
+    async with common.own_database(postgres) as dsn:
+        with common.deployment(dsn, redis, ["gateway", "worker"], agent_env("api_agent")) as (
+            gateway,
+            worker,
+        ):
+            token = gateway.token("bench")
+            with profiled([gateway, worker], profile):
+                return await measure(
+                    "Postgres + Redis (gateway + worker)",
+                    gateway.url,
+                    token,
+                    {"gateway": gateway.process.pid, "worker": worker.process.pid},
+                    dsn,
+                    runs,
+                )
+
+
+def report(rows: list[Row]) -> None:
+    print(
+        f"{'setup':38} {'runs':>5} {'runs/s':>7} {'CPU ms/run':>11} {'(by process)':32}"
+        f" {'first p50 ms':>12} {'first p99 ms':>12} {'refetch/run':>11} {'304/run':>8}"
+        f" {'trips/run':>9}"
+    )
+    for row in rows:
+        tally = row.tally
+        first = [v * 1e3 for v in tally.first_token or [] if v == v]
+        parts = " + ".join(f"{k} {v:.2f}" for k, v in row.cpu_ms.items())
+        print(
+            f"{row.setup:38} {row.runs:5d} {row.runs / row.wall:7.1f} {row.total_ms:11.2f}"
+            f" {parts:32} {common.pct(first, 0.5):12.2f} {common.pct(first, 0.99):12.2f}"
+            f" {tally.refetches / row.runs:11.2f} {tally.not_modified / row.runs:8.2f}"
+            f" {(tally.requests + tally.frames) / row.runs:9.2f}"
+        )
+    print(
+        "CPU: the served processes (and the database's backends) from /proc, per run;"
+        " trips: the client's HTTP requests + websocket frames sent"
+    )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--setups", default="embedded,scale-out")
+    parser.add_argument("--postgres", help="admin DSN (a database is made)")
+    parser.add_argument("--redis")
+    parser.add_argument("--profile-dir", type=Path)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 5 runs each")
+    args = parser.parse_args()
+    if args.quick:
+        args.runs = 5
+    setups = [s for s in args.setups.split(",") if s]
+    rows = []
+    if "embedded" in setups:
+        rows.append(await embedded(args.runs, args.profile_dir))
+    if "scale-out" in setups:
+        with common.servers(args.postgres, args.redis) as (postgres, redis):
+            rows.append(await scale_out(args.runs, postgres, redis, args.profile_dir))
+    report(rows)
+
+
+if __name__ == "__main__":
+    common.run(main())
