@@ -1,12 +1,14 @@
 """The fan-out reference: a plain `websockets` + Redis pub/sub broadcaster, nothing else.
 
     python bench/reference.py --port PORT --redis URL --channel NAME [--deflate]
-                              [--loop uvloop|asyncio]
+                              [--keepalive] [--loop uvloop|asyncio]
 
 Every connection is a subscriber of CHANNEL; each message published on it is sent as is to every
 connection with `websockets.broadcast` (framed and written per connection, no task wake-up per
 connection). A client frame is answered with `{"type":"subscribed"}` so the benchmark's clients
-are the same for Threadline and for this. Prints "ready" once listening and subscribed.
+are the same for Threadline and for this. `--keepalive`: the library's default keepalive (a ping
+every 20 s, a 20 s pong deadline, as Threadline's gateway), for the idle-connection bench; the
+fan-out benches leave it off. Prints "ready" once listening and subscribed.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 SUBSCRIBED = '{"type":"subscribed"}'
 
 
-async def main(port: int, redis_url: str, channel: str, deflate: bool) -> None:
+async def main(port: int, redis_url: str, channel: str, deflate: bool, keepalive: bool) -> None:
     clients: set[ServerConnection] = set()
 
     async def handler(websocket: ServerConnection) -> None:
@@ -42,7 +44,8 @@ async def main(port: int, redis_url: str, channel: str, deflate: bool) -> None:
         "127.0.0.1",
         port,
         compression="deflate" if deflate else None,
-        ping_interval=None,
+        # websockets' own defaults when kept alive: a ping every 20 s, 20 s for the pong.
+        ping_interval=20 if keepalive else None,
         max_size=2**16,
     ):
         print("ready", flush=True)
@@ -57,6 +60,7 @@ if __name__ == "__main__":
     parser.add_argument("--redis", required=True)
     parser.add_argument("--channel", required=True)
     parser.add_argument("--deflate", action="store_true", help="accept permessage-deflate")
+    parser.add_argument("--keepalive", action="store_true", help="the default 20 s pings")
     parser.add_argument(
         "--loop",
         choices=["uvloop", "asyncio"],
@@ -64,7 +68,7 @@ if __name__ == "__main__":
         help="event loop (the gateway's: uvloop when installed)",
     )
     args = parser.parse_args()
-    serving = main(args.port, args.redis, args.channel, args.deflate)
+    serving = main(args.port, args.redis, args.channel, args.deflate, args.keepalive)
     if args.loop == "uvloop":
         import uvloop
 

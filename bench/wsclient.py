@@ -31,6 +31,7 @@ class Tally:
     deliveries: int = 0
     latencies: list[int] = field(default_factory=list)
     expected: int = -1  # all_in is set when deliveries reach it
+    pings: int = 0  # keepalive pings the server sent (each answered with a pong)
     all_in: asyncio.Event = field(default_factory=asyncio.Event)
 
     def reset(self, expect: int = -1) -> None:
@@ -151,6 +152,7 @@ class Client(asyncio.Protocol):
             elif not self.subscribed.done() and b'"subscribed"' in payload:
                 self.subscribed.set_result(None)
         elif opcode == 9:  # ping: answer with a pong carrying the same payload
+            self.tally.pings += 1
             self.send(payload, opcode=10)
         elif opcode == 8 and self.transport is not None:
             self.transport.close()

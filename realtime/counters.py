@@ -32,6 +32,11 @@ class Counters(Protocol):
         ...
 
     async def refresh(self, keys: Sequence[str], member: str, ttl: float) -> None: ...
+    async def refresh_many(self, slots: Sequence[tuple[Sequence[str], str]], ttl: float) -> None:
+        """`refresh(keys, member, ttl)` for every (keys, member) of `slots`, in as few round
+        trips as the backend can (a gateway keeps every open connection's slot this way)."""
+        ...
+
     async def leave(self, keys: Sequence[str], member: str) -> None: ...
     async def close(self) -> None: ...
 
@@ -96,6 +101,10 @@ class MemoryCounters:
             members = self._sets.get(key)
             if members is not None and member in members:
                 members[member] = now + ttl
+
+    async def refresh_many(self, slots: Sequence[tuple[Sequence[str], str]], ttl: float) -> None:
+        for keys, member in slots:
+            await self.refresh(keys, member, ttl)
 
     async def leave(self, keys: Sequence[str], member: str) -> None:
         for key in keys:
@@ -269,6 +278,18 @@ class RedisCounters:
             await self.batcher.call(self._refresh, full_keys, [member, math.ceil(ttl * 1000)])
         except Exception as exc:
             self._failed(exc)
+            return
+        self._ok()
+
+    async def refresh_many(self, slots: Sequence[tuple[Sequence[str], str]], ttl: float) -> None:
+        # Queued together, so they go in batches of the batcher's size: a few EVALSHA for
+        # every connection of a gateway, not one round trip each.
+        await self.fallback.refresh_many(slots, ttl)
+        expiry = math.ceil(ttl * 1000)
+        calls = [(self._keys(keys), [member, expiry]) for keys, member in slots]
+        failures = [r for r in await self.batcher.call_many(self._refresh, calls) if r is not None]
+        if failures:
+            self._failed(failures[0])
             return
         self._ok()
 

@@ -81,6 +81,7 @@ class Outbox:
         clock: Callable[[], float] = time.monotonic,
         on_overflow: Callable[[], None] | None = None,
         max_floors: int = 1024,
+        on_high_water: Callable[[bool], None] | None = None,
     ) -> None:
         if max_bytes < 1:
             raise ValueError("max_bytes must be positive")
@@ -95,6 +96,9 @@ class Outbox:
         self.grace = grace
         self._clock = clock
         self._on_overflow = on_overflow
+        # Told when the outbox goes over high water (True) and back (False): so a gateway
+        # watches the few outboxes in their grace period, not every connection.
+        self._on_high_water = on_high_water
         # Created on the first queued frame: most connections never queue (see `direct`).
         self._entries: deque[_Entry] | None = None
         self._coalesced: dict[tuple[str, str], _Entry] = {}
@@ -274,8 +278,10 @@ class Outbox:
         now = self._clock()
         if self._bytes > self.max_bytes and self._over_since is None:
             self._over_since = now
-        elif self._bytes <= self.low_water:
+            self._high_water(True)
+        elif self._bytes <= self.low_water and self._over_since is not None:
             self._over_since = None
+            self._high_water(False)
         if self._over_since is not None and now - self._over_since >= self.grace:
             return self._overflow()
         return True
@@ -289,9 +295,15 @@ class Outbox:
             self._on_overflow()
         return False
 
+    def _high_water(self, over: bool) -> None:
+        if self._on_high_water is not None:
+            self._on_high_water(over)
+
     def _clear(self) -> None:
         self._entries = None
         self._coalesced.clear()
         self._bytes = 0
         self._live = 0
-        self._over_since = None
+        if self._over_since is not None:
+            self._over_since = None
+            self._high_water(False)

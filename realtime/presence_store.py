@@ -35,6 +35,13 @@ class PresenceStore(Protocol):
         """Live entries by member id, without those whose id starts with `skip` (if given)."""
         ...
 
+    async def read_many(
+        self, thread_ids: list[str], skip: str = ""
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        """`read` of every thread of `thread_ids` (by thread id), in one round trip where the
+        store has them (a gateway rereads all its threads this way every half interval)."""
+        ...
+
 
 def _live(entries: dict[str, dict[str, Any]], now: float) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in entries.items() if float(v.get("expires_at", 0)) > now}
@@ -75,6 +82,11 @@ class MemoryPresence:
         if skip:
             return {k: v for k, v in live.items() if not k.startswith(skip)}
         return live
+
+    async def read_many(
+        self, thread_ids: list[str], skip: str = ""
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        return {thread_id: await self.read(thread_id, skip) for thread_id in thread_ids}
 
 
 # Presence commands in flight per process. redis-py refuses a command outright ("Too many
@@ -147,6 +159,30 @@ class RedisPresence:
                 raw = await self._client.hgetall(self._key(thread_id))
         except Exception as exc:
             raise BusError(f"presence read failed: {exc}") from exc
+        return await self._entries(thread_id, raw, skip)
+
+    async def read_many(
+        self, thread_ids: list[str], skip: str = ""
+    ) -> dict[str, dict[str, dict[str, Any]]]:
+        if not thread_ids:
+            return {}
+        try:
+            # One pipeline (on a cluster: one per node, sent together) for every thread.
+            async with self._gate, self._client.pipeline(transaction=False) as pipe:
+                for thread_id in thread_ids:
+                    pipe.hgetall(self._key(thread_id))
+                replies = await pipe.execute()
+        except Exception as exc:
+            raise BusError(f"presence read failed: {exc}") from exc
+        return {
+            thread_id: await self._entries(thread_id, raw, skip)
+            for thread_id, raw in zip(thread_ids, replies, strict=True)
+        }
+
+    async def _entries(
+        self, thread_id: str, raw: dict[bytes, bytes], skip: str
+    ) -> dict[str, dict[str, Any]]:
+        """The live entries of one HGETALL reply; expired ones are deleted (best effort)."""
         entries: dict[str, dict[str, Any]] = {}
         skipped = skip.encode()
         for member_id, data in raw.items():

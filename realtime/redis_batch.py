@@ -138,6 +138,23 @@ class Batcher:
         self._wake()
         return await future
 
+    async def call_many(
+        self, operation: Operation, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Exception | None]:
+        """`call(operation, keys, args)` for every (keys, args) of `calls`, all queued at once
+        (so they ride in as few batches as `max_batch` allows); each call's error, or None for
+        a reply, in order."""
+        if self._closed:
+            raise BatchClosedError("the batcher is closed")
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = []
+        for keys, args in calls:
+            futures.append(loop.create_future())
+            self._queue.append(_Call(operation, keys, args, futures[-1]))
+        self._wake()
+        replies = await asyncio.gather(*futures, return_exceptions=True)
+        return [reply if isinstance(reply, Exception) else None for reply in replies]
+
     def _wake(self) -> None:
         """Start a sender when calls wait and fewer than `senders` batches are in flight.
         Started lazily, it takes its batch when it first runs: every caller queued until then

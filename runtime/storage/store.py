@@ -301,6 +301,12 @@ class TokenStore(Protocol):
         """The principal of a token that exists, is not revoked and has not expired."""
         ...
 
+    async def live_tokens(self, token_hashes: Collection[str]) -> set[str]:
+        """Those of `token_hashes` whose tokens exist, are not revoked and have not expired,
+        in one read however many are asked about (a gateway rechecks every open connection's
+        token this way)."""
+        ...
+
     async def revoke_token(self, token_hash: str) -> bool: ...
     async def token_expires_in(self, token_hash: str) -> float | None:
         """Seconds until the token expires by the database clock; None if it never does."""

@@ -2,9 +2,11 @@
 
 Every subscribed connection is present in the thread as its principal. Its entry lives in a
 `PresenceStore` (Redis shared by every gateway, or in process), refreshed every
-`refresh_interval` with an expiry of 1.5 intervals; every half interval each gateway rereads the
-threads it has subscribers in. A gateway that dies stops refreshing, so its members vanish from
-every other gateway's view within 2 refresh intervals. A change is announced on the thread's
+`refresh_interval` with an expiry of 1.5 intervals, all of a gateway's in one pipeline; every
+half interval each gateway rereads the threads it has subscribers in (a reread that finds the
+other gateways' entries and its own members unchanged aggregates and sends nothing). A gateway
+that dies stops refreshing, so its members vanish from every other gateway's view within 2
+refresh intervals. A change is announced on the thread's
 presence channel so other gateways reread at once. Subscribers get the whole set after
 `subscribed`, then `presence.join`, `presence.update` and `presence.leave` frames; one person
 with several tabs is one member with a connection count.
@@ -76,6 +78,13 @@ def aggregate(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return members
 
 
+def _shown(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """What of an entry `aggregate` reads (not its expiry, which every refresh moves)."""
+    return tuple(
+        entry.get(k) for k in ("subject", "role", "name", "typing", "reviewing", "updated_at")
+    )
+
+
 def presence_frames(
     thread_id: str, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -107,18 +116,30 @@ class Member:
     updated_at: float = field(default_factory=time.time)
     last_write: float = 0.0
     flush: asyncio.Task[None] | None = None
+    # The entry without its expiry, built once per change: every refresh writes every
+    # member's entry, and only the expiry moves.
+    shown: dict[str, Any] | None = field(default=None, repr=False)
 
-    def entry(self, ttl: float) -> dict[str, Any]:
-        now = time.time()
-        return {
-            "subject": self.principal.subject,
-            "role": str(self.principal.role),
-            "name": self.principal.name,
-            "typing": self.typing,
-            "reviewing": self.reviewing,
-            "updated_at": self.updated_at,
-            "expires_at": now + ttl,
-        }
+    def entry(self, ttl: float, now: float | None = None) -> dict[str, Any]:
+        if self.shown is None:
+            self.shown = {
+                "subject": self.principal.subject,
+                "role": str(self.principal.role),
+                "name": self.principal.name,
+                "typing": self.typing,
+                "reviewing": self.reviewing,
+                "updated_at": self.updated_at,
+            }
+        return {**self.shown, "expires_at": (time.time() if now is None else now) + ttl}
+
+    def change(self, changes: dict[str, Any]) -> None:
+        """Apply a `presence.update`'s changes (the entry is built anew)."""
+        if "typing" in changes and changes["typing"] is not None:
+            self.typing = bool(changes["typing"])
+        if "reviewing" in changes:
+            self.reviewing = changes["reviewing"]
+        self.updated_at = time.time()
+        self.shown = None
 
 
 @dataclass(eq=False)
@@ -135,6 +156,14 @@ class _Room:
     # a burst of joins is a few store writes and announcements, not one of each per join).
     joining: list[Member] = field(default_factory=list)
     writer: asyncio.Task[None] | None = None
+    # What the last reread aggregated: other gateways' entries (without their expiry, which
+    # every refresh moves) and the version of this gateway's members. A reread that finds
+    # both unchanged has nothing to tell anyone and skips the aggregation, which is
+    # proportional to the room's connections.
+    remote_seen: dict[str, tuple[Any, ...]] | None = None
+    local_version: int = 0
+    local_seen: int = -1
+    applied: int = -1  # the sequence number of the last read applied
 
 
 class PresenceHub:
@@ -149,9 +178,13 @@ class PresenceHub:
         self.ttl = refresh_interval * 1.5
         self._gateway = uuid.uuid4().hex[:12]
         self._ids = itertools.count()
+        self._reads = itertools.count()  # store reads in the order they were started
         self._rooms: dict[str, _Room] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.frames_sent = 0
+        # Rereads of rooms, and those that found nothing changed (for tests and benches).
+        self.rereads = 0
+        self.rereads_skipped = 0
 
     async def __aenter__(self) -> PresenceHub:
         await self._store.open()
@@ -187,6 +220,7 @@ class PresenceHub:
                 await self._reread(room)
                 room.primed = True
             room.members[member.id] = member
+            room.local_version += 1
             frame = {
                 "type": "presence",
                 "thread_id": thread_id,
@@ -220,6 +254,7 @@ class PresenceHub:
             member.flush.cancel()
         if room is None or room.members.pop(member.id, None) is None:
             return
+        room.local_version += 1
         writer = room.writer
         if writer is not None and not writer.done() and member not in room.joining:
             # Its entry may be being written right now: remove it after that write.
@@ -237,11 +272,10 @@ class PresenceHub:
 
     def update(self, member: Member, changes: dict[str, Any]) -> None:
         """Apply a `presence.update`; written now, or coalesced until the rate bound allows."""
-        if "typing" in changes and changes["typing"] is not None:
-            member.typing = bool(changes["typing"])
-        if "reviewing" in changes:
-            member.reviewing = changes["reviewing"]
-        member.updated_at = time.time()
+        member.change(changes)
+        room = self._rooms.get(member.thread_id)
+        if room is not None:
+            room.local_version += 1
         if member.flush is None:
             member.flush = asyncio.create_task(self._flush(member), name=f"presence-{member.id}")
 
@@ -304,7 +338,38 @@ class PresenceHub:
 
     async def _reread(self, room: _Room) -> None:
         # This gateway's own entries are taken from its members below, not parsed.
-        entries = await self._store.read(room.thread_id, skip=self._gateway + "-")
+        read = next(self._reads)
+        self._apply(room, await self._store.read(room.thread_id, skip=self._gateway + "-"), read)
+
+    async def _reread_all(self) -> None:
+        """Every room in one store read (one round trip per gateway, not one per thread);
+        the rooms it could not read are reread one by one."""
+        rooms = list(self._rooms.values())
+        read = next(self._reads)
+        try:
+            found = await self._store.read_many([r.thread_id for r in rooms], self._gateway + "-")
+        except Exception as exc:
+            log.warning("presence reread of %d threads failed: %s", len(rooms), exc)
+            found = {}
+        for room in rooms:
+            if room.thread_id not in found:
+                room.dirty.set()
+            elif self._rooms.get(room.thread_id) is room:
+                async with room.lock:
+                    self._apply(room, found[room.thread_id], read)
+
+    def _apply(self, room: _Room, entries: dict[str, dict[str, Any]], read: int) -> None:
+        """Members from other gateways' `entries` (read as the `read`-th read) and this
+        gateway's own; the frames turning what subscribers were sent into them."""
+        if read < room.applied:
+            return  # a later read of the room was applied already
+        room.applied = read
+        self.rereads += 1
+        remote = {member_id: _shown(entry) for member_id, entry in entries.items()}
+        if remote == room.remote_seen and room.local_seen == room.local_version:
+            self.rereads_skipped += 1
+            return  # the same entries aggregate to the same members: no frame to send
+        room.remote_seen, room.local_seen = remote, room.local_version
         # This gateway's own connections are present while they are open, whatever the store
         # says: on a busy gateway a refresh can come after the entries' expiry, and they must
         # not flap here (a leave, then a join again, to every member: with 600 connections
@@ -337,9 +402,9 @@ class PresenceHub:
         while True:
             await asyncio.sleep(self.refresh_interval / 2)
             if time.monotonic() - last_refresh >= self.refresh_interval * 0.95:
-                last_refresh = time.monotonic()
+                last_refresh, now = time.monotonic(), time.time()
                 entries = [
-                    (room.thread_id, member.id, member.entry(self.ttl))
+                    (room.thread_id, member.id, member.entry(self.ttl, now))
                     for room in list(self._rooms.values())
                     for member in list(room.members.values())
                 ]
@@ -347,5 +412,5 @@ class PresenceHub:
                     await self._store.put_many(entries)
                 except Exception as exc:
                     log.warning("presence refresh failed: %s", exc)
-            for room in list(self._rooms.values()):
-                room.dirty.set()
+            if self._rooms:
+                await self._reread_all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import orjson
@@ -118,6 +119,10 @@ class Limiter:
 
     async def keep(self, slot: ConnectionSlot) -> None:
         await self.counters.refresh(slot.keys, slot.member, CONNECTION_TTL)
+
+    async def keep_many(self, slots: Collection[ConnectionSlot]) -> None:
+        """`keep` every slot of `slots` together (one gateway's connections, each period)."""
+        await self.counters.refresh_many([(s.keys, s.member) for s in slots], CONNECTION_TTL)
 
     async def disconnect(self, slot: ConnectionSlot) -> None:
         await self.counters.leave(slot.keys, slot.member)

@@ -68,6 +68,26 @@ async def test_members_expire_unless_refreshed(counters: Counters) -> None:
     assert await counters.join(keys, caps, "new", ttl=0.3) == -1  # lapsed
 
 
+async def test_many_members_refreshed_together_stay_and_the_others_lapse(
+    counters: Counters,
+) -> None:
+    # More slots than one batch holds (512), each its own key like a connection's token set.
+    slots = [((f"token:{{s{i}}}:t",), f"c{i}") for i in range(1100)]
+    joined = await asyncio.gather(*(counters.join(k, (1,), m, ttl=1.5) for k, m in slots))
+    assert joined == [-1] * len(slots)
+    await counters.join(("token:{left}:t",), (1,), "gone", ttl=30)
+    await counters.leave(("token:{left}:t",), "gone")
+    await asyncio.sleep(0.9)
+    kept = slots[::2]
+    await counters.refresh_many([*kept, (("token:{left}:t",), "gone")], ttl=1.5)
+    await asyncio.sleep(0.9)
+    # A refreshed member still fills its set; the others lapsed and left room.
+    newcomers = await asyncio.gather(*(counters.join(k, (1,), "new", ttl=30) for k, _ in slots))
+    assert newcomers == [0 if index % 2 == 0 else -1 for index in range(len(slots))]
+    # A refresh never adds back a member that left.
+    assert await counters.join(("token:{left}:t",), (1,), "newcomer", ttl=30) == -1
+
+
 async def test_redis_counters_fall_back_to_this_process_when_redis_is_down() -> None:
     # Nothing listens on port 1: every call fails fast and is counted locally instead.
     down = RedisCounters("redis://127.0.0.1:1/0", "down:", timeout=0.2)

@@ -42,6 +42,22 @@ async def test_entries_of_many_threads_are_written_read_and_removed(
     assert await presence.read(threads[0]) == {}
 
 
+async def test_many_threads_are_read_together_as_one_by_one(presence: RedisPresence) -> None:
+    live = {"expires_at": time.time() + 30, "name": "ada"}
+    gone = {"expires_at": time.time() - 1, "name": "bob"}
+    threads = [f"th-many-{i}" for i in range(40)]  # spread over a cluster's slots
+    await presence.put_many(
+        [(t, f"gw1-{i}", live) for i, t in enumerate(threads)]
+        + [(t, "gw2-1", live) for t in threads[::3]]
+        + [(threads[1], "gw2-9", gone)]
+    )
+    together = await presence.read_many([*threads, "th-many-none"], skip="gw1-")
+    one_by_one = {t: await presence.read(t, skip="gw1-") for t in [*threads, "th-many-none"]}
+    assert together == one_by_one
+    assert together["th-many-0"] == {"gw2-1": live} and together["th-many-1"] == {}
+    assert await presence.read_many([]) == {}
+
+
 async def test_a_burst_beyond_the_connection_pool_waits_instead_of_failing(
     presence: RedisPresence,
 ) -> None:

@@ -12,6 +12,7 @@ from tests.conformance.public_store import STORE_MEMBERS, PublicStore, interface
 def test_the_members_are_every_part_of_the_interface() -> None:
     assert interface_members(TokenStore) == {
         "create_token",
+        "live_tokens",
         "principal_for_token",
         "revoke_token",
         "token_expires_in",

@@ -36,6 +36,24 @@ async def test_a_token_expires_on_the_database_clock(store: Store) -> None:
         await store.create_token("h4", "bob", Role.USER, ["acme"], expires_in=0)
 
 
+async def test_live_tokens_are_those_neither_revoked_expired_nor_unknown(store: Store) -> None:
+    await store.create_token("l1", "ann", Role.USER, ["acme"])
+    await store.create_token("l2", "ann", Role.USER, ["acme"])
+    await store.create_token("l3", "ann", Role.USER, ["acme"], expires_in=0.5)
+    await store.create_token("l4", "ann", Role.USER, ["acme"], expires_in=3600)
+    asked = ["l1", "l2", "l3", "l4", "unknown", "l1"]
+    assert await store.live_tokens(asked) == {"l1", "l2", "l3", "l4"}
+    assert await store.revoke_token("l2") is True
+    await asyncio.sleep(0.7)
+    assert await store.live_tokens(asked) == {"l1", "l4"}
+    assert await store.live_tokens([]) == set()
+    # Many at once (more than one statement's worth): the same answer as one by one.
+    many = [f"m{i}" for i in range(1205)]
+    for token_hash in many[::100]:
+        await store.create_token(token_hash, "ann", Role.USER, ["acme"])
+    assert await store.live_tokens([*many, "l1"]) == {*many[::100], "l1"}
+
+
 async def test_a_token_carries_its_display_name(store: Store) -> None:
     await store.create_token("n1", "u-81", Role.USER, ["acme"], display_name="  Ann Lee ")
     await store.create_token("n2", "u-82", Role.USER, ["acme"])

@@ -151,6 +151,31 @@ def test_draining_below_the_low_water_mark_resets_the_grace_period() -> None:
     assert not outbox.overflowed
 
 
+def test_going_over_high_water_and_back_is_told_once_each_way() -> None:
+    # What the gateway's watchdog visits: only the outboxes over high water.
+    clock = Clock()
+    told: list[bool] = []
+    outbox = Outbox(max_bytes=100, low_water=40, grace=2.0, clock=clock, on_high_water=told.append)
+    outbox.put(b"x" * 60, "chunk", "t1")
+    assert told == []
+    outbox.put(b"x" * 60, "chunk", "t1")  # 120: over
+    outbox.put(b"x" * 10, "chunk", "t1")
+    assert told == [True]
+    outbox.get_nowait()  # 70: still over (above low water)
+    assert told == [True]
+    outbox.get_nowait()
+    outbox.get_nowait()  # 0: back
+    assert told == [True, False]
+    outbox.put(b"x" * 120, "chunk", "t1")
+    clock.now = 3.0
+    assert not outbox.check()  # overflowed: its queue is gone, and so is the watch
+    assert told == [True, False, True, False]
+    other = Outbox(max_bytes=100, on_high_water=told.append)
+    other.put(b"x" * 120, "chunk", "t1")
+    other.close()
+    assert told[-2:] == [True, False]
+
+
 def test_a_consumer_hovering_just_under_the_bound_after_going_over_is_closed() -> None:
     clock = Clock()
     outbox = Outbox(max_bytes=100, low_water=50, grace=1.0, clock=clock)

@@ -500,6 +500,12 @@ class SqlStore(SqlTransactions):
             lambda conn: threads_tx.principal_for_token(conn, token_hash)
         )
 
+    async def live_tokens(self, token_hashes: Collection[str]) -> set[str]:
+        hashes = list(dict.fromkeys(token_hashes))
+        if not hashes:
+            return set()
+        return await self._read(lambda conn: tokens_tx.live_tokens(conn, hashes))
+
     async def token_expires_in(self, token_hash: str) -> float | None:
         return await self._read(lambda conn: threads_tx.token_expires_in(conn, token_hash))
 

@@ -1,13 +1,34 @@
-"""API token administration: list tokens (never their hashes), revoke by id, mark last use."""
+"""API token administration: list tokens (never their hashes), revoke by id, mark last use;
+which of many tokens are still live."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from runtime.domain import Role
-from runtime.storage.sql.core import Conn
+from runtime.storage.sql.core import Conn, placeholders
 from runtime.storage.sql.rows import loads
 from runtime.storage.token_admin import TOKEN_ID_CHARS, TokenInfo
 
 _ACTIVE = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1)"
+# Hashes per statement: well under SQLite's 32 766 parameters and Postgres' 65 535.
+_LIVE_CHUNK = 1000
+
+
+async def live_tokens(conn: Conn, hashes: Sequence[str]) -> set[str]:
+    """The hashes among `hashes` of tokens principal_for_token would accept now."""
+    now = await conn.now()
+    live: set[str] = set()
+    for start in range(0, len(hashes), _LIVE_CHUNK):
+        chunk = hashes[start : start + _LIVE_CHUNK]
+        rows = await conn.fetch(
+            f"SELECT token_hash FROM api_tokens WHERE {_ACTIVE}"
+            f" AND token_hash IN ({placeholders(2, len(chunk))})",
+            now,
+            *chunk,
+        )
+        live.update(str(row["token_hash"]) for row in rows)
+    return live
 
 
 async def list_tokens(conn: Conn) -> list[TokenInfo]:

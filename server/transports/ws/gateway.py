@@ -65,6 +65,7 @@ class Gateway:
         self.limiter = limiter
         self._connections: set[Connection] = set()
         self._slots: set[ConnectionSlot] = set()
+        self._over: set[Connection] = set()  # connections whose outbox is over high water
         self._keeper: asyncio.Task[None] | None = None
         self._checker: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -89,16 +90,23 @@ class Gateway:
     def _check_tokens(self) -> None:
         if self._checker is None or self._checker.done():
             self._checker = asyncio.create_task(self._recheck_tokens(), name="ws-tokens")
+
+    def _high_water(self, connection: Connection, over: bool) -> None:
+        """An outbox went over high water (or back under): watch it while it is over."""
+        if not over:
+            self._over.discard(connection)
+            return
+        self._over.add(connection)
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.create_task(self._watch_outboxes(), name="ws-outboxes")
 
     async def _watch_outboxes(self) -> None:
-        """One timer for every connection: a connection whose transport stays paused (its peer
-        stopped reading) and that is sent nothing more never calls into its outbox, yet the
-        grace period of one over high water must still expire."""
-        while self._connections:
+        """One timer for the connections over high water: one whose transport stays paused (its
+        peer stopped reading) and that is sent nothing more never calls into its outbox, yet
+        its grace period must still expire. Idle connections are never visited."""
+        while self._over:
             await asyncio.sleep(_OUTBOX_CHECK_INTERVAL)
-            for connection in list(self._connections):
+            for connection in list(self._over):
                 outbox = connection.outbox
                 if outbox.over_high_water and not outbox.check():
                     connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
@@ -107,13 +115,15 @@ class Gateway:
         while self._connections:
             await asyncio.sleep(TOKEN_RECHECK_INTERVAL)
             stored = {c.token_hash for c in self._connections if c.token_hash and c.stored_token}
-            for token_hash in stored:
-                try:
-                    valid = await self.service.store.principal_for_token(token_hash)
-                except Exception:
-                    continue  # storage down: leave connections alone, check again later
-                if valid is None:
-                    await self.revoke(token_key_of_hash(token_hash))
+            if not stored:
+                continue
+            try:
+                # One read for every open connection's token, not one per token.
+                live = await self.service.store.live_tokens(stored)
+            except Exception:
+                continue  # storage down: leave connections alone, check again later
+            for token_hash in stored - live:
+                await self.revoke(token_key_of_hash(token_hash))
 
     @property
     def connection_count(self) -> int:
@@ -185,10 +195,15 @@ class Gateway:
             if connection is not None:
                 connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
 
+        def high_water(over: bool) -> None:
+            if connection is not None:
+                self._high_water(connection, over)
+
         outbox = Outbox(
             self.settings.ws_outbox_max_bytes,
             grace=self.settings.ws_slow_consumer_grace,
             on_overflow=overflowed,
+            on_high_water=high_water,
             # Every subscribed thread keeps its floor; unsubscribed ones are forgotten.
             max_floors=self.settings.ws_max_subscriptions,
         )
@@ -228,6 +243,7 @@ class Gateway:
                 close = await connection.stop()
             finally:
                 self._connections.discard(connection)
+                self._over.discard(connection)
                 count(WS_CONNECTIONS, -1)
             if close is not None:
                 count(WS_CLOSES, 1, code=int(close.code))
@@ -258,9 +274,8 @@ class Gateway:
         assert self.limiter is not None
         while self._slots:
             await asyncio.sleep(REFRESH_INTERVAL)
-            for slot in list(self._slots):
-                with contextlib.suppress(Exception):
-                    await self.limiter.keep(slot)
+            with contextlib.suppress(Exception):
+                await self.limiter.keep_many(list(self._slots))
 
     async def close(self) -> None:
         """Close every connection with 1001 and wait (bounded) for them to finish."""
