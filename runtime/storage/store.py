@@ -301,6 +301,11 @@ class TokenStore(Protocol):
         """The principal of a token that exists, is not revoked and has not expired."""
         ...
 
+    async def token_grant(self, token_hash: str) -> tuple[Principal, float | None] | None:
+        """`principal_for_token` and the seconds the token has left by the database clock (None:
+        it never expires), in one read: what a cache of principals needs to know."""
+        ...
+
     async def revoke_token(self, token_hash: str) -> bool: ...
     async def token_expires_in(self, token_hash: str) -> float | None:
         """Seconds until the token expires by the database clock; None if it never does."""
