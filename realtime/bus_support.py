@@ -8,9 +8,9 @@ import enum
 import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from realtime.bus_metrics import DROPPED, safe_add
@@ -244,8 +244,20 @@ async def cancel_and_wait(task: asyncio.Task[None], *, recancel_every: float = 0
     operation, and an orderly shutdown must not hang on that. `asyncio.wait` never raises on
     the task's outcome, so only our own cancellation propagates.
     """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=recancel_every)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("background task %s had failed", task.get_name(), exc_info=task.exception())
+    await cancel_and_wait_all((task,), recancel_every=recancel_every)
+
+
+async def cancel_and_wait_all(
+    tasks: Iterable[asyncio.Task[Any] | None], *, recancel_every: float = 0.1
+) -> None:
+    """`cancel_and_wait` for several tasks (None: none), cancelled together and waited for in
+    one `asyncio.wait` per round: a room or a watch of three tasks costs one wait, not three."""
+    every = [task for task in tasks if task is not None]
+    pending = {task for task in every if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=recancel_every)
+    for task in every:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background task %s had failed", task.get_name(), exc_info=task.exception())

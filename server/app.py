@@ -34,7 +34,8 @@ from runtime.storage import open_store
 from runtime.storage.scope_cache import ScopeCache
 from runtime.storage.sql.audit_sql import SqlAuditLog
 from runtime.storage.sql.hooks_sql import SqlHooks
-from server.auth import trust_issuers
+from server.auth import cache_principals, forget_principal, trust_issuers
+from server.auth_cache import PrincipalCache
 from server.drain import Drain
 from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
@@ -153,7 +154,17 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             # Registered after the hub so connections close before the hub stops.
             stack.push_async_callback(gateway.close)
             state.gateway = gateway
-            listener = asyncio.create_task(listen_revocations(bus, gateway.revoke))
+            if settings.auth_cache_ttl > 0:
+                # Only where revocations are heard: the listener below forgets the token.
+                cache_principals(state.store, PrincipalCache(settings.auth_cache_ttl))
+                stack.callback(cache_principals, state.store, None)
+            store = state.store
+
+            async def revoked(key: str) -> int:
+                forget_principal(store, key)
+                return await gateway.revoke(key)
+
+            listener = asyncio.create_task(listen_revocations(bus, revoked))
             stack.push_async_callback(_cancel, listener)
 
         state.worker = None

@@ -14,6 +14,7 @@ from typing import Any
 from runtime.domain import Principal, Role
 from runtime.storage.store import TokenStore
 from runtime.storage.token_admin import LAST_USED_RESOLUTION
+from server.auth_cache import KEY_CHARS, PrincipalCache
 from server.auth_errors import TokenMismatch
 from server.auth_errors import Unauthorized as Unauthorized
 from server.oidc import Issuers
@@ -60,7 +61,7 @@ def token_key(token: str) -> str:
 
 
 def token_key_of_hash(token_hash: str) -> str:
-    return token_hash[:24]
+    return token_hash[:KEY_CHARS]
 
 
 # Websockets: the client offers `threadline.v1` and `bearer.<token>` as subprotocols and the
@@ -106,6 +107,26 @@ def trust_issuers(store: TokenStore, issuers: Issuers | None) -> None:
         _ISSUERS[store] = issuers
 
 
+# Each store's principal cache, where the app enabled one (`cache_principals`): only gateways,
+# which also hear the revocation broadcasts that make an entry forgotten.
+_PRINCIPALS: weakref.WeakKeyDictionary[TokenStore, PrincipalCache] = weakref.WeakKeyDictionary()
+
+
+def cache_principals(store: TokenStore, cache: PrincipalCache | None) -> None:
+    """Serve `store`'s `tl_` tokens from `cache` (None: read the store on every request)."""
+    if cache is None:
+        _PRINCIPALS.pop(store, None)
+    else:
+        _PRINCIPALS[store] = cache
+
+
+def forget_principal(store: TokenStore, token_key: str) -> None:
+    """A token was revoked: the next request with it reads the store (and is refused)."""
+    cache = _PRINCIPALS.get(store)
+    if cache is not None:
+        cache.forget(token_key)
+
+
 def is_stored_token(token: str) -> bool:
     """A `tl_` token (in storage, revocable there); anything else is an issuer's JWT."""
     return token.startswith(TOKEN_PREFIX)
@@ -124,7 +145,17 @@ async def authenticate(store: TokenStore, token: str | None) -> Principal:
     if len(token) > _MAX_TOKEN_CHARS:
         raise Unauthorized("the token is invalid")
     token_hash = hash_token(token)
-    principal = await store.principal_for_token(token_hash)
+    cache = _PRINCIPALS.get(store)
+    principal = None if cache is None else cache.get(token_hash)
+    if principal is None:
+        if cache is None:
+            principal = await store.principal_for_token(token_hash)
+        else:
+            ticket = cache.ticket()
+            granted = await store.token_grant(token_hash)
+            if granted is not None:
+                principal = granted[0]
+                cache.put(token_hash, principal, granted[1], ticket)
     if principal is None:
         raise Unauthorized("the token is invalid")
     await _mark_used(store, token_hash)

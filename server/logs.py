@@ -156,6 +156,19 @@ def uvicorn_log_config(fmt: LogFormat = "text", level: str = "info") -> dict[str
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
+def _given_id(headers: Any) -> str | None:
+    """The caller's `X-Request-ID` when it is a plain short token (the last one sent, as a
+    dict of the headers would keep), scanned without copying the headers."""
+    given = None
+    for name, value in headers:
+        if name == b"x-request-id":
+            given = value
+    if given is None:
+        return None
+    text: str = given.decode("latin-1")
+    return text if _REQUEST_ID.fullmatch(text) else None
+
+
 class RequestIds:
     """ASGI middleware: every HTTP request and websocket gets a request id for its log lines:
     the caller's `X-Request-ID` when it is a plain short token, else a new one; HTTP responses
@@ -168,8 +181,7 @@ class RequestIds:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        given = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        request_id = _given_id(scope.get("headers") or ()) or uuid.uuid4().hex
 
         async def send_with_id(message: Any) -> None:
             if message["type"] == "http.response.start":

@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     # Snapshots a gateway keeps of the threads its websockets watch, so a commit watched by
     # many tabs costs one storage read per gateway (server/live/snapshot_cache.py); 0: off.
     snapshot_cache: int = Field(default=1024, ge=0)
+    # Seconds a gateway keeps a `tl_` token's principal (server/auth_cache.py), so a busy token
+    # costs no storage read per request; revocations forget it at once on every gateway that
+    # hears the broadcast (one that cannot, e.g. no Redis to the CLI: up to this long). 0: off.
+    auth_cache_ttl: float = Field(default=1.0, ge=0)
     queue_preview_chars: int = Field(default=500, ge=16)
     # Websocket upgrades whose Origin header is not in this list are refused (HTTP 403).
     # Empty (the default): no check. JSON list, e.g. '["https://chat.example.com"]'.

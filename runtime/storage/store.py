@@ -307,6 +307,11 @@ class TokenStore(Protocol):
         token this way)."""
         ...
 
+    async def token_grant(self, token_hash: str) -> tuple[Principal, float | None] | None:
+        """`principal_for_token` and the seconds the token has left by the database clock (None:
+        it never expires), in one read: what a cache of principals needs to know."""
+        ...
+
     async def revoke_token(self, token_hash: str) -> bool: ...
     async def token_expires_in(self, token_hash: str) -> float | None:
         """Seconds until the token expires by the database clock; None if it never does."""

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import orjson
 
 from realtime.bus import Bus
-from realtime.bus_support import cancel_and_wait
+from realtime.bus_support import cancel_and_wait_all
 from realtime.channels import scope_channel
 from runtime.authorization import ThreadMatch, ThreadResource
 from runtime.domain import InboxEntry
@@ -155,9 +155,7 @@ class ActionInbox:
             await self._stop(watch)
 
     async def _stop(self, watch: _Scope) -> None:
-        for task in (watch.task, watch.refresher):
-            if task is not None:
-                await cancel_and_wait(task)
+        await cancel_and_wait_all((watch.task, watch.refresher))
 
     # --- the scope's channel ---------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from realtime.bus import Bus
-from realtime.bus_support import cancel_and_wait
+from realtime.bus_support import cancel_and_wait, cancel_and_wait_all
 from realtime.channels import presence_channel
 from realtime.presence_store import MemoryPresence, PresenceStore, RedisPresence
 from runtime.domain import Principal
@@ -309,9 +309,7 @@ class PresenceHub:
         return room
 
     async def _stop(self, room: _Room) -> None:
-        for task in (*room.tasks, room.writer):
-            if task is not None:
-                await cancel_and_wait(task)
+        await cancel_and_wait_all((*room.tasks, room.writer))
 
     async def _listen(self, room: _Room) -> None:
         try:

@@ -71,10 +71,12 @@ class TokenRevoker:
         return await self._revoke(token_hash, target)
 
     async def _revoke(self, token_hash: str, target: Principal) -> dict[str, object]:
-        from server.auth import token_key_of_hash
+        from server.auth import forget_principal, token_key_of_hash
 
         await self.store.revoke_token(token_hash)
         key = token_key_of_hash(token_hash)
+        # Refused from the next request on here; the broadcast does it on the other gateways.
+        forget_principal(self.store, key)
         published = self.bus is not None and await publish_revoked(self.bus, key)
         return {"revoked": True, "subject": target.subject, "published": published}
 

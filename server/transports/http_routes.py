@@ -49,20 +49,25 @@ def _transport_of(path: str) -> str:
 async def request_caller(request: Request) -> Caller:
     """The authenticated caller of an HTTP request (raises `Unauthorized`), with the quotas and
     token administration of the app: every HTTP transport (routes, event streams) builds it so."""
-    token = bearer_token(request.headers)
-    principal = await authenticate(request.app.state.store, token)
+    headers = request.headers
+    token = bearer_token(headers)
+    state = request.app.state
+    principal = await authenticate(state.store, token)
+    key = token_key(token or "")  # hashed once: it names the token in quotas and the audit
+    client = request.client
     return Caller(
         principal,
-        service_of(request),
-        limiter=getattr(request.app.state, "limiter", None),
-        token_id=token_key(token or ""),
-        revoker=getattr(request.app.state, "revoker", None),
-        snapshots=getattr(request.app.state, "snapshots", None),
+        state.service,
+        limiter=getattr(state, "limiter", None),
+        token_id=key,
+        revoker=getattr(state, "revoker", None),
+        snapshots=getattr(state, "snapshots", None),
         origin=Origin(
-            transport=_transport_of(request.url.path),
-            client_address=request.client.host if request.client else None,
-            user_agent=request.headers.get("user-agent"),
-            token_id=token_key(token or ""),
+            # The scope's path is what `request.url.path` parses out of a whole URL.
+            transport=_transport_of(request.scope["path"]),
+            client_address=client.host if client else None,
+            user_agent=headers.get("user-agent"),
+            token_id=key,
         ),
     )
 

@@ -16,6 +16,7 @@ def test_the_members_are_every_part_of_the_interface() -> None:
         "principal_for_token",
         "revoke_token",
         "token_expires_in",
+        "token_grant",
     }
     assert interface_members(EngineStore) < STORE_MEMBERS
     assert {"open", "migrate", "commit", "start_run", "thread_scopes", "db_time"} <= STORE_MEMBERS

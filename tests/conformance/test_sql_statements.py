@@ -108,7 +108,9 @@ async def test_the_reads_around_every_request_are_one_statement_each(
     principal = await sql_store.principal_for_token("hash-live")
     assert principal is not None and principal.subject == "alice"
     assert await sql_store.principal_for_token("hash-expired") is None
+    granted = await sql_store.token_grant("hash-live")  # what the principal cache reads
+    assert granted is not None and granted[0] == principal and granted[1] is None
     assert (await sql_store.get_thread(thread.id, SCOPES)).id == thread.id
     assert await sql_store.thread_versions([thread.id]) == {thread.id: thread.version}
     if sql_store.dialect.name == "postgres":
-        assert len(sent) == 4, sent
+        assert len(sent) == 5, sent

@@ -16,6 +16,7 @@ async def test_a_revoked_token_is_refused_and_revoking_twice_says_so(store: Stor
     assert (await store.principal_for_token("h1")) is not None
     assert await store.revoke_token("h1") is True
     assert await store.principal_for_token("h1") is None
+    assert await store.token_grant("h1") is None
     assert await store.revoke_token("h1") is False
     assert await store.revoke_token("unknown") is False
 
@@ -26,10 +27,17 @@ async def test_a_token_expires_on_the_database_clock(store: Store) -> None:
     assert (await store.principal_for_token("h2")) is not None
     remaining = await store.token_expires_in("h2")
     assert remaining is not None and 0.5 < remaining <= 1.0
+    # The principal and the time left in one read: what the gateways' principal cache keeps.
+    granted, also_remaining = await store.token_grant("h2") or (None, None)
+    assert granted == await store.principal_for_token("h2")
+    assert also_remaining is not None and 0.5 < also_remaining <= 1.0
+    assert await store.token_grant("h3") == (await store.principal_for_token("h3"), None)
+    assert await store.token_grant("unknown") is None
     assert await store.token_expires_in("h3") is None  # never expires
     assert await store.token_expires_in("unknown") is None
     await asyncio.sleep(1.2)
     assert await store.principal_for_token("h2") is None
+    assert await store.token_grant("h2") is None
     assert await store.token_expires_in("h2") == 0.0
     assert (await store.principal_for_token("h3")) is not None
     with pytest.raises(InvalidInput):

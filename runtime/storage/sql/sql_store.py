@@ -497,7 +497,7 @@ class SqlStore(SqlTransactions):
     async def principal_for_token(self, token_hash: str) -> Principal | None:
         # One statement, consistent on its own: no BEGIN and COMMIT around it.
         return await self._read_statements(
-            lambda conn: threads_tx.principal_for_token(conn, token_hash)
+            lambda conn: tokens_tx.principal_for_token(conn, token_hash)
         )
 
     async def live_tokens(self, token_hashes: Collection[str]) -> set[str]:
@@ -505,6 +505,10 @@ class SqlStore(SqlTransactions):
         if not hashes:
             return set()
         return await self._read(lambda conn: tokens_tx.live_tokens(conn, hashes))
+
+    async def token_grant(self, token_hash: str) -> tuple[Principal, float | None] | None:
+        # One statement too: the principal and the seconds its token has left.
+        return await self._read_statements(lambda conn: tokens_tx.token_grant(conn, token_hash))
 
     async def token_expires_in(self, token_hash: str) -> float | None:
         return await self._read(lambda conn: threads_tx.token_expires_in(conn, token_hash))

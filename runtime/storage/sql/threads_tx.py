@@ -11,7 +11,6 @@ from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Message,
     MessageView,
-    Principal,
     QueuedItem,
     QueuedItemView,
     Role,
@@ -453,31 +452,6 @@ async def create_token(
     )
     if inserted is None:
         raise Conflict("a token with this hash already exists")
-
-
-async def principal_for_token(conn: Conn, token_hash: str) -> Principal | None:
-    # Expiry on the database clock, like leases: every gateway agrees on when a token ends.
-    # Read in the statement where the clock needs a query (Postgres): one round trip per
-    # authenticated request, not a clock read before it.
-    args: list[Any] = [token_hash]
-    if conn.dialect.local_clock is None:
-        now = conn.dialect.now_sql
-    else:
-        now = "$2"
-        args.append(await conn.now())
-    row = await conn.fetchrow(
-        "SELECT subject, role, scopes, display_name FROM api_tokens WHERE token_hash = $1"
-        f" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {now})",
-        *args,
-    )
-    if row is None:
-        return None
-    return Principal(
-        subject=row["subject"],
-        role=Role(row["role"]),
-        scopes=frozenset(loads(row["scopes"])),
-        display_name=row["display_name"],
-    )
 
 
 async def token_expires_in(conn: Conn, token_hash: str) -> float | None:
