@@ -87,15 +87,26 @@ class Checker:
         user_texts = [_text(m["parts"]) for m in self.committed.messages if m["role"] == "user"]
         user_texts += [str(q["text"]) for q in self.committed.queued]
         groups: dict[str, list[Op]] = defaultdict(list)
+        cancels: dict[str, list[Op]] = defaultdict(list)
         for op in self.history.ops:
             if op.kind in SEND_KINDS:
                 groups[op.args["marker"]].append(op)
+            elif op.kind == "cancel":
+                cancels[op.args["item_id"]].append(op)
         for marker, ops in groups.items():
             # \b: m-c1-1 is not m-c1-10.
             pattern = re.compile(rf"\b{re.escape(marker)}\b")
             count = sum(bool(pattern.search(text)) for text in user_texts)
             outcomes = {op.outcome for op in ops}
-            if "ok" in outcomes and count != 1:
+            items = {op.answer.get("queued_item_id") for op in ops if isinstance(op.answer, dict)}
+            cancelled = [c for item in items if item for c in cancels[item]]
+            if any(c.outcome == "ok" for c in cancelled):
+                if count:
+                    self.flag("cancelled send", f"{marker} cancelled yet committed", ops)
+            elif any(c.outcome == "unknown" for c in cancelled):
+                if count > 1:
+                    self.flag("acknowledged send", f"{marker} committed {count} times", ops)
+            elif "ok" in outcomes and count != 1:
                 self.flag("acknowledged send", f"{marker} committed {count} times", ops)
             elif "ok" not in outcomes and count > 1:
                 self.flag("unacknowledged send", f"{marker} committed {count} times", ops)

@@ -23,6 +23,8 @@ KINDS = (
     ("stop_resume", 5),
     ("regenerate", 7),
     ("retry", 7),
+    ("hide", 4),
+    ("cancel", 5),
     ("reconnect", 6),
     ("resubscribe", 6),
     ("create", 4),
@@ -248,6 +250,30 @@ class Client:
         op = self.history.invoke(self.name, "retry", self.thread_id, run_id=run["id"])
         path = f"/v1/threads/{self.thread_id}/runs/{run['id']}/retry"
         await self.call(http, op, "POST", path, self.token, {})
+
+    async def _hide(self, http: httpx.AsyncClient, step: Step) -> None:
+        """Hide a message of the thread (or show it again): hiding is no deletion."""
+        messages = ((await self.snapshot(http)) or {}).get("messages") or []
+        if not messages:
+            return
+        message = messages[int(step.pick * len(messages))]
+        visibility = "hidden" if step.approve else "visible"
+        op = self.history.invoke(
+            self.name, "hide", self.thread_id, message_id=message["id"], visibility=visibility
+        )
+        path = f"/v1/threads/{self.thread_id}/messages/{message['id']}/visibility"
+        await self.call(http, op, "POST", path, self.token, {"visibility": visibility})
+
+    async def _cancel(self, http: httpx.AsyncClient, step: Step) -> None:
+        """Cancel a queued item (racing its promotion when the run ends): a 200 means the
+        send it came from must never be committed."""
+        queue = ((await self.snapshot(http)) or {}).get("queue") or []
+        if not queue:
+            return
+        item = queue[int(step.pick * len(queue))]
+        op = self.history.invoke(self.name, "cancel", self.thread_id, item_id=item["id"])
+        path = f"/v1/threads/{self.thread_id}/queue/{item['id']}"
+        await self.call(http, op, "DELETE", path, self.token, None)
 
     async def _reconnect(self, http: httpx.AsyncClient, step: Step) -> None:
         self.home += 1  # the next session is on the other gateway

@@ -17,7 +17,7 @@ import httpx
 from tests.campaign.checker import Checker, read_committed
 from tests.campaign.clients import Client, plan
 from tests.campaign.history import History
-from tests.campaign.nemesis import FAULT_KINDS, Nemesis, Strike, schedule
+from tests.campaign.nemesis import Nemesis, Strike, default_faults, schedule
 from tests.campaign.topology import Topology, topology
 from tests.e2e import cluster
 from tests.e2e.follower import Follower
@@ -38,7 +38,11 @@ class Config:
     seed: int
     minutes: float
     topology: str = "single"
-    faults: Sequence[str] = FAULT_KINDS
+    faults: Sequence[str] | None = None  # None: every fault of the topology
+
+    @property
+    def fault_kinds(self) -> list[str]:
+        return default_faults(self.topology) if self.faults is None else list(self.faults)
 
 
 @dataclass
@@ -75,7 +79,7 @@ def plans(config: Config) -> tuple[dict[str, list[Any]], list[Strike], str]:
         f"c{i}": plan(random.Random(f"{config.seed}/client/c{i}"), MAX_STEPS)
         for i in range(THREADS * CLIENTS_PER_THREAD)
     }
-    strikes = schedule(random.Random(f"{config.seed}/nemesis"), list(config.faults), config.minutes)
+    strikes = schedule(random.Random(f"{config.seed}/nemesis"), config.fault_kinds, config.minutes)
     digest = hashlib.sha256(repr((sorted(steps.items()), strikes)).encode()).hexdigest()[:16]
     return steps, strikes, digest
 

@@ -55,6 +55,22 @@ def test_checker_flags_a_send_committed_twice() -> None:
     assert "acknowledged send" in _check(history, lost)[0]
 
 
+def test_checker_flags_a_cancelled_send_that_was_committed() -> None:
+    history = History()
+    send = history.invoke("c0", "send", "t", marker="m-c0-1")
+    History.complete(send, "ok", 202, {"thread_id": "t", "queued_item_id": "q1"})
+    cancel = history.invoke("c1", "cancel", "t", item_id="q1")
+    History.complete(cancel, "ok", 200)
+    assert _check(history, Committed([], [], [])) == []
+    found = _check(history, Committed([_user("t", "note m-c0-1")], [], []))
+    assert "cancelled send" in found[0]
+    History.complete(cancel, "fail", 409)  # the item ran first: the send must be there
+    assert "acknowledged send" in _check(history, Committed([], [], []))[0]
+    History.complete(cancel, "unknown")  # either, but once
+    assert _check(history, Committed([_user("t", "note m-c0-1")], [], [])) == []
+    assert _check(history, Committed([], [], [])) == []
+
+
 def test_checker_flags_a_resolver_that_got_200_but_lost() -> None:
     history = History()
     for subject, outcome in (("alice", "ok"), ("bob", "fail")):
