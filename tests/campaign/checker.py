@@ -13,6 +13,7 @@ import asyncpg
 import orjson
 
 from tests.campaign.history import History, Op
+from tests.campaign.stream_rules import StreamRules
 from tests.faults.invariants import ACTIVE_RUNS, check_store
 
 SEND_KINDS = ("send", "send_retry")
@@ -77,6 +78,7 @@ class Checker:
         self.replies()
         self.runs()
         self.sessions()
+        self.streams()
         for problem in self.committed.audit:
             self.flag("store audit", problem)
         return self.violations
@@ -92,14 +94,18 @@ class Checker:
             if op.kind in SEND_KINDS:
                 groups[op.args["marker"]].append(op)
             elif op.kind == "cancel":
+                # By item (a send's answer names it) and by the marker the item's text shows
+                # (an AG-UI send's answer is a stream, which names no queued item).
                 cancels[op.args["item_id"]].append(op)
+                if op.args.get("marker"):
+                    cancels[op.args["marker"]].append(op)
         for marker, ops in groups.items():
             # \b: m-c1-1 is not m-c1-10.
             pattern = re.compile(rf"\b{re.escape(marker)}\b")
             count = sum(bool(pattern.search(text)) for text in user_texts)
             outcomes = {op.outcome for op in ops}
             items = {op.answer.get("queued_item_id") for op in ops if isinstance(op.answer, dict)}
-            cancelled = [c for item in items if item for c in cancels[item]]
+            cancelled = [c for key in {*items, marker} if key for c in cancels[key]]
             if any(c.outcome == "ok" for c in cancelled):
                 if count:
                     self.flag("cancelled send", f"{marker} cancelled yet committed", ops)
@@ -177,6 +183,19 @@ class Checker:
             status = run["status"]
             if status in ACTIVE_RUNS and not (status == "waiting" and run["id"] in pending_runs):
                 self.flag("unsettled run", f"run {run['id']} of {run['thread_id']} is {status}")
+
+    def streams(self) -> None:
+        """Every AG-UI and AI SDK stream: framing, and what a finished one showed
+        (`stream_rules.py`)."""
+        committed = self.committed
+        rules = StreamRules(
+            committed.messages,
+            committed.runs,
+            self.history.faults,
+            lambda rule, detail: self.flag(rule, detail),
+        )
+        for stream in self.history.streams:
+            rules.check(stream)
 
     def sessions(self) -> None:
         """Per websocket session: invalidations strictly increasing, applied snapshots never

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ import httpx
 
 from tests.campaign.history import History, Op
 from tests.campaign.sessions import Session
+from tests.campaign.streams import agui_body, aisdk_body, read_stream
+from tests.e2e.run_inputs import agui_input
 
 OP_TIMEOUT = 4.0  # past this an operation's outcome is unknown
 KINDS = (
@@ -25,6 +28,9 @@ KINDS = (
     ("retry", 7),
     ("hide", 4),
     ("cancel", 5),
+    ("agui", 6),
+    ("aisdk", 6),
+    ("aisdk_join", 3),
     ("reconnect", 6),
     ("resubscribe", 6),
     ("create", 4),
@@ -163,11 +169,7 @@ class Client:
         return None
 
     async def _send(self, http: httpx.AsyncClient, step: Step) -> None:
-        self.sent += 1
-        marker = f"m-{self.name}-{self.sent}"
-        text = f"email {marker}@example.com now" if step.email else f"note {marker}"
-        if step.long:
-            text += " " + " ".join(f"word{i:02d}" for i in range(40))
+        marker, text = self._message(step)
         body: dict[str, Any] = {"text": text}
         if step.keyed:
             body["client_request_id"] = marker
@@ -177,6 +179,46 @@ class Client:
         if step.keyed and (op.outcome == "unknown" or step.resend):  # same request id
             again = self.history.invoke(self.name, "send_retry", self.thread_id, marker=marker)
             await self.call(http, again, "POST", path, self.token, body)
+
+    async def _agui(self, http: httpx.AsyncClient, step: Step) -> None:
+        """A send through AG-UI (its message id is the request id), its stream read to the end;
+        unkeyed: a join (the thread's messages again, nothing new), which sends nothing."""
+        purpose = "send" if step.keyed else "join"
+        stream = self.history.stream(self.name, "ag-ui", self.thread_id, purpose)
+        url = f"{self._url(len(self.history.streams) % 2)}/v1/ag-ui"
+        if not step.keyed:
+            body = agui_input(self.thread_id)
+            await read_stream(http, self.history, None, stream, "POST", url, self.token, body)
+            return
+        marker, text = self._message(step)
+        op = self.history.invoke(self.name, "send", self.thread_id, marker=marker, keyed=True)
+        op.args["transport"] = "ag-ui"
+        body = agui_body(self.thread_id, marker, text)
+        await read_stream(http, self.history, op, stream, "POST", url, self.token, body)
+
+    async def _aisdk(self, http: httpx.AsyncClient, step: Step) -> None:
+        """A send through the AI SDK chat route (policy `reject`: 409 while a run is active)."""
+        stream = self.history.stream(self.name, "ai-sdk", self.thread_id, "send")
+        url = f"{self._url(len(self.history.streams) % 2)}/v1/ai-sdk/chat"
+        marker, text = self._message(step)
+        op = self.history.invoke(self.name, "send", self.thread_id, marker=marker, keyed=True)
+        op.args["transport"] = "ai-sdk"
+        body = aisdk_body(self.thread_id, marker, text)
+        await read_stream(http, self.history, op, stream, "POST", url, self.token, body)
+
+    async def _aisdk_join(self, http: httpx.AsyncClient, step: Step) -> None:
+        """`resumeStream()`: the run in flight from its beginning (204 when there is none)."""
+        stream = self.history.stream(self.name, "ai-sdk", self.thread_id, "join")
+        url = f"{self._url(len(self.history.streams) % 2)}/v1/ai-sdk/chat/{self.thread_id}/stream"
+        await read_stream(http, self.history, None, stream, "GET", url, self.token, None)
+
+    def _message(self, step: Step) -> tuple[str, str]:
+        self.sent += 1
+        marker = f"m-{self.name}-{self.sent}"
+        text = f"email {marker}@example.com now" if step.email else f"note {marker}"
+        if step.long:
+            text += " " + " ".join(f"word{i:02d}" for i in range(40))
+        return marker, text
 
     async def _resume(self, http: httpx.AsyncClient, step: Step) -> None:
         snapshot = await self.snapshot(http)
@@ -271,7 +313,14 @@ class Client:
         if not queue:
             return
         item = queue[int(step.pick * len(queue))]
-        op = self.history.invoke(self.name, "cancel", self.thread_id, item_id=item["id"])
+        marker = re.search(r"\bm-c\d+-\d+\b", str(item.get("text", "")))
+        op = self.history.invoke(
+            self.name,
+            "cancel",
+            self.thread_id,
+            item_id=item["id"],
+            marker=marker and marker.group(0),
+        )
         path = f"/v1/threads/{self.thread_id}/queue/{item['id']}"
         await self.call(http, op, "DELETE", path, self.token, None)
 

@@ -67,6 +67,8 @@ class Result:
             "faults: " + ", ".join(f"{k}={v}" for k, v in sorted(faults.items())),
             f"sessions: {len(self.history.frames)}"
             f" frames={sum(len(f) for f in self.history.frames.values())}",
+            "streams: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(self.history.stream_counts().items())),
             f"violations: {len(self.violations)}",
             *self.violations,
         ]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.campaign.checker import Checker, Committed
-from tests.campaign.history import History
+from tests.campaign.history import History, Stream
 from tests.campaign.runner import Config, campaign, plans
 
 SEEDS = (11, 12)
@@ -103,3 +103,65 @@ def test_checker_flags_two_replies_unsettled_runs_and_versions() -> None:
     checker = Checker(History(), Committed([], [], []), seed=0)
     checker.finals["c0/ws0"] = ({"thread": {"version": 4}}, {"thread": {"version": 5}})
     assert "convergence" in checker.run()[0]
+
+
+def _stream(transport: str, events: list[dict[str, Any]], **state: Any) -> Stream:
+    stream = Stream("c0/s0", transport, "t", start=100.0, end=101.0, status=200)
+    stream.events = events
+    for key, value in state.items():
+        setattr(stream, key, value)
+    return stream
+
+
+def test_checker_flags_ai_sdk_streams_that_break_framing_or_the_committed_text() -> None:
+    reply = {"id": "a", "thread_id": "t", "role": "assistant", "run_id": "r", "parts": [_t("hi!")]}
+    committed = Committed([reply], [{"id": "r", "thread_id": "t", "status": "completed"}], [])
+    deltas = [{"type": "text-delta", "id": "x", "delta": d} for d in ("hi", "!")]
+    good = [
+        {"type": "start", "messageId": "r"},
+        {"type": "text-start", "id": "x"},
+        *deltas,
+        {"type": "text-end", "id": "x"},
+        {"type": "finish", "finishReason": "stop"},
+    ]
+    history = History()
+    history.streams.append(_stream("ai-sdk", good, done=True, closed=True))
+    assert _check(history, committed) == []
+    twice = [*good[:3], deltas[0], *good[3:]]  # a stale worker's delta shown again
+    history.streams[0] = _stream("ai-sdk", twice, done=True, closed=True)
+    assert "stream text" in _check(history, committed)[0]
+    history.fault("kill", "worker2")  # ... unless a fault struck while it streamed
+    history.faults[0].start = 100.5
+    assert _check(history, committed) == []
+    history.streams[0] = _stream("ai-sdk", [*good, good[2]], done=True, closed=True)
+    assert any("framing" in v for v in _check(history, committed))
+    outside = [good[0], deltas[0], *good[1:]]
+    history.streams[0] = _stream("ai-sdk", outside, done=True, closed=True)
+    assert any("outside its text" in v for v in _check(history, committed))
+
+
+def test_checker_flags_ag_ui_streams_that_break_framing_or_converge_elsewhere() -> None:
+    user = {"id": "u", "thread_id": "t", "role": "user", "run_id": None, "parts": [_t("q")]}
+    reply = {"id": "a", "thread_id": "t", "role": "assistant", "run_id": "r", "parts": [_t("hi")]}
+    committed = Committed([user, reply], [{"id": "r", "thread_id": "t", "status": "completed"}], [])
+    shown = [{"id": "u", "role": "user", "content": "q"}, {"id": "a", "role": "assistant"}]
+    shown[1]["content"] = "hi"
+    closing: dict[str, Any] = {"type": "MESSAGES_SNAPSHOT", "messages": shown}
+    events: list[dict[str, Any]] = [
+        {"type": "RUN_STARTED", "runId": "r"},
+        closing,
+        {"type": "RUN_FINISHED"},
+    ]
+    history = History()
+    history.streams.append(_stream("ag-ui", events, closed=True))
+    assert _check(history, committed) == []
+    stale: dict[str, Any] = {
+        "type": "MESSAGES_SNAPSHOT",
+        "messages": [shown[0], {**shown[1], "content": "h"}],
+    }
+    history.streams[0] = _stream("ag-ui", [events[0], stale, events[2]], closed=True)
+    assert "stream convergence" in _check(history, committed)[0]
+    history.streams[0] = _stream("ag-ui", events[:2], closed=True)
+    assert "without RUN_FINISHED" in _check(history, committed)[0]
+    history.streams[0] = _stream("ag-ui", [*events, closing], closed=True)
+    assert "after the run's end" in _check(history, committed)[0]
