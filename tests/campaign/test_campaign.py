@@ -11,15 +11,19 @@ from tests.campaign.checker import Checker, Committed
 from tests.campaign.history import History, Stream
 from tests.campaign.runner import Config, campaign, plans
 
-SEEDS = (11, 12)
-MINUTES = 0.6
+# Fixed seeds: the same operations and faults on every submission (about a minute each).
+RUNS = ((11, "single"), (12, "single"), (13, "cluster"))
+MINUTES = 0.5
 
 
 @pytest.mark.postgres
 @pytest.mark.redis
-@pytest.mark.parametrize("seed", SEEDS)
-async def test_short_campaign_has_no_violation(seed: int) -> None:
-    result = await campaign(Config(seed, MINUTES))
+@pytest.mark.parametrize(("seed", "kind"), RUNS)
+async def test_short_campaign_has_no_violation(seed: int, kind: str) -> None:
+    """Under load (this runs beside the whole suite) answers come late: a late answer is an
+    unknown outcome, a run still moving at the settle's cap or a session still fetching is
+    reported as unknown; none of these is a violation."""
+    result = await campaign(Config(seed, MINUTES, kind))
     print("\n" + result.report())
     assert result.history.fault_counts(), "the nemesis struck nothing"
     assert sum(1 for op in result.history.ops if op.outcome == "ok") > 20
