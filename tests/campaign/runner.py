@@ -24,7 +24,10 @@ from tests.e2e.follower import Follower
 
 THREADS = 3
 CLIENTS_PER_THREAD = 3
-MAX_STEPS = 2000  # a bound on every client's loop, far beyond what a run reaches
+# A bound on every client's loop, far beyond what a run reaches (a client takes about 100
+# steps a minute; a step that finds nothing to do is quicker).
+STEPS_PER_MINUTE = 400
+MIN_STEPS = 2000
 # The settle ends when nothing is active, or when nothing moved for SETTLE_STILL seconds (what
 # is left then is stuck: the checker flags it); while runs still move (a loaded box) it waits
 # up to SETTLE_CAP, and what is still moving then is reported as unknown, never as a finding.
@@ -83,10 +86,14 @@ class Result:
         return "\n".join(lines)
 
 
+def steps_for(minutes: float) -> int:
+    return max(MIN_STEPS, int(minutes * STEPS_PER_MINUTE))
+
+
 def plans(config: Config) -> tuple[dict[str, list[Any]], list[Strike], str]:
     """Every client's steps and the fault schedule, all from the seed alone."""
     steps = {
-        f"c{i}": plan(random.Random(f"{config.seed}/client/c{i}"), MAX_STEPS)
+        f"c{i}": plan(random.Random(f"{config.seed}/client/c{i}"), steps_for(config.minutes))
         for i in range(THREADS * CLIENTS_PER_THREAD)
     }
     strikes = schedule(random.Random(f"{config.seed}/nemesis"), config.fault_kinds, config.minutes)
