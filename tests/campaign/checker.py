@@ -73,7 +73,7 @@ class Checker:
 
     def flag(self, rule: str, detail: str, ops: Sequence[Op] = ()) -> None:
         lines = [f"[seed {self.seed}] {rule}: {detail}"]
-        lines += [f"    {op.describe()}" for op in ops[:8]]
+        lines += [f"    {op.describe()}" for op in ops[:12]]
         self.violations.append("\n".join(lines))
 
     def run(self) -> list[str]:
@@ -117,11 +117,28 @@ class Checker:
                 if count > 1:
                     self.flag("acknowledged send", f"{marker} committed {count} times", ops)
             elif "ok" in outcomes and count != 1:
-                self.flag("acknowledged send", f"{marker} committed {count} times", ops)
+                self.flag(
+                    "acknowledged send",
+                    f"{marker} committed {count} times",
+                    [*ops, *self._rewrites_after(ops)],
+                )
             elif "ok" not in outcomes and count > 1:
                 self.flag("unacknowledged send", f"{marker} committed {count} times", ops)
             elif outcomes <= {"fail"} and count:
                 self.flag("refused send", f"{marker} refused yet committed", ops)
+
+    def _rewrites_after(self, ops: Sequence[Op]) -> list[Op]:
+        """The acknowledged rewrites of the sends' thread once the first was invoked: the
+        operations that may explain a send gone missing."""
+        thread, start = ops[0].thread_id, ops[0].start
+        return [
+            op
+            for op in self.history.ops
+            if op.kind in ("regenerate", "retry", "cancel", "stop")
+            and op.thread_id == thread
+            and op.outcome != "fail"
+            and (op.end or start) >= start
+        ]
 
     def actions(self) -> None:
         """An action resolved at most once, and by the resolver that got 200."""

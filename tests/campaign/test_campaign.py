@@ -169,3 +169,12 @@ def test_checker_flags_ag_ui_streams_that_break_framing_or_converge_elsewhere() 
     assert "without RUN_FINISHED" in _check(history, committed)[0]
     history.streams[0] = _stream("ag-ui", [*events, closing], closed=True)
     assert "after the run's end" in _check(history, committed)[0]
+
+
+def test_a_run_still_moving_at_the_settles_cap_is_unknown_not_a_violation() -> None:
+    runs = [{"id": "r", "thread_id": "t", "status": "running"}]
+    stuck = Checker(History(), Committed([], runs, []), seed=0)
+    assert any("unsettled run" in v for v in stuck.run()) and stuck.unknown == []
+    loaded = Checker(History(), Committed([], runs, []), seed=0, still_moving=True)
+    assert loaded.run() == []
+    assert "unsettled run" in loaded.unknown[0]
