@@ -155,6 +155,20 @@ async def test_invalidations_yield_committed_state_without_reset() -> None:
     assert events[1].snapshot.run is not None and events[1].snapshot.run.status == "completed"
 
 
+async def test_chunks_queued_behind_an_invalidation_are_streamed_even_once_committed() -> None:
+    """Campaign finding (AI SDK stream text): an invalidation of another commit was read as a
+    snapshot taken after the step committed; its next_seq made the step's chunks still queued
+    behind it 'old', so an AI SDK stream, which never re-sends a committed step, lost them.
+
+    Breaks with: the invalidation's snapshot raising `expected` to the run's next_seq."""
+    service = FakeService([snap(5, next_seq=0), snap(7, next_seq=3)])
+    hub = FakeHub([[delta(0)]])
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
+    invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=6))
+    events = await collect(feed, hub, [invalidate, delta(1), delta(2), delta(3)], 5)
+    assert seqs(events) == ["snap", 0, "snap", 1, 2]
+
+
 STEP: list[dict[str, Any]] = [
     {"type": "step-start", "step": 0},
     {"type": "text-delta", "delta": "Hel"},
