@@ -19,6 +19,7 @@ from tests.campaign.streams import agui_body, aisdk_body, read_stream
 from tests.e2e.run_inputs import agui_input
 
 OP_TIMEOUT = 4.0  # past this an operation's outcome is unknown
+CONNECT_ATTEMPTS = 60
 KINDS = (
     ("send", 34),
     ("resume", 20),
@@ -97,23 +98,29 @@ class Client:
         urls = self.gateways()
         return urls[(self.home + offset) % len(urls)][0]
 
-    async def connect(self) -> None:
-        """A new websocket session (the old one closed), retried while gateways restart."""
+    async def connect(self) -> bool:
+        """A new websocket session (the old one closed), retried while gateways restart. A
+        client that cannot connect for CONNECT_ATTEMPTS (a loaded box, a long outage) records
+        a failed `connect` and goes on without a session: the next step tries again."""
         await self.close_session()
-        for attempt in range(60):
+        problem = ""
+        for attempt in range(CONNECT_ATTEMPTS):
             http_url, ws_url = self.gateways()[(self.home + attempt) % len(self.gateways())]
             session = Session(http_url, ws_url, self.token, f"{self.name}/ws{len(self.sessions)}")
             try:
                 await session.__aenter__()
                 await session.subscribe(self.thread_id)
-            except Exception:
+            except Exception as exc:
+                problem = repr(exc)[:300]
                 await session.__aexit__(None, None, None)
                 await asyncio.sleep(0.5)
                 continue
             self.sessions.append(session)
             self.session = session
-            return
-        raise RuntimeError(f"{self.name} could not connect")
+            return True
+        op = self.history.invoke(self.name, "connect", self.thread_id)
+        History.complete(op, "fail", None, problem)
+        return False
 
     async def close_session(self) -> None:
         if self.session is not None:

@@ -212,8 +212,14 @@ async def converge(clients: list[Client], checker: Checker) -> None:
         if session is None or session.broken:
             await client.connect()
             session = client.session
-        assert session is not None
-        committed = await session.server_snapshot()
+        if session is None:
+            checker.unknown.append(f"{client.name}: no session to compare after the settle")
+            continue
+        try:
+            committed = await session.server_snapshot()
+        except (AssertionError, TimeoutError) as exc:
+            checker.unknown.append(f"{session.name}: no committed snapshot ({exc})")
+            continue
 
         def caught_up(follower: Follower, expected: dict[str, Any] = committed) -> bool:
             return follower.snapshot == expected and follower._fetcher is None
