@@ -15,7 +15,7 @@ from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope
 from runtime.domain import Principal, Role, Snapshot
 from server.protocol.command_model import Caller
 from server.transports.sse.agui import RunStream, agui_messages
-from server.transports.sse.aisdk import UIStream
+from server.transports.sse.aisdk import UIStream, stream_run
 from server.transports.sse.thread_stream import Chunk, Committed, ThreadFeed
 
 THREAD = "t1"
@@ -167,6 +167,28 @@ async def test_chunks_queued_behind_an_invalidation_are_streamed_even_once_commi
     invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=6))
     events = await collect(feed, hub, [invalidate, delta(1), delta(2), delta(3)], 5)
     assert seqs(events) == ["snap", 0, "snap", 1, 2]
+
+
+async def test_an_ai_sdk_stream_shows_the_chunks_queued_behind_the_snapshot_that_ended_it() -> None:
+    """Campaign finding (AI SDK stream text): the invalidation of an earlier commit was read
+    as a snapshot taken after the run completed; the stream finished there, without the text
+    whose chunks were still queued behind it.
+
+    Breaks with: stream_run finishing on the first settled snapshot whatever it has shown."""
+    service = FakeService([snap(5, next_seq=0), snap(7, status="completed", next_seq=2)])
+    hub = FakeHub([[]])
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
+    invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=6))
+    parts: list[dict[str, Any]] = []
+    async with feed:
+        for data in (invalidate, delta(0, "Hel"), delta(1, "lo")):
+            hub.send(data)
+        async with asyncio.timeout(5):
+            async for part in stream_run(feed, RUN, set()):
+                parts.append(part)
+    shown = "".join(p["delta"] for p in parts if p["type"] == "text-delta")
+    assert shown == "Hello"
+    assert parts[-1] == {"type": "finish", "finishReason": "stop"}
 
 
 STEP: list[dict[str, Any]] = [

@@ -270,8 +270,12 @@ async def stream_run(feed: ThreadFeed, run_id: str, known: set[str]) -> AsyncIte
     stream = UIStream(run_id)
     yield {"type": "start", "messageId": run_id}
     first = True
+    upto = 0  # the run's chunks before this seq are shown (from storage or live)
+    ended: Snapshot | None = None  # settled, but chunks of it are still queued behind
     async for item in feed.events():
         if isinstance(item, Committed):
+            run = item.snapshot.run
+            own = run if run is not None and run.id == run_id else None
             if first:
                 # Later steps stream live; only what committed before the stream opened is sent
                 # from storage (a UI message stream cannot replace what it already sent).
@@ -282,14 +286,26 @@ async def stream_run(feed: ThreadFeed, run_id: str, known: set[str]) -> AsyncIte
                 ]
                 for chunk in _flatten(committed_chunks(m) for m in new):
                     yield chunk
+                upto = own.next_seq if own is not None else 0
                 first = False
             if is_settled(item.snapshot, run_id):
-                for chunk in stream.finish(item.snapshot):
-                    yield chunk
-                return
+                # A snapshot read after the run ended may come before the last chunks it
+                # published (queued behind the invalidation that caused the read): they are
+                # on their way, so wait for them, up to the next committed state (a reset, or
+                # at most the feed's idle poll), rather than finish without the run's text.
+                if own is None or upto >= own.next_seq or item.reset or ended is not None:
+                    for chunk in stream.finish(item.snapshot):
+                        yield chunk
+                    return
+                ended = item.snapshot
         elif item.run_id == run_id:
+            upto = item.seq + 1
             for chunk in stream.chunk(item):
                 yield chunk
+            if ended is not None and ended.run is not None and upto >= ended.run.next_seq:
+                for chunk in stream.finish(ended):
+                    yield chunk
+                return
 
 
 def _flatten(groups: Iterable[list[Part]]) -> Iterable[Part]:
