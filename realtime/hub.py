@@ -217,10 +217,18 @@ class Hub(AsyncResource):
         """The in-flight step's chunk frames, oldest first, without a superseded episode's
         (empty if the bus cannot say)."""
         try:
-            return current_episodes(await self._bus.read_replay(replay_key(thread_id)))
+            frames = current_episodes(await self._bus.read_replay(replay_key(thread_id)))
         except BusError as exc:
             log.warning("replay of thread %s unavailable: %s", thread_id, exc)
             return []
+        # A takeover this hub never saw live (published before it subscribed, or during a bus
+        # gap) is in the replay its listeners are shown: from now on the superseded worker's
+        # live chunks are void here too.
+        for data in frames:
+            position = chunk_position(data)
+            if position is not None:
+                self._episodes.superseded(position)
+        return frames
 
     # -- delivery --------------------------------------------------------------------------
 
