@@ -134,7 +134,7 @@ class Checker:
         return [
             op
             for op in self.history.ops
-            if op.kind in ("regenerate", "retry", "cancel", "stop")
+            if op.kind in ("regenerate", "retry", "cancel", "stop", "hide")
             and op.thread_id == thread
             and op.outcome != "fail"
             and (op.end or start) >= start
