@@ -175,19 +175,47 @@ async def test_an_ai_sdk_stream_shows_the_chunks_queued_behind_the_snapshot_that
     whose chunks were still queued behind it.
 
     Breaks with: stream_run finishing on the first settled snapshot whatever it has shown."""
-    service = FakeService([snap(5, next_seq=0), snap(7, status="completed", next_seq=2)])
+    service = FakeService([snap(5, next_seq=0), snap(7, status="completed", next_seq=3)])
     hub = FakeHub([[]])
     feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
     invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=6))
     parts: list[dict[str, Any]] = []
     async with feed:
-        for data in (invalidate, delta(0, "Hel"), delta(1, "lo")):
+        for data in (delta(0, "Hel"), invalidate, delta(1, "lo"), delta(2, "!")):
             hub.send(data)
         async with asyncio.timeout(5):
             async for part in stream_run(feed, RUN, set()):
                 parts.append(part)
     shown = "".join(p["delta"] for p in parts if p["type"] == "text-delta")
-    assert shown == "Hello"
+    assert shown == "Hello!"
+    assert parts[-1] == {"type": "finish", "finishReason": "stop"}
+
+
+async def test_an_ai_sdk_stream_sends_from_storage_a_step_none_of_whose_chunks_it_saw() -> None:
+    """Campaign finding (AI SDK resume, no fault): the step's chunks were published before the
+    stream subscribed and the replay was cleared by the step's commit before it was read; the
+    stream finished without the run's text.
+
+    Breaks with: stream_run finishing without sending the run's unseen committed messages."""
+    reply = {
+        "id": "a",
+        "role": "assistant",
+        "run_id": RUN,
+        "visibility": "visible",
+        "parts": [{"type": "text", "text": "Hello"}],
+    }
+    done = snap(7, status="completed", next_seq=2, messages=[reply])
+    service = FakeService([snap(5, next_seq=0), done])
+    hub = FakeHub([[]])
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
+    invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=7))
+    parts: list[dict[str, Any]] = []
+    async with feed:
+        hub.send(invalidate)
+        async with asyncio.timeout(10):
+            async for part in stream_run(feed, RUN, set()):
+                parts.append(part)
+    assert "".join(p["delta"] for p in parts if p["type"] == "text-delta") == "Hello"
     assert parts[-1] == {"type": "finish", "finishReason": "stop"}
 
 
