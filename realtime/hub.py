@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -75,23 +76,34 @@ class _Watch:
     version: int | None = None  # newest invalidation seen (live or polled)
     dropped: int = 0
     epoch: int = 0  # resyncs so far: what was derived from earlier invalidations may be stale
-    # Newest episode seen per run (the last few runs): an older episode's chunks are void.
-    episodes: dict[str, int] = field(default_factory=dict)
+
+
+MAX_TRACKED_RUNS = 4096
+
+
+class NewestEpisodes:
+    """The newest episode seen per run, for the most recently active `limit` runs.
+
+    It outlives any thread's listeners: a takeover seen while someone listened still voids the
+    stale worker's chunks for whoever subscribes after the last listener left.
+    """
+
+    def __init__(self, limit: int = MAX_TRACKED_RUNS) -> None:
+        self._limit = limit
+        self._newest: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._newest)
 
     def superseded(self, position: ChunkPosition) -> bool:
         """Whether a live chunk comes from an episode older than one already seen for its run."""
-        newest = self.episodes.get(position.run_id)
-        if newest is not None and position.episode < newest:
-            return True
+        newest = self._newest.get(position.run_id)
         if newest is None or position.episode > newest:
-            self.episodes.pop(position.run_id, None)
-            self.episodes[position.run_id] = position.episode
-            while len(self.episodes) > MAX_TRACKED_RUNS:
-                del self.episodes[next(iter(self.episodes))]
-        return False
-
-
-MAX_TRACKED_RUNS = 64
+            self._newest[position.run_id] = position.episode
+            while len(self._newest) > self._limit:
+                self._newest.popitem(last=False)
+        self._newest.move_to_end(position.run_id)
+        return newest is not None and position.episode < newest
 
 
 def _classify(data: bytes) -> tuple[MessageKind, int | None, ChunkPosition | None] | None:
@@ -153,6 +165,7 @@ class Hub(AsyncResource):
         self._version_source = version_source
         self._poll_interval = poll_interval
         self._watches: dict[str, _Watch] = {}
+        self._episodes = NewestEpisodes()
         self._poll_task: asyncio.Task[None] | None = None
         self._poll_wakeup = asyncio.Event()
         self._resync_pending = False
@@ -237,10 +250,18 @@ class Hub(AsyncResource):
         """The in-flight step's chunk frames, oldest first, without a superseded episode's
         (empty if the bus cannot say)."""
         try:
-            return current_episodes(await self._bus.read_replay(replay_key(thread_id)))
+            frames = current_episodes(await self._bus.read_replay(replay_key(thread_id)))
         except BusError as exc:
             log.warning("replay of thread %s unavailable: %s", thread_id, exc)
             return []
+        # A takeover this hub never saw live (published before it subscribed, or during a bus
+        # gap) is in the replay its listeners are shown: from now on the superseded worker's
+        # live chunks are void here too.
+        for data in frames:
+            position = chunk_position(data)
+            if position is not None:
+                self._episodes.superseded(position)
+        return frames
 
     # -- delivery --------------------------------------------------------------------------
 
@@ -275,7 +296,7 @@ class Hub(AsyncResource):
             log.warning("dropping unknown message on thread %s: %.80r", watch.thread_id, data)
             return
         kind, version, position = classified
-        if position is not None and watch.superseded(position):
+        if position is not None and self._episodes.superseded(position):
             log.info("dropping a superseded episode's chunk on thread %s", watch.thread_id)
             return
         if version is not None:

@@ -242,6 +242,18 @@ class PostgresServer:
             time.sleep(0.05)
         raise ServiceFailed(f"PostgreSQL not ready after {START_TIMEOUT:.0f} s")
 
+    def restart(self, immediate: bool) -> None:
+        """Postgres goes down and comes back on its port, data kept: a fast shutdown (open
+        sessions ended, a checkpoint) or, `immediate`, a crash (crash recovery on start)."""
+        if self._process is not None:
+            _stop_process(self._process, signal.SIGQUIT if immediate else signal.SIGINT)
+            self._process = None
+        for _attempt in range(PORT_ATTEMPTS):  # the port may linger a moment
+            if self._launch():
+                return
+            time.sleep(0.2)
+        raise ServiceFailed(f"PostgreSQL did not come back:\n{_log_tail(self.log)}")
+
     def _ready(self) -> bool:
         # postmaster.pid's last line says "ready" once connections are accepted.
         with contextlib.suppress(OSError):
@@ -538,6 +550,9 @@ class RedisClusterServer:
                         if start.isdigit() and int(start) <= slot <= int(end or start):
                             return port
         raise ServiceFailed(f"no live master serves slot {slot}")
+
+    def replica_ports(self) -> list[int]:
+        return [port for port in self.live_ports() if port not in self.master_ports()]
 
     def kill(self, port: int) -> None:
         """Kill one node outright (SIGKILL): a crashed master, for its replica to replace."""

@@ -127,6 +127,13 @@ def own_redis_cluster() -> RedisClusterServer:
     return server
 
 
+def own_postgres() -> PostgresServer | None:
+    """The run's own PostgreSQL server, to restart (None under an override: not ours)."""
+    require_postgres()
+    server = _POSTGRES.server
+    return server if isinstance(server, PostgresServer) else None
+
+
 def stop_own_services() -> None:
     """Stop the servers this run started (pytest_unconfigure); overrides are left alone."""
     _POSTGRES.stop()

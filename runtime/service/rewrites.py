@@ -46,6 +46,7 @@ async def rewrite(
     message_id: str,
     visibility: Visibility | None = None,
     expected_version: int | None = None,
+    read_version: int | None = None,
     retried_run_id: str | None = None,
 ) -> RewriteResult:
     """`authorize`, prepare_history_rewrite, the rewrite and its metadata patches in one
@@ -55,6 +56,10 @@ async def rewrite(
     version read: the hook's patch is computed from metadata nobody can change before the
     commit, and the commit refuses if the thread moved on anyway (VersionMismatch, 409).
     `expected_version` is the caller's own precondition, checked against the same read.
+    `read_version` is the version of the read the service chose the op's target from (the
+    reply to regenerate, the run to retry), read before the lease: the rewrite is tied to it, so
+    it cannot delete what was committed after that read, such as a send acknowledged meanwhile
+    (VersionMismatch, 409 `conflict`, and nothing changes).
     `authorize` (the permission policy over what the op deletes, hides or re-answers) runs on
     that same read, before any hook: the commit's version check makes what it allowed exactly
     what is rewritten, and a refusal changes nothing."""
@@ -73,6 +78,7 @@ async def rewrite(
             # rewrite commits over (`before` may be stale by now).
             thread = await store.get_thread(before.id, principal.scopes)
             check_expected_version(thread_id, thread.version, expected_version)
+            check_expected_version(thread_id, thread.version, read_version)
             await authorize()
             ctx = RewriteContext(
                 thread_id=thread_id,

@@ -439,7 +439,10 @@ class ThreadService:
     ) -> RewriteResult:
         """Delete `message_id` (default: the latest assistant reply) and what follows, and answer
         the user message before it again, as a new run of `principal`'s."""
-        messages = await self._messages(principal, thread_id)
+        # The version first: what the messages show is at least as new, so a rewrite tied to it
+        # refuses if anything (a send acknowledged meanwhile) committed after this read.
+        read_version = (await self.store.get_thread(thread_id, principal.scopes)).version
+        messages = await self.store.list_messages(thread_id)
         if message_id is None:
             target = last_assistant_reply_start(messages)
             if target is None:
@@ -459,6 +462,7 @@ class ThreadService:
             kind="regenerate",
             message_id=message_id,
             expected_version=expected_version,
+            read_version=read_version,
         )
 
     async def retry(
@@ -490,6 +494,7 @@ class ThreadService:
             kind="retry",
             message_id=run.input_message_id or "",
             expected_version=expected_version,
+            read_version=snapshot.thread.version,
             retried_run_id=target,
         )
 

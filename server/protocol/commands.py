@@ -346,7 +346,8 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         ),
         answer=lambda i, result: regenerate_answer(result),
         answer_doc='`{"thread_id", "version", "run_id"}`; error `conflict` (409) when '
-        "`expected_version` is stale",
+        "`expected_version` is stale, or when the thread changed after the server read it to "
+        "choose what to delete (nothing is deleted)",
         http=Http("POST", f"{T}/regenerate", "regenerate", status=202),
     ),
     Command(

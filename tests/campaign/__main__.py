@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from tests.campaign.nemesis import FAULT_KINDS
+from tests.campaign.nemesis import CLUSTER_ONLY, FAULT_KINDS, default_faults
 from tests.campaign.runner import Config, campaign
 from tests.services import stop_own_services
 
@@ -18,14 +18,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topology", choices=("single", "cluster"), default="single")
     parser.add_argument(
         "--faults",
-        default=",".join(FAULT_KINDS),
-        help=f"comma-separated, of {','.join(FAULT_KINDS)} (empty: none)",
+        default=None,
+        help=f"comma-separated, of {','.join(FAULT_KINDS)} (empty: none; default: every fault"
+        f" of the topology, {','.join(CLUSTER_ONLY)} on the cluster only)",
     )
     args = parser.parse_args(argv)
-    faults = [f for f in args.faults.split(",") if f]
+    given = default_faults(args.topology) if args.faults is None else args.faults.split(",")
+    faults = [f for f in given if f]
     unknown = sorted(set(faults) - set(FAULT_KINDS))
     if unknown:
         parser.error(f"unknown faults: {', '.join(unknown)}")
+    if args.topology != "cluster" and set(faults) & set(CLUSTER_ONLY):
+        parser.error(f"{','.join(CLUSTER_ONLY)} needs --topology cluster")
     config = Config(args.seed, args.minutes, args.topology, faults)
     try:
         result = asyncio.run(campaign(config))

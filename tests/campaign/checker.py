@@ -13,6 +13,7 @@ import asyncpg
 import orjson
 
 from tests.campaign.history import History, Op
+from tests.campaign.stream_rules import StreamRules
 from tests.faults.invariants import ACTIVE_RUNS, check_store
 
 SEND_KINDS = ("send", "send_retry")
@@ -65,10 +66,14 @@ class Checker:
     # session -> (its last applied snapshot, the committed snapshot fetched after the settle)
     finals: dict[str, tuple[dict[str, Any] | None, dict[str, Any]]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    # What a loaded box left undecided (reported, never a violation).
+    unknown: list[str] = field(default_factory=list)
+    # The settle hit its cap while runs still moved: unsettled runs are unknown, not stuck.
+    still_moving: bool = False
 
     def flag(self, rule: str, detail: str, ops: Sequence[Op] = ()) -> None:
         lines = [f"[seed {self.seed}] {rule}: {detail}"]
-        lines += [f"    {op.describe()}" for op in ops[:8]]
+        lines += [f"    {op.describe()}" for op in ops[:12]]
         self.violations.append("\n".join(lines))
 
     def run(self) -> list[str]:
@@ -77,6 +82,7 @@ class Checker:
         self.replies()
         self.runs()
         self.sessions()
+        self.streams()
         for problem in self.committed.audit:
             self.flag("store audit", problem)
         return self.violations
@@ -87,20 +93,52 @@ class Checker:
         user_texts = [_text(m["parts"]) for m in self.committed.messages if m["role"] == "user"]
         user_texts += [str(q["text"]) for q in self.committed.queued]
         groups: dict[str, list[Op]] = defaultdict(list)
+        cancels: dict[str, list[Op]] = defaultdict(list)
         for op in self.history.ops:
             if op.kind in SEND_KINDS:
                 groups[op.args["marker"]].append(op)
+            elif op.kind == "cancel":
+                # By item (a send's answer names it) and by the marker the item's text shows
+                # (an AG-UI send's answer is a stream, which names no queued item).
+                cancels[op.args["item_id"]].append(op)
+                if op.args.get("marker"):
+                    cancels[op.args["marker"]].append(op)
         for marker, ops in groups.items():
             # \b: m-c1-1 is not m-c1-10.
             pattern = re.compile(rf"\b{re.escape(marker)}\b")
             count = sum(bool(pattern.search(text)) for text in user_texts)
             outcomes = {op.outcome for op in ops}
-            if "ok" in outcomes and count != 1:
-                self.flag("acknowledged send", f"{marker} committed {count} times", ops)
+            items = {op.answer.get("queued_item_id") for op in ops if isinstance(op.answer, dict)}
+            cancelled = [c for key in {*items, marker} if key for c in cancels[key]]
+            if any(c.outcome == "ok" for c in cancelled):
+                if count:
+                    self.flag("cancelled send", f"{marker} cancelled yet committed", ops)
+            elif any(c.outcome == "unknown" for c in cancelled):
+                if count > 1:
+                    self.flag("acknowledged send", f"{marker} committed {count} times", ops)
+            elif "ok" in outcomes and count != 1:
+                self.flag(
+                    "acknowledged send",
+                    f"{marker} committed {count} times",
+                    [*ops, *self._rewrites_after(ops)],
+                )
             elif "ok" not in outcomes and count > 1:
                 self.flag("unacknowledged send", f"{marker} committed {count} times", ops)
             elif outcomes <= {"fail"} and count:
                 self.flag("refused send", f"{marker} refused yet committed", ops)
+
+    def _rewrites_after(self, ops: Sequence[Op]) -> list[Op]:
+        """The acknowledged rewrites of the sends' thread once the first was invoked: the
+        operations that may explain a send gone missing."""
+        thread, start = ops[0].thread_id, ops[0].start
+        return [
+            op
+            for op in self.history.ops
+            if op.kind in ("regenerate", "retry", "cancel", "stop", "hide")
+            and op.thread_id == thread
+            and op.outcome != "fail"
+            and (op.end or start) >= start
+        ]
 
     def actions(self) -> None:
         """An action resolved at most once, and by the resolver that got 200."""
@@ -159,13 +197,34 @@ class Checker:
             if p.get("type") == "tool-call" and p.get("state") == "awaiting-action"
         }
         waiting = {r["thread_id"] for r in self.committed.runs if r["status"] == "waiting"}
+        found: list[tuple[str, str]] = []
         for item in self.committed.queued:
             if item["thread_id"] not in waiting:
-                self.flag("stuck queue", f"{item['thread_id']}: {item['text']!r} still queued")
+                found.append(("stuck queue", f"{item['thread_id']}: {item['text']!r} still queued"))
         for run in self.committed.runs:
             status = run["status"]
             if status in ACTIVE_RUNS and not (status == "waiting" and run["id"] in pending_runs):
-                self.flag("unsettled run", f"run {run['id']} of {run['thread_id']} is {status}")
+                found.append(
+                    ("unsettled run", f"run {run['id']} of {run['thread_id']} is {status}")
+                )
+        for rule, detail in found:
+            if self.still_moving:
+                self.unknown.append(f"{rule}: {detail} (still moving at the settle's cap)")
+            else:
+                self.flag(rule, detail)
+
+    def streams(self) -> None:
+        """Every AG-UI and AI SDK stream: framing, and what a finished one showed
+        (`stream_rules.py`)."""
+        committed = self.committed
+        rules = StreamRules(
+            committed.messages,
+            committed.runs,
+            self.history.faults,
+            lambda rule, detail: self.flag(rule, detail),
+        )
+        for stream in self.history.streams:
+            rules.check(stream)
 
     def sessions(self) -> None:
         """Per websocket session: invalidations strictly increasing, applied snapshots never

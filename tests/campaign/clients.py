@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,8 +15,11 @@ import httpx
 
 from tests.campaign.history import History, Op
 from tests.campaign.sessions import Session
+from tests.campaign.streams import agui_body, aisdk_body, read_stream
+from tests.e2e.run_inputs import agui_input
 
 OP_TIMEOUT = 4.0  # past this an operation's outcome is unknown
+CONNECT_ATTEMPTS = 60
 KINDS = (
     ("send", 34),
     ("resume", 20),
@@ -23,6 +27,11 @@ KINDS = (
     ("stop_resume", 5),
     ("regenerate", 7),
     ("retry", 7),
+    ("hide", 4),
+    ("cancel", 5),
+    ("agui", 6),
+    ("aisdk", 6),
+    ("aisdk_join", 3),
     ("reconnect", 6),
     ("resubscribe", 6),
     ("create", 4),
@@ -89,23 +98,29 @@ class Client:
         urls = self.gateways()
         return urls[(self.home + offset) % len(urls)][0]
 
-    async def connect(self) -> None:
-        """A new websocket session (the old one closed), retried while gateways restart."""
+    async def connect(self) -> bool:
+        """A new websocket session (the old one closed), retried while gateways restart. A
+        client that cannot connect for CONNECT_ATTEMPTS (a loaded box, a long outage) records
+        a failed `connect` and goes on without a session: the next step tries again."""
         await self.close_session()
-        for attempt in range(60):
+        problem = ""
+        for attempt in range(CONNECT_ATTEMPTS):
             http_url, ws_url = self.gateways()[(self.home + attempt) % len(self.gateways())]
             session = Session(http_url, ws_url, self.token, f"{self.name}/ws{len(self.sessions)}")
             try:
                 await session.__aenter__()
                 await session.subscribe(self.thread_id)
-            except Exception:
+            except Exception as exc:
+                problem = repr(exc)[:300]
                 await session.__aexit__(None, None, None)
                 await asyncio.sleep(0.5)
                 continue
             self.sessions.append(session)
             self.session = session
-            return
-        raise RuntimeError(f"{self.name} could not connect")
+            return True
+        op = self.history.invoke(self.name, "connect", self.thread_id)
+        History.complete(op, "fail", None, problem)
+        return False
 
     async def close_session(self) -> None:
         if self.session is not None:
@@ -161,11 +176,7 @@ class Client:
         return None
 
     async def _send(self, http: httpx.AsyncClient, step: Step) -> None:
-        self.sent += 1
-        marker = f"m-{self.name}-{self.sent}"
-        text = f"email {marker}@example.com now" if step.email else f"note {marker}"
-        if step.long:
-            text += " " + " ".join(f"word{i:02d}" for i in range(40))
+        marker, text = self._message(step)
         body: dict[str, Any] = {"text": text}
         if step.keyed:
             body["client_request_id"] = marker
@@ -175,6 +186,46 @@ class Client:
         if step.keyed and (op.outcome == "unknown" or step.resend):  # same request id
             again = self.history.invoke(self.name, "send_retry", self.thread_id, marker=marker)
             await self.call(http, again, "POST", path, self.token, body)
+
+    async def _agui(self, http: httpx.AsyncClient, step: Step) -> None:
+        """A send through AG-UI (its message id is the request id), its stream read to the end;
+        unkeyed: a join (the thread's messages again, nothing new), which sends nothing."""
+        purpose = "send" if step.keyed else "join"
+        stream = self.history.stream(self.name, "ag-ui", self.thread_id, purpose)
+        url = f"{self._url(len(self.history.streams) % 2)}/v1/ag-ui"
+        if not step.keyed:
+            body = agui_input(self.thread_id)
+            await read_stream(http, self.history, None, stream, "POST", url, self.token, body)
+            return
+        marker, text = self._message(step)
+        op = self.history.invoke(self.name, "send", self.thread_id, marker=marker, keyed=True)
+        op.args["transport"] = "ag-ui"
+        body = agui_body(self.thread_id, marker, text)
+        await read_stream(http, self.history, op, stream, "POST", url, self.token, body)
+
+    async def _aisdk(self, http: httpx.AsyncClient, step: Step) -> None:
+        """A send through the AI SDK chat route (policy `reject`: 409 while a run is active)."""
+        stream = self.history.stream(self.name, "ai-sdk", self.thread_id, "send")
+        url = f"{self._url(len(self.history.streams) % 2)}/v1/ai-sdk/chat"
+        marker, text = self._message(step)
+        op = self.history.invoke(self.name, "send", self.thread_id, marker=marker, keyed=True)
+        op.args["transport"] = "ai-sdk"
+        body = aisdk_body(self.thread_id, marker, text)
+        await read_stream(http, self.history, op, stream, "POST", url, self.token, body)
+
+    async def _aisdk_join(self, http: httpx.AsyncClient, step: Step) -> None:
+        """`resumeStream()`: the run in flight from its beginning (204 when there is none)."""
+        stream = self.history.stream(self.name, "ai-sdk", self.thread_id, "join")
+        url = f"{self._url(len(self.history.streams) % 2)}/v1/ai-sdk/chat/{self.thread_id}/stream"
+        await read_stream(http, self.history, None, stream, "GET", url, self.token, None)
+
+    def _message(self, step: Step) -> tuple[str, str]:
+        self.sent += 1
+        marker = f"m-{self.name}-{self.sent}"
+        text = f"email {marker}@example.com now" if step.email else f"note {marker}"
+        if step.long:
+            text += " " + " ".join(f"word{i:02d}" for i in range(40))
+        return marker, text
 
     async def _resume(self, http: httpx.AsyncClient, step: Step) -> None:
         snapshot = await self.snapshot(http)
@@ -248,6 +299,37 @@ class Client:
         op = self.history.invoke(self.name, "retry", self.thread_id, run_id=run["id"])
         path = f"/v1/threads/{self.thread_id}/runs/{run['id']}/retry"
         await self.call(http, op, "POST", path, self.token, {})
+
+    async def _hide(self, http: httpx.AsyncClient, step: Step) -> None:
+        """Hide a message of the thread (or show it again): hiding is no deletion."""
+        messages = ((await self.snapshot(http)) or {}).get("messages") or []
+        if not messages:
+            return
+        message = messages[int(step.pick * len(messages))]
+        visibility = "hidden" if step.approve else "visible"
+        op = self.history.invoke(
+            self.name, "hide", self.thread_id, message_id=message["id"], visibility=visibility
+        )
+        path = f"/v1/threads/{self.thread_id}/messages/{message['id']}/visibility"
+        await self.call(http, op, "POST", path, self.token, {"visibility": visibility})
+
+    async def _cancel(self, http: httpx.AsyncClient, step: Step) -> None:
+        """Cancel a queued item (racing its promotion when the run ends): a 200 means the
+        send it came from must never be committed."""
+        queue = ((await self.snapshot(http)) or {}).get("queue") or []
+        if not queue:
+            return
+        item = queue[int(step.pick * len(queue))]
+        marker = re.search(r"\bm-c\d+-\d+\b", str(item.get("text", "")))
+        op = self.history.invoke(
+            self.name,
+            "cancel",
+            self.thread_id,
+            item_id=item["id"],
+            marker=marker and marker.group(0),
+        )
+        path = f"/v1/threads/{self.thread_id}/queue/{item['id']}"
+        await self.call(http, op, "DELETE", path, self.token, None)
 
     async def _reconnect(self, http: httpx.AsyncClient, step: Step) -> None:
         self.home += 1  # the next session is on the other gateway

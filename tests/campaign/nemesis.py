@@ -12,7 +12,25 @@ from dataclasses import dataclass
 from tests.campaign.history import History
 from tests.campaign.topology import Topology
 
-FAULT_KINDS = ("kill", "stop", "pgcut", "pgcommit", "pgstall", "redis", "lease")
+FAULT_KINDS = (
+    "kill",
+    "stop",
+    "pgcut",
+    "pgcommit",
+    "pgstall",
+    "pgrestart",
+    "netdelay",
+    "redis",
+    "pubsub",
+    "lease",
+    "failover",
+)
+CLUSTER_ONLY = ("failover",)
+
+
+def default_faults(topology: str) -> list[str]:
+    """Every fault the topology has (a failover needs a Redis Cluster)."""
+    return [k for k in FAULT_KINDS if topology == "cluster" or k not in CLUSTER_ONLY]
 
 
 @dataclass(frozen=True)
@@ -85,9 +103,23 @@ class Nemesis:
         elif s.kind == "pgstall":
             self.history.fault("pgstall", "postgres", s.seconds)
             await proxy.stall(s.seconds)
+        elif s.kind == "pgrestart":
+            # forward: a crash (immediate shutdown, crash recovery), else a fast shutdown.
+            if await top.restart_postgres(immediate=s.forward):
+                self.history.fault("pgrestart", "crash" if s.forward else "fast")
+        elif s.kind == "netdelay":
+            latency = s.seconds / 25  # 20-100 ms on every packet to and from Postgres
+            self.history.fault("netdelay", f"{latency * 1000:.0f}ms", s.seconds * 2)
+            await proxy.delay(s.seconds * 2, latency)
         elif s.kind == "redis":
             self.history.fault("redis", "redis")
             await top.restart_redis()
+        elif s.kind == "pubsub":
+            killed = await top.kill_pubsub()
+            self.history.fault("pubsub", f"{killed} connections")
+        elif s.kind == "failover":
+            promoted = await top.failover()
+            self.history.fault("failover", f"replica {promoted}")
 
     async def _freeze(self, pid: int, seconds: float) -> None:
         os.kill(pid, signal.SIGSTOP)

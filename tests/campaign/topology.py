@@ -10,11 +10,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis.asyncio as aioredis
+
 from tests.e2e import cluster, harness
 from tests.faults.conftest import target, via
 from tests.faults.proxy import FaultProxy
 from tests.servers import RedisClusterServer, RedisServer
-from tests.services import own_redis_cluster, temporary_postgres_database
+from tests.services import own_postgres, own_redis_cluster, temporary_postgres_database
 
 ROLES = ("gateway", "gateway", "worker", "worker")
 LEASE_TTL = 2.0
@@ -65,6 +67,41 @@ class Topology:
             process.send_signal(signal.SIGKILL)
             await asyncio.to_thread(process.wait, 10)
         await asyncio.to_thread(redis._launch)
+
+    async def restart_postgres(self, immediate: bool) -> bool:
+        """Postgres restarted (a fast shutdown, or a crash); False when it is not this run's
+        own server (an override), which is then left alone."""
+        server = own_postgres()
+        if server is None:
+            return False
+        await asyncio.to_thread(server.restart, immediate)
+        return True
+
+    async def kill_pubsub(self) -> int:
+        """CLIENT KILL TYPE pubsub on every Redis node: every gateway's subscriptions drop."""
+        redis = self.redis
+        ports = redis.live_ports() if isinstance(redis, RedisClusterServer) else [redis.port]
+        killed = 0
+        for port in ports:
+            client = aioredis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+            try:
+                killed += int(await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
+            finally:
+                await client.aclose()
+        return killed
+
+    async def failover(self) -> str:
+        """A Cluster replica takes over from its master (CLUSTER FAILOVER, no data lost), then
+        the cluster settles; the old master becomes its replica."""
+        redis = self.redis
+        assert isinstance(redis, RedisClusterServer), "failover needs the cluster topology"
+        replicas = await asyncio.to_thread(redis.replica_ports)
+        if not replicas:
+            return "none"
+        port = replicas[0]
+        await asyncio.to_thread(redis.command, port, "CLUSTER", "FAILOVER")
+        await asyncio.to_thread(redis.wait_ready)
+        return str(port)
 
     def heal(self) -> None:
         """Every frozen process thawed (the nemesis heals its own faults; this is the guard)."""

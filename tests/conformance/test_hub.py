@@ -244,6 +244,39 @@ async def test_a_superseded_episode_is_dropped_live_and_from_the_replay(bus: Bus
     assert await within(hub.replay("t1")) == [sent[1], sent[3], sent[4]]
 
 
+async def test_a_takeover_outlives_the_threads_last_listener(bus: Bus, hub: Hub) -> None:
+    # Campaign seed 7: the newest episode was remembered with the listener set, so once the
+    # thread's last listener left, a client subscribing again got the stale worker's chunks.
+    first, second = Recorder(), Recorder()
+    async with listening(hub, ("t1", first)):
+        await bus.publish(thread_channel("t1"), chunk_frame("t1", 0, episode=2))
+        await eventually(lambda: len(first.received) == 1)
+    assert hub.watched_threads == []
+    stale, current = chunk_frame("t1", 1, episode=1), chunk_frame("t1", 1, episode=2)
+    async with listening(hub, ("t1", second)):
+        await bus.publish(thread_channel("t1"), stale)
+        await bus.publish(thread_channel("t1"), current)
+        await eventually(lambda: len(second.received) >= 1)
+    assert [data for data, _, _ in second.received] == [current]
+
+
+async def test_a_takeover_seen_only_in_the_replay_voids_the_stale_workers_live_chunks(
+    bus: Bus, hub: Hub
+) -> None:
+    # Campaign seed 50 (cluster): the new owner's first chunks were published before this hub
+    # subscribed (or during a bus gap), so a listener learnt of the takeover from the replay;
+    # the thawed stale worker's next live chunk then passed the hub.
+    await bus.append_replay(replay_key("t1"), chunk_frame("t1", 0, episode=2), limit=10)
+    recorder = Recorder()
+    stale, current = chunk_frame("t1", 1, episode=1), chunk_frame("t1", 1, episode=2)
+    async with listening(hub, ("t1", recorder)):
+        assert await within(hub.replay("t1")) == [chunk_frame("t1", 0, episode=2)]
+        await bus.publish(thread_channel("t1"), stale)
+        await bus.publish(thread_channel("t1"), current)
+        await eventually(lambda: len(recorder.received) >= 1)
+    assert [data for data, _, _ in recorder.received] == [current]
+
+
 async def test_hub_reports_bus_health(bus: Bus, hub: Hub) -> None:
     before = hub.healthy
     await bus.close()

@@ -38,6 +38,7 @@ class FaultProxy:
     - `cut_all()`: abort every open connection;
     - `outage(seconds)`: cut everything and refuse (accept-then-abort) new connections;
     - `stall(seconds)`: hold every byte in both directions, then let it through;
+    - `delay(seconds, latency)`: forward every chunk `latency` late, for `seconds`;
     - `cut_at(marker, forward=...)`: arm a one-shot trap that aborts the connection whose
       client next sends `marker` (e.g. b"COMMIT"), after forwarding it to the server
       (`forward=True`: the outcome is unknown to the client but committed) or without it.
@@ -54,6 +55,7 @@ class FaultProxy:
         self._refusing = False
         self._resume = asyncio.Event()
         self._resume.set()
+        self._latency = 0.0
         self._trap: tuple[bytes, bool] | None = None
         self._skip = 0
         self._after: bytes | None = None
@@ -100,6 +102,16 @@ class FaultProxy:
             await asyncio.sleep(seconds)
         finally:
             self._resume.set()
+
+    async def delay(self, seconds: float, latency: float) -> None:
+        """Hold every chunk in both directions `latency` seconds before forwarding it, for
+        `seconds` (a slow network: everything arrives, late)."""
+        self.faults += 1
+        self._latency = latency
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._latency = 0.0
 
     def cut_at(
         self, marker: bytes, *, forward: bool, skip: int = 0, after: bytes | None = None
@@ -148,6 +160,8 @@ class FaultProxy:
         try:
             while data := await reader.read(_CHUNK):
                 await self._resume.wait()
+                if self._latency:
+                    await asyncio.sleep(self._latency)
                 trap = self._trap
                 hit = upstream and trap is not None and trap[0] in data
                 if upstream and self._after is not None:

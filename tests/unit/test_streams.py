@@ -15,7 +15,7 @@ from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, ResyncEnvelope
 from runtime.domain import Principal, Role, Snapshot
 from server.protocol.command_model import Caller
 from server.transports.sse.agui import RunStream, agui_messages
-from server.transports.sse.aisdk import UIStream
+from server.transports.sse.aisdk import UIStream, stream_run
 from server.transports.sse.thread_stream import Chunk, Committed, ThreadFeed
 
 THREAD = "t1"
@@ -153,6 +153,70 @@ async def test_invalidations_yield_committed_state_without_reset() -> None:
     events = await collect(feed, hub, [invalidate], 2)
     assert isinstance(events[1], Committed) and not events[1].reset
     assert events[1].snapshot.run is not None and events[1].snapshot.run.status == "completed"
+
+
+async def test_chunks_queued_behind_an_invalidation_are_streamed_even_once_committed() -> None:
+    """Campaign finding (AI SDK stream text): an invalidation of another commit was read as a
+    snapshot taken after the step committed; its next_seq made the step's chunks still queued
+    behind it 'old', so an AI SDK stream, which never re-sends a committed step, lost them.
+
+    Breaks with: the invalidation's snapshot raising `expected` to the run's next_seq."""
+    service = FakeService([snap(5, next_seq=0), snap(7, next_seq=3)])
+    hub = FakeHub([[delta(0)]])
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
+    invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=6))
+    events = await collect(feed, hub, [invalidate, delta(1), delta(2), delta(3)], 5)
+    assert seqs(events) == ["snap", 0, "snap", 1, 2]
+
+
+async def test_an_ai_sdk_stream_shows_the_chunks_queued_behind_the_snapshot_that_ended_it() -> None:
+    """Campaign finding (AI SDK stream text): the invalidation of an earlier commit was read
+    as a snapshot taken after the run completed; the stream finished there, without the text
+    whose chunks were still queued behind it.
+
+    Breaks with: stream_run finishing on the first settled snapshot whatever it has shown."""
+    service = FakeService([snap(5, next_seq=0), snap(7, status="completed", next_seq=3)])
+    hub = FakeHub([[]])
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
+    invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=6))
+    parts: list[dict[str, Any]] = []
+    async with feed:
+        for data in (delta(0, "Hel"), invalidate, delta(1, "lo"), delta(2, "!")):
+            hub.send(data)
+        async with asyncio.timeout(5):
+            async for part in stream_run(feed, RUN, set()):
+                parts.append(part)
+    shown = "".join(p["delta"] for p in parts if p["type"] == "text-delta")
+    assert shown == "Hello!"
+    assert parts[-1] == {"type": "finish", "finishReason": "stop"}
+
+
+async def test_an_ai_sdk_stream_sends_from_storage_a_step_none_of_whose_chunks_it_saw() -> None:
+    """Campaign finding (AI SDK resume, no fault): the step's chunks were published before the
+    stream subscribed and the replay was cleared by the step's commit before it was read; the
+    stream finished without the run's text.
+
+    Breaks with: stream_run finishing without sending the run's unseen committed messages."""
+    reply = {
+        "id": "a",
+        "role": "assistant",
+        "run_id": RUN,
+        "visibility": "visible",
+        "parts": [{"type": "text", "text": "Hello"}],
+    }
+    done = snap(7, status="completed", next_seq=2, messages=[reply])
+    service = FakeService([snap(5, next_seq=0), done])
+    hub = FakeHub([[]])
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
+    invalidate = encode(InvalidateEnvelope(thread_id=THREAD, version=7))
+    parts: list[dict[str, Any]] = []
+    async with feed:
+        hub.send(invalidate)
+        async with asyncio.timeout(10):
+            async for part in stream_run(feed, RUN, set()):
+                parts.append(part)
+    assert "".join(p["delta"] for p in parts if p["type"] == "text-delta") == "Hello"
+    assert parts[-1] == {"type": "finish", "finishReason": "stop"}
 
 
 STEP: list[dict[str, Any]] = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Literal
 
@@ -42,6 +43,9 @@ from threadline_wire.chunks import StepFinishChunk, StepStartChunk, ToolCallChun
 Part = dict[str, Any]
 HEADERS = {"x-vercel-ai-ui-message-stream": "v1"}  # with streams.SSE_HEADERS
 THREAD_HEADER = "x-threadline-thread-id"
+# How long a stream whose run ended waits for the chunks still queued behind the snapshot that
+# said so (they were published before it was read: they come at once, or were lost).
+CHUNK_PATIENCE = 1.0
 FINISH_REASON = {
     RunStatus.COMPLETED: "stop",
     RunStatus.WAITING: "tool-calls",
@@ -270,26 +274,72 @@ async def stream_run(feed: ThreadFeed, run_id: str, known: set[str]) -> AsyncIte
     stream = UIStream(run_id)
     yield {"type": "start", "messageId": run_id}
     first = True
-    async for item in feed.events():
+    upto = 0  # the run's chunks before this seq are shown (from storage or live)
+    live = False  # whether any chunk of the run streamed after the first snapshot
+    ended: Snapshot | None = None  # settled, but chunks of it are still queued behind
+    events = feed.events()
+    while True:
+        try:
+            async with asyncio.timeout(None if ended is None else CHUNK_PATIENCE):
+                item = await anext(events)
+        except TimeoutError:
+            # The chunks never came (lost without a gap to show it): end as committed.
+            assert ended is not None
+            for chunk in stream.finish(ended):
+                yield chunk
+            return
         if isinstance(item, Committed):
+            run = item.snapshot.run
+            own = run if run is not None and run.id == run_id else None
             if first:
                 # Later steps stream live; only what committed before the stream opened is sent
                 # from storage (a UI message stream cannot replace what it already sent).
-                new = [
-                    m
-                    for m in item.snapshot.messages
-                    if m.run_id == run_id and m.role == "assistant" and m.id not in known
-                ]
+                new = _unsent(item.snapshot, run_id, known)
                 for chunk in _flatten(committed_chunks(m) for m in new):
                     yield chunk
+                known = known | {m.id for m in new}
+                upto = own.next_seq if own is not None else 0
                 first = False
             if is_settled(item.snapshot, run_id):
-                for chunk in stream.finish(item.snapshot):
-                    yield chunk
-                return
+                # A snapshot read after the run ended may come before the last chunks it
+                # published (queued behind the invalidation that caused the read): they are
+                # on their way, so wait for them, up to the next committed state (a reset, or
+                # at most CHUNK_PATIENCE), rather than finish without the run's text.
+                if (
+                    own is None
+                    or upto >= own.next_seq
+                    or item.reset
+                    or ended is not None
+                    or not live
+                ):
+                    if not live:
+                        # Its steps committed before any of their chunks reached this stream
+                        # (published before it subscribed, the replay already cleared): sent
+                        # from storage, as the steps before the stream opened were.
+                        new = _unsent(item.snapshot, run_id, known)
+                        for chunk in _flatten(committed_chunks(m) for m in new):
+                            yield chunk
+                    for chunk in stream.finish(item.snapshot):
+                        yield chunk
+                    return
+                ended = item.snapshot
         elif item.run_id == run_id:
+            upto, live = item.seq + 1, True
             for chunk in stream.chunk(item):
                 yield chunk
+            if ended is not None and ended.run is not None and upto >= ended.run.next_seq:
+                for chunk in stream.finish(ended):
+                    yield chunk
+                return
+
+
+def _unsent(snapshot: Snapshot, run_id: str, known: set[str]) -> list[MessageView]:
+    """The run's committed assistant messages not in `known`."""
+    return [
+        m
+        for m in snapshot.messages
+        if m.run_id == run_id and m.role == "assistant" and m.id not in known
+    ]
 
 
 def _flatten(groups: Iterable[list[Part]]) -> Iterable[Part]:

@@ -213,11 +213,11 @@ class ThreadFeed:
             if kind == "invalidate":
                 snapshot = await self.snapshot()
                 if snapshot.thread.version != version:
+                    # `expected` stays: this snapshot may be newer than the invalidation (read
+                    # later), and the chunks of a step it already holds may still be queued
+                    # behind: they are streamed, not skipped (an AI SDK stream never re-sends
+                    # a committed step). Chunks truly lost show as a gap, and resynchronise.
                     version = snapshot.thread.version
-                    run = snapshot.run
-                    if run is not None:
-                        # Chunks before next_seq are committed now: never stream them again.
-                        expected[run.id] = max(expected.get(run.id, 0), run.next_seq)
                     yield Committed(snapshot, False)
                 continue
             chunk = _chunk(data)
