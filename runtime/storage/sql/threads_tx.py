@@ -1,4 +1,4 @@
-"""Transaction functions for threads: creation, the reads that project committed state, tokens."""
+"""Transaction functions for threads: creation, and the reads that project committed state."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from runtime.domain import (
     MessageView,
     QueuedItem,
     QueuedItemView,
-    Role,
     Run,
     RunView,
     Snapshot,
@@ -422,58 +421,6 @@ async def queued_items(conn: Conn, thread_id: str) -> list[QueuedItem]:
         thread_id,
     )
     return [item_from_row(row) for row in rows]
-
-
-# --- principals -----------------------------------------------------------------------------
-
-
-async def create_token(
-    conn: Conn,
-    token_hash: str,
-    subject: str,
-    role: Role,
-    scopes_json: str,
-    expires_in: float | None = None,
-    display_name: str | None = None,
-) -> None:
-    now = await conn.now()
-    inserted = await conn.fetchval(
-        "INSERT INTO api_tokens"
-        " (token_hash, subject, role, scopes, created_at, expires_at, display_name)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (token_hash) DO NOTHING"
-        " RETURNING token_hash",
-        token_hash,
-        subject,
-        role.value,
-        scopes_json,
-        now,
-        None if expires_in is None else now + expires_in,
-        display_name,
-    )
-    if inserted is None:
-        raise Conflict("a token with this hash already exists")
-
-
-async def token_expires_in(conn: Conn, token_hash: str) -> float | None:
-    """Seconds until the token expires on the database clock (0 once it has); None when it
-    never expires or does not exist."""
-    expires_at = await conn.fetchval(
-        "SELECT expires_at FROM api_tokens WHERE token_hash = $1", token_hash
-    )
-    if expires_at is None:
-        return None
-    return max(0.0, float(expires_at) - await conn.now())
-
-
-async def revoke_token(conn: Conn, token_hash: str) -> bool:
-    """Mark the token revoked; False when no such (unrevoked) token exists."""
-    revoked = await conn.fetchval(
-        "UPDATE api_tokens SET revoked_at = $2 WHERE token_hash = $1 AND revoked_at IS NULL"
-        " RETURNING token_hash",
-        token_hash,
-        await conn.now(),
-    )
-    return revoked is not None
 
 
 def build_snapshot(

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.domain import Principal, Role
+from runtime.errors import Conflict
 from runtime.storage.sql.core import Conn, placeholders
 from runtime.storage.sql.rows import loads
 from runtime.storage.token_admin import TOKEN_ID_CHARS, TokenInfo
@@ -64,6 +65,55 @@ async def token_grant(conn: Conn, token_hash: str) -> tuple[Principal, float | N
     )
     expires_at = row["expires_at"]
     return principal, None if expires_at is None else float(expires_at) - float(row["now_"])
+
+
+async def create_token(
+    conn: Conn,
+    token_hash: str,
+    subject: str,
+    role: Role,
+    scopes_json: str,
+    expires_in: float | None = None,
+    display_name: str | None = None,
+) -> None:
+    now = await conn.now()
+    inserted = await conn.fetchval(
+        "INSERT INTO api_tokens"
+        " (token_hash, subject, role, scopes, created_at, expires_at, display_name)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (token_hash) DO NOTHING"
+        " RETURNING token_hash",
+        token_hash,
+        subject,
+        role.value,
+        scopes_json,
+        now,
+        None if expires_in is None else now + expires_in,
+        display_name,
+    )
+    if inserted is None:
+        raise Conflict("a token with this hash already exists")
+
+
+async def token_expires_in(conn: Conn, token_hash: str) -> float | None:
+    """Seconds until the token expires on the database clock (0 once it has); None when it
+    never expires or does not exist."""
+    expires_at = await conn.fetchval(
+        "SELECT expires_at FROM api_tokens WHERE token_hash = $1", token_hash
+    )
+    if expires_at is None:
+        return None
+    return max(0.0, float(expires_at) - await conn.now())
+
+
+async def revoke_token(conn: Conn, token_hash: str) -> bool:
+    """Mark the token revoked; False when no such (unrevoked) token exists."""
+    revoked = await conn.fetchval(
+        "UPDATE api_tokens SET revoked_at = $2 WHERE token_hash = $1 AND revoked_at IS NULL"
+        " RETURNING token_hash",
+        token_hash,
+        await conn.now(),
+    )
+    return revoked is not None
 
 
 async def list_tokens(conn: Conn) -> list[TokenInfo]:
