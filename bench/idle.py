@@ -61,6 +61,7 @@ import psutil
 import redis.asyncio as redis
 import wsclient
 
+from server.gc_tuning import parse_gc_log
 from tests.e2e import harness
 
 BACKENDS = ("embedded", "redis", "redis-cluster")
@@ -94,6 +95,8 @@ class Measured:
     redis: Counter[str] = field(default_factory=Counter)  # "client: COMMAND" -> per second
     xacts_s: float = float("nan")
     closed: int = 0  # connections the server closed during the run
+    # Collections per generation in the window (the server's THREADLINE_GC_LOG): count, ns
+    gc: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def cpu_us_conn(self) -> float:
@@ -118,6 +121,7 @@ async def threadline(bus: Bus, log_dir: Path, count: int) -> AsyncIterator[compa
     }
     if bus.redis_url:
         extra["THREADLINE_REDIS_URL"] = bus.redis_url
+    extra["THREADLINE_GC_LOG"] = str(log_dir / "gc.log")
     extra.update(SERVER_ENV)
     env = harness.server_env(bus.database_url, extra)
     handle = harness.start("all" if bus.redis_url is None else "gateway", env, log_dir=log_dir)
@@ -244,6 +248,7 @@ async def hold(
     tokens: list[str],
     args: argparse.Namespace,
     bus: Bus | None,
+    gc_log: Path | None = None,
 ) -> Measured:
     process = psutil.Process(peer.pid)
     await compare.settle(peer.pid)
@@ -271,7 +276,8 @@ async def hold(
                 monitor.reset()
             await asyncio.sleep(args.window)
             cpu = compare.cpu_seconds(peer.pid) - cpu
-            elapsed = time.monotonic() - started
+            ended = time.monotonic()
+            elapsed = ended - started
             commands = Counter(
                 {k: v / elapsed for k, v in (monitor.counts if monitor else {}).items()}
             )
@@ -290,6 +296,7 @@ async def hold(
             commands,
             xacts_s,
             closed,
+            gc_window(gc_log, started, ended),
         )
     finally:
         wsclient.close_all(clients)
@@ -335,7 +342,14 @@ async def measure_threadline(bus: Bus, count: int, args: argparse.Namespace) -> 
     async with threadline(bus, log_dir, count) as peer:
         tokens = await mint(bus.database_url, min(args.people, count))
         threads = await create_threads(peer.port, tokens[0], args.threads)
-        return await hold(peer, count, threads, tokens, args, bus)
+        return await hold(peer, count, threads, tokens, args, bus, log_dir / "gc.log")
+
+
+def gc_window(path: Path | None, start: float, end: float) -> dict[int, tuple[int, int]]:
+    """The server's collections in the window, from the file THREADLINE_GC_LOG names."""
+    if path is None or not path.exists():
+        return {}
+    return parse_gc_log(path.read_text(encoding="utf-8"), start, end)
 
 
 # --- buses ----------------------------------------------------------------------------
@@ -393,6 +407,24 @@ def print_tables(rows: list[Measured], args: argparse.Namespace) -> None:
                 f" {row.pings_s:>8.1f} {sum(row.redis.values()):>11.1f}"
                 f" {row.xacts_s:>9.1f} {row.closed:>6}"
             )
+    print(
+        "\nGarbage collections in the window (THREADLINE_GC_LOG): count and pause per generation,"
+    )
+    print("and the pauses' share of the server's CPU")
+    for row in rows:
+        if "reference" in row.server:
+            continue
+        paused_ms = sum(ns for _, ns in row.gc.values()) / 1e6
+        gens = "  ".join(
+            f"gen{g} {row.gc.get(g, (0, 0))[0]:>5} x {row.gc.get(g, (0, 0))[1] / 1e6:>7.1f} ms"
+            for g in range(3)
+        )
+        paused_ms_s = paused_ms / args.window
+        share = paused_ms_s / row.cpu_ms_s if row.cpu_ms_s > 0 else 0.0
+        print(
+            f"  {row.connections:>6} {row.server:<26} {gens}"
+            f"  {paused_ms_s:>6.1f} ms/s ({share:.0%} of CPU)"
+        )
     print("\nPeriodic work per task (counted over the window): per second, and per second per")
     print("1 000 connections (a task that grows with connections keeps its second figure)")
     for row in rows:
