@@ -46,6 +46,6 @@ def test_tune_freezes_sets_the_threshold_and_logs_collections(tmp_path: Path) ->
 @pytest.mark.usefixtures("restored_gc")
 def test_tune_changes_nothing_when_switched_off() -> None:
     threshold = gc.get_threshold()
-    assert tune_gc(Settings(gc_freeze=False)) is None
+    assert tune_gc(Settings(gc_freeze=False, gc_threshold=None)) is None
     assert gc.get_freeze_count() == 0
     assert gc.get_threshold() == threshold
