@@ -110,7 +110,7 @@ class Measured:
 
 @contextlib.asynccontextmanager
 async def threadline(
-    bus: Bus, log_dir: Path, count: int, variant: dict[str, str]
+    bus: Bus, log_dir: Path, count: int, variant: dict[str, str] | None = None
 ) -> AsyncIterator[compare.Peer]:
     extra = {
         "THREADLINE_MAX_CONNECTIONS": str(count + 1000),
@@ -126,6 +126,7 @@ async def threadline(
         extra["THREADLINE_REDIS_URL"] = bus.redis_url
     extra["THREADLINE_GC_LOG"] = str(log_dir / "gc.log")
     extra.update(SERVER_ENV)
+    variant = variant or {}
     extra.update(variant)
     env = harness.server_env(bus.database_url, extra)
     handle = harness.start("all" if bus.redis_url is None else "gateway", env, log_dir=log_dir)
