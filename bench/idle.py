@@ -2,7 +2,8 @@
 
     python bench/idle.py [--connections 1000,5000,10000] [--threads 100] [--people 1000]
                          [--settle 8] [--window 20] [--only embedded,redis,redis-cluster]
-                         [--server-env NAME=VALUE ...] [--quick]
+                         [--server-env NAME=VALUE ...] [--variant NAME=VALUE[,...] ...]
+                         [--quick]
 
 For each count N, a fresh process of each server under test, pinned to core 0 (this client,
 Redis and Postgres on the other core), gets N websocket connections (bench/wsclient.py: one
@@ -61,6 +62,7 @@ import psutil
 import redis.asyncio as redis
 import wsclient
 
+from server.gc_tuning import parse_gc_log
 from tests.e2e import harness
 
 BACKENDS = ("embedded", "redis", "redis-cluster")
@@ -94,6 +96,8 @@ class Measured:
     redis: Counter[str] = field(default_factory=Counter)  # "client: COMMAND" -> per second
     xacts_s: float = float("nan")
     closed: int = 0  # connections the server closed during the run
+    # Collections per generation in the window (the server's THREADLINE_GC_LOG): count, ns
+    gc: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def cpu_us_conn(self) -> float:
@@ -105,7 +109,9 @@ class Measured:
 
 
 @contextlib.asynccontextmanager
-async def threadline(bus: Bus, log_dir: Path, count: int) -> AsyncIterator[compare.Peer]:
+async def threadline(
+    bus: Bus, log_dir: Path, count: int, variant: dict[str, str] | None = None
+) -> AsyncIterator[compare.Peer]:
     extra = {
         "THREADLINE_MAX_CONNECTIONS": str(count + 1000),
         "THREADLINE_WS_MAX_CONNECTIONS_PER_TOKEN": "1000000",
@@ -118,12 +124,18 @@ async def threadline(bus: Bus, log_dir: Path, count: int) -> AsyncIterator[compa
     }
     if bus.redis_url:
         extra["THREADLINE_REDIS_URL"] = bus.redis_url
+    extra["THREADLINE_GC_LOG"] = str(log_dir / "gc.log")
     extra.update(SERVER_ENV)
+    variant = variant or {}
+    extra.update(variant)
     env = harness.server_env(bus.database_url, extra)
     handle = harness.start("all" if bus.redis_url is None else "gateway", env, log_dir=log_dir)
     try:
         compare.pin(handle.process.pid, {compare.SERVER_CORE})
-        yield compare.Peer(f"Threadline {bus.name}", handle.process.pid, handle.port, "", b"", "")
+        label = " ".join(
+            [bus.name, *(f"{k.removeprefix('THREADLINE_')}={v}" for k, v in variant.items())]
+        )
+        yield compare.Peer(f"Threadline {label}", handle.process.pid, handle.port, "", b"", "")
     finally:
         handle.stop()
 
@@ -244,6 +256,7 @@ async def hold(
     tokens: list[str],
     args: argparse.Namespace,
     bus: Bus | None,
+    gc_log: Path | None = None,
 ) -> Measured:
     process = psutil.Process(peer.pid)
     await compare.settle(peer.pid)
@@ -271,7 +284,8 @@ async def hold(
                 monitor.reset()
             await asyncio.sleep(args.window)
             cpu = compare.cpu_seconds(peer.pid) - cpu
-            elapsed = time.monotonic() - started
+            ended = time.monotonic()
+            elapsed = ended - started
             commands = Counter(
                 {k: v / elapsed for k, v in (monitor.counts if monitor else {}).items()}
             )
@@ -290,6 +304,7 @@ async def hold(
             commands,
             xacts_s,
             closed,
+            gc_window(gc_log, started, ended),
         )
     finally:
         wsclient.close_all(clients)
@@ -330,12 +345,21 @@ async def keepalive_reference(redis_url: str, thread: str) -> AsyncIterator[comp
             await process.wait()
 
 
-async def measure_threadline(bus: Bus, count: int, args: argparse.Namespace) -> Measured:
+async def measure_threadline(
+    bus: Bus, count: int, args: argparse.Namespace, variant: dict[str, str]
+) -> Measured:
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-idle-"))
-    async with threadline(bus, log_dir, count) as peer:
+    async with threadline(bus, log_dir, count, variant) as peer:
         tokens = await mint(bus.database_url, min(args.people, count))
         threads = await create_threads(peer.port, tokens[0], args.threads)
-        return await hold(peer, count, threads, tokens, args, bus)
+        return await hold(peer, count, threads, tokens, args, bus, log_dir / "gc.log")
+
+
+def gc_window(path: Path | None, start: float, end: float) -> dict[int, tuple[int, int]]:
+    """The server's collections in the window, from the file THREADLINE_GC_LOG names."""
+    if path is None or not path.exists():
+        return {}
+    return parse_gc_log(path.read_text(encoding="utf-8"), start, end)
 
 
 # --- buses ----------------------------------------------------------------------------
@@ -377,7 +401,7 @@ def print_tables(rows: list[Measured], args: argparse.Namespace) -> None:
         f"{time.strftime('%Y-%m-%d', time.gmtime())}"
     )
     print(
-        f"{'conns':>6} {'server':<30} {'CPU ms/s':>9} {'empty':>6} {'us/s/conn':>10}"
+        f"{'conns':>6} {'server':<36} {'CPU ms/s':>9} {'empty':>6} {'us/s/conn':>10}"
         f" {'ratio':>6} {'total ratio':>11}"
         f" {'KiB/conn':>9} {'RSS ratio':>9} {'pings/s':>8} {'Redis cmd/s':>11}"
         f" {'pg xact/s':>9} {'closed':>6}"
@@ -386,13 +410,31 @@ def print_tables(rows: list[Measured], args: argparse.Namespace) -> None:
         reference = next(r for r in rows if r.connections == count and "reference" in r.server)
         for row in (r for r in rows if r.connections == count):
             print(
-                f"{count:>6} {row.server:<30} {row.cpu_ms_s:>9.1f} {row.empty_ms_s:>6.1f}"
+                f"{count:>6} {row.server:<36} {row.cpu_ms_s:>9.1f} {row.empty_ms_s:>6.1f}"
                 f" {row.cpu_us_conn:>10.2f} {ratio(row.cpu_us_conn, reference.cpu_us_conn):>6}"
                 f" {ratio(row.cpu_ms_s, reference.cpu_ms_s):>11}"
                 f" {row.rss_kib:>9.2f} {ratio(row.rss_kib, reference.rss_kib):>9}"
                 f" {row.pings_s:>8.1f} {sum(row.redis.values()):>11.1f}"
                 f" {row.xacts_s:>9.1f} {row.closed:>6}"
             )
+    print(
+        "\nGarbage collections in the window (THREADLINE_GC_LOG): count and pause per generation,"
+    )
+    print("and the pauses' share of the server's CPU")
+    for row in rows:
+        if "reference" in row.server:
+            continue
+        paused_ms = sum(ns for _, ns in row.gc.values()) / 1e6
+        gens = "  ".join(
+            f"gen{g} {row.gc.get(g, (0, 0))[0]:>5} x {row.gc.get(g, (0, 0))[1] / 1e6:>7.1f} ms"
+            for g in range(3)
+        )
+        paused_ms_s = paused_ms / args.window
+        share = paused_ms_s / row.cpu_ms_s if row.cpu_ms_s > 0 else 0.0
+        print(
+            f"  {row.connections:>6} {row.server:<36} {gens}"
+            f"  {paused_ms_s:>6.1f} ms/s ({share:.0%} of CPU)"
+        )
     print("\nPeriodic work per task (counted over the window): per second, and per second per")
     print("1 000 connections (a task that grows with connections keeps its second figure)")
     for row in rows:
@@ -405,7 +447,7 @@ def print_tables(rows: list[Measured], args: argparse.Namespace) -> None:
             tasks.append(("Postgres transactions (token rechecks, polls)", row.xacts_s))
         for name, rate in tasks:
             print(
-                f"  {row.connections:>6} {row.server:<26} {name:<48} {rate:>9.2f}/s"
+                f"  {row.connections:>6} {row.server:<36} {name:<48} {rate:>9.2f}/s"
                 f" {rate * per_k:>9.3f}/s/1k"
             )
 
@@ -429,9 +471,19 @@ async def main() -> None:
         help="more environment for the Threadline servers (repeatable), e.g. to see what one "
         "task costs: THREADLINE_PRESENCE_REFRESH=3600",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="measure each Threadline server again with this environment too, interleaved in "
+        "the same run (repeatable), e.g. THREADLINE_GC_FREEZE=false",
+    )
     args = parser.parse_args()
     SERVER_ENV.update(item.split("=", 1) for item in args.server_env)
     counts = [int(n) for n in args.connections.split(",") if n]
+    variants: list[dict[str, str]] = [{}]
+    variants += [dict(p.split("=", 1) for p in v.split(",")) for v in args.variant]
     if args.quick:
         counts, args.settle, args.window = [200], 3.0, 5.0
     names = [n for n in args.only.split(",") if n]
@@ -448,9 +500,10 @@ async def main() -> None:
                 print(f"{count} connections: reference ...", file=sys.stderr, flush=True)
                 rows.append(await measure_reference(count, redis_url, args))
                 for bus in made:
-                    print(f"{count} connections: {bus.name} ...", file=sys.stderr, flush=True)
-                    rows.append(await measure_threadline(bus, count, args))
-                for row in rows[-len(made) - 1 :]:  # what a run cut short still shows
+                    for variant in variants:
+                        print(f"{count} connections: {bus.name} {variant} ...", file=sys.stderr)
+                        rows.append(await measure_threadline(bus, count, args, variant))
+                for row in rows[-len(made) * len(variants) - 1 :]:  # what a cut run still shows
                     print(f"  {row}", file=sys.stderr, flush=True)
     print_tables(rows, args)
 

@@ -37,6 +37,7 @@ from runtime.storage.sql.hooks_sql import SqlHooks
 from server.auth import cache_principals, forget_principal, trust_issuers
 from server.auth_cache import PrincipalCache
 from server.drain import Drain
+from server.gc_tuning import tune_gc
 from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
@@ -208,6 +209,11 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                 )
             )
 
+        # `threadline serve` only (not an app a test opens in its own process).
+        if getattr(state, "tune_gc", False):
+            gc_log = tune_gc(settings)
+            if gc_log is not None:
+                stack.callback(gc_log.close)
         log.info("threadline started (role=%s)", settings.role)
         yield
         log.info("threadline stopping (role=%s)", settings.role)

@@ -165,6 +165,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         url = f"http://{_browser_host(settings.host)}:{settings.port}/#token={token}"
         click.echo(f"Threadline is starting. Open {url}")
     app = create_app(settings)
+    app.state.tune_gc = True  # once started: gc.freeze() and the rest (server/gc_tuning.py)
     # uvicorn.run, with the app's event streams drained when shutdown starts (server/drain.py).
     drain.run(
         app,

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     # from the other gateways within twice this (docs/protocol.md, "Presence").
     presence_refresh: float = Field(default=5.0, ge=0.2)
     http_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # --- the garbage collector of `threadline serve` (docs/operations.md, "Garbage
+    # collector"): what start-up left alive is frozen out of every later collection; the
+    # gen-0 threshold (None: Python's 700); a file to log each collection to (bench/idle.py).
+    gc_freeze: bool = True
+    gc_threshold: int | None = Field(default=50_000, ge=1)
+    gc_log: str | None = None
     # --- connections (docs/operations.md, "Connections and timeouts"): a request's line and
     # headers must be complete this many seconds after the connection opened or the previous
     # response ended; an idle keep-alive connection is closed after http_keep_alive_timeout;
