@@ -15,32 +15,18 @@ from runtime.errors import (
     NotADecider,
     RequesterExcluded,
 )
+from threadline_wire import approval_progress as wire
 
 RoleName = Literal["user", "backend", "admin"]
 _COMPUTED = frozenset({"approvals", "needed"})
 
 
-class Deciders(BaseModel):
-    """Who may decide at one stage: a role from `roles` (empty: any role the step allows) and,
-    when `subjects` or `groups` are set, one of `subjects` or a member of one of `groups`."""
+class Deciders(wire.Deciders):
+    """The wire's `Deciders` (threadline_wire.approval_progress), strict: roles are the known ones."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     roles: tuple[RoleName, ...] = ()
-    subjects: tuple[str, ...] = ()
-    groups: tuple[str, ...] = ()
-
-    def label(self) -> str:
-        """Who is waited for, as a card shows it ("group finance", "alice, bob", "admin")."""
-        named = [f"group {g}" for g in self.groups] + list(self.subjects)
-        return ", ".join(named or list(self.roles) or ["anyone allowed"])
-
-    def admits(self, subject: str, role: str, groups: frozenset[str]) -> bool:
-        if self.roles and role not in self.roles:
-            return False
-        return not (self.subjects or self.groups) or (
-            subject in self.subjects or bool(groups & set(self.groups))
-        )
 
 
 class Escalation(Deciders):
@@ -95,17 +81,11 @@ class ApprovalPolicy(Deciders):
         return self.deadline if stage == 0 else self.escalations[stage - 1].deadline
 
 
-class ApprovalDecision(BaseModel):
+class ApprovalDecision(wire.ApprovalDecision):
     """One decider's committed decision: its record in the action's progress and in what the
-    tool is handed on resume (`ToolContext.decisions`)."""
+    tool is handed on resume (`ToolContext.decisions`); the wire's, strict."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-    subject: str
-    display_name: str
-    approved: bool
-    payload: dict[str, Any]
-    at: float
 
 
 class ApprovalState(BaseModel):

@@ -45,14 +45,9 @@ class Message(WireModel):
         return "".join(p.text for p in self.parts if isinstance(p, TextPart))
 
 
-class PendingAction(message_parts.PendingAction):
-    """A pending action as a snapshot or the scope-wide inbox lists it."""
-
-    # Set in the scope-wide inbox (GET /v1/actions), where an action is not inside a snapshot.
-    thread_id: str | None = None
-    scope: str | None = None
-    created_at: Any = None
-    approval: dict[str, Any] | None = None
+# A pending action as a snapshot, the scope-wide inbox or an `action.pending` frame carries it
+# (`approval`: its policy and progress, a `threadline_wire.approval_progress.ApprovalProgress`).
+PendingAction = message_parts.ListedAction
 
 
 class Run(message_parts.RunView):
