@@ -21,8 +21,11 @@ RoleName = Literal["user", "backend", "admin"]
 _COMPUTED = frozenset({"approvals", "needed"})
 
 
-class Deciders(wire.Deciders):
-    """The wire's `Deciders` (threadline_wire.approval_progress), strict: roles are the known ones."""
+class Deciders(wire.DecidersView):
+    """Who may decide at one stage: a role from `roles` (empty: any role the step allows) and,
+    when `subjects` or `groups` are set, one of `subjects` or a member of one of `groups`."""
+
+    # The wire's `DecidersView` (threadline_wire.approval_progress), strict: known roles only.
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -81,9 +84,11 @@ class ApprovalPolicy(Deciders):
         return self.deadline if stage == 0 else self.escalations[stage - 1].deadline
 
 
-class ApprovalDecision(wire.ApprovalDecision):
+class ApprovalDecision(wire.ApprovalDecisionView):
     """One decider's committed decision: its record in the action's progress and in what the
-    tool is handed on resume (`ToolContext.decisions`); the wire's, strict."""
+    tool is handed on resume (`ToolContext.decisions`)."""
+
+    # The wire's `ApprovalDecisionView`, strict.
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -45,9 +45,9 @@ class Message(WireModel):
         return "".join(p.text for p in self.parts if isinstance(p, TextPart))
 
 
-# A pending action as a snapshot, the scope-wide inbox or an `action.pending` frame carries it
-# (`approval`: its policy and progress, a `threadline_wire.approval_progress.ApprovalProgress`).
-PendingAction = message_parts.ListedAction
+class PendingAction(message_parts.ListedAction):
+    """A pending action as a snapshot, the scope-wide inbox or an `action.pending` frame
+    carries it (`approval`: its policy and progress, a `threadline_wire` `ApprovalProgress`)."""
 
 
 class Run(message_parts.RunView):

@@ -1,7 +1,7 @@
 """An approval's policy and progress as the wire carries them (a pending action's `approval`).
 
 Lenient here (`extra="allow"`), so a client reads a newer server's fields; `runtime.approvals`
-extends `Deciders` and `ApprovalDecision` strictly and keeps the policy's rules.
+extends `DecidersView` and `ApprovalDecisionView` strictly and keeps the policy's rules.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ class _WireApproval(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-class Deciders(_WireApproval):
+class DecidersView(_WireApproval):
     """Who may decide at one stage: a role from `roles` (empty: any role the step allows) and,
     when `subjects` or `groups` are set, one of `subjects` or a member of one of `groups`."""
 
@@ -36,27 +36,27 @@ class Deciders(_WireApproval):
         )
 
 
-class Escalation(Deciders):
+class EscalationView(DecidersView):
     """A later stage: the deciders the action moves to when the stage before it is due."""
 
     deadline: float
 
 
-class ApprovalPolicy(Deciders):
+class ApprovalPolicyView(DecidersView):
     """A tool's approval policy as a pending action shows it (`runtime.approvals` documents
     each field): `quorum` approvals needed, stage deadlines and escalations, expiry outcome."""
 
     quorum: int = 1
     exclude_requester: bool = False
     deadline: float | None = None
-    escalations: tuple[Escalation, ...] = ()
+    escalations: tuple[EscalationView, ...] = ()
     on_expiry: str = "deny"
     expiry_reason: str = ""
     approve_payload: dict[str, Any] = {}
     delegation: bool = False
 
 
-class ApprovalDecision(_WireApproval):
+class ApprovalDecisionView(_WireApproval):
     """One decider's committed decision."""
 
     subject: str
@@ -71,15 +71,21 @@ class ApprovalProgress(_WireApproval):
     has and still needs, the current stage, when it is due (database time), who is waited for
     and, after a reassignment, who may decide now (`assigned`)."""
 
-    policy: ApprovalPolicy
+    policy: ApprovalPolicyView
     requester: str | None = None
-    decisions: tuple[ApprovalDecision, ...] = ()
+    decisions: tuple[ApprovalDecisionView, ...] = ()
     due_at: float | None = None
     stage: int = 0
     waiting_for: str = ""
-    assigned: Deciders | None = None
+    assigned: DecidersView | None = None
     approvals: int = 0
     needed: int = 0
 
 
-__all__ = ["ApprovalDecision", "ApprovalPolicy", "ApprovalProgress", "Deciders", "Escalation"]
+__all__ = [
+    "ApprovalDecisionView",
+    "ApprovalPolicyView",
+    "ApprovalProgress",
+    "DecidersView",
+    "EscalationView",
+]

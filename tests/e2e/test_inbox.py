@@ -96,9 +96,9 @@ async def test_live_announcements_cross_gateways_and_never_another_scope(setup: 
         await svc_watch.until(lambda w: action_id in w.actions, TIMEOUT)
         live = [e for e in list(svc_watch._events) if e.kind == "pending"]
         assert [e.data.id for e in live] == [action_id]  # announced live, not only refetched
-        frame = live[0].frame
-        assert isinstance(frame, ActionPendingFrame) and frame.thread_id == thread_id
-        assert frame.action.id == action_id
+        announced = live[0].frame
+        assert isinstance(announced, ActionPendingFrame) and announced.thread_id == thread_id
+        assert announced.action.id == action_id
         await alice.resume(action_id, {"approved": True}, thread_id=thread_id)
         await svc_watch.until(lambda w: action_id not in w.actions, TIMEOUT)
         assert any(e.kind == "resolved" and e.data == action_id for e in list(svc_watch._events))
