@@ -21,13 +21,13 @@ from threadline_wire.frames import (
     Subscribed,
     Unsubscribed,
 )
-from threadline_wire.message_parts import ListedAction
 from threadline_wire.presence_frames import (
     PresenceJoined,
     PresenceLeft,
     PresenceSet,
     PresenceUpdated,
 )
+from threadline_wire.thread_snapshot import PendingAction
 
 
 class ChunkFrame(ServerFrame):
@@ -59,7 +59,7 @@ class ActionPendingFrame(ServerFrame):
     scope: str
     thread_id: str
     version: int
-    action: ListedAction
+    action: PendingAction
 
 
 class ActionResolvedFrame(ServerFrame):

@@ -198,7 +198,7 @@ def test_inbox_frames_the_server_builds_read_typed_with_the_approval_progress() 
     ]
     assert isinstance(pending, ActionPendingFrame) and pending.version == 4
     action = pending.action
-    assert isinstance(action, message_parts.ListedAction) and action.kind is WaitKind.APPROVAL
+    assert isinstance(action, PendingAction) and action.kind is WaitKind.APPROVAL
     progress = action.approval
     assert isinstance(progress, ApprovalProgress)
     assert (progress.approvals, progress.needed, progress.waiting_for) == (1, 1, "alice")
