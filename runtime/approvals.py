@@ -15,32 +15,21 @@ from runtime.errors import (
     NotADecider,
     RequesterExcluded,
 )
+from threadline_wire import approval_progress as wire
 
 RoleName = Literal["user", "backend", "admin"]
 _COMPUTED = frozenset({"approvals", "needed"})
 
 
-class Deciders(BaseModel):
+class Deciders(wire.DecidersView):
     """Who may decide at one stage: a role from `roles` (empty: any role the step allows) and,
     when `subjects` or `groups` are set, one of `subjects` or a member of one of `groups`."""
+
+    # The wire's `DecidersView` (threadline_wire.approval_progress), strict: known roles only.
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     roles: tuple[RoleName, ...] = ()
-    subjects: tuple[str, ...] = ()
-    groups: tuple[str, ...] = ()
-
-    def label(self) -> str:
-        """Who is waited for, as a card shows it ("group finance", "alice, bob", "admin")."""
-        named = [f"group {g}" for g in self.groups] + list(self.subjects)
-        return ", ".join(named or list(self.roles) or ["anyone allowed"])
-
-    def admits(self, subject: str, role: str, groups: frozenset[str]) -> bool:
-        if self.roles and role not in self.roles:
-            return False
-        return not (self.subjects or self.groups) or (
-            subject in self.subjects or bool(groups & set(self.groups))
-        )
 
 
 class Escalation(Deciders):
@@ -95,17 +84,13 @@ class ApprovalPolicy(Deciders):
         return self.deadline if stage == 0 else self.escalations[stage - 1].deadline
 
 
-class ApprovalDecision(BaseModel):
+class ApprovalDecision(wire.ApprovalDecisionView):
     """One decider's committed decision: its record in the action's progress and in what the
     tool is handed on resume (`ToolContext.decisions`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # The wire's `ApprovalDecisionView`, strict.
 
-    subject: str
-    display_name: str
-    approved: bool
-    payload: dict[str, Any]
-    at: float
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ApprovalState(BaseModel):

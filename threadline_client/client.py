@@ -28,6 +28,7 @@ from threadline_client.models import (
 )
 from threadline_client.tokens import REFRESH_MARGIN, TokenProvider, TokenSource
 from threadline_client.watch import ActionsWatch, Backoff, ThreadWatch
+from threadline_wire.message_parts import ListedAction
 
 Policy = Literal["enqueue", "reject", "interrupt"]
 # Requests retried after a transport failure (or a 503): idempotent methods, and bodies with a
@@ -387,8 +388,9 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
         return VersionAnswer.model_validate(await self.request("POST", path, json=body))
 
     @staticmethod
-    def _action_ref(action: PendingAction | str, thread_id: str | None) -> tuple[str, str]:
-        if isinstance(action, PendingAction):
+    def _action_ref(action: ListedAction | str, thread_id: str | None) -> tuple[str, str]:
+        # Any listed action: a snapshot's, the inbox's or an `action.pending` frame's.
+        if isinstance(action, ListedAction):
             thread_id = thread_id or action.thread_id
             action_id = action.id
         else:

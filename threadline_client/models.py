@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
-from threadline_wire import AdmissionAnswer, message_parts
+from threadline_wire import AdmissionAnswer
 from threadline_wire.chunks import StreamChunk, StreamChunkAdapter
 from threadline_wire.command_answers import (
     MetadataAnswer,
@@ -17,87 +17,13 @@ from threadline_wire.command_answers import (
     ThreadPage,
     VersionAnswer,
 )
-from threadline_wire.enums import MessageRole, RunStatus, Visibility
-from threadline_wire.message_parts import MessagePart, QueuedItemView, TextPart
+from threadline_wire.enums import RunStatus
+
+# A snapshot and what it holds: the wire's models, which the server's snapshot serializes to.
+from threadline_wire.thread_snapshot import Message, Page, PendingAction, Run, Snapshot, WireModel
 
 ACTIVE_RUN_STATUSES = frozenset(status for status in RunStatus if status.is_active)
 TERMINAL_RUN_STATUSES = frozenset(status for status in RunStatus if status.is_terminal)
-
-
-class WireModel(BaseModel):
-    """Lenient on input (a server may add fields, docs/protocol.md says clients ignore them)."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
-
-
-class Message(WireModel):
-    """A message of a snapshot; its parts are the server's own part models (text, tool
-    calls), a newer server's unknown ones kept as `OtherPart`."""
-
-    id: str
-    role: MessageRole
-    visibility: Visibility = Visibility.VISIBLE
-    run_id: str | None = None
-    parts: list[MessagePart] = Field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
-
-
-class PendingAction(message_parts.PendingAction):
-    """A pending action as a snapshot or the scope-wide inbox lists it."""
-
-    # Set in the scope-wide inbox (GET /v1/actions), where an action is not inside a snapshot.
-    thread_id: str | None = None
-    scope: str | None = None
-    created_at: Any = None
-    approval: dict[str, Any] | None = None
-
-
-class Run(message_parts.RunView):
-    """The thread's latest run, as a snapshot holds it."""
-
-
-class Page(WireModel):
-    """Which messages a snapshot holds: the last `limit` before a cursor. `before` not None:
-    older messages exist; `snapshot(thread_id, before=page.before)` reads the next older page."""
-
-    limit: int
-    before: int | None = None
-
-
-class Snapshot(WireModel):
-    """A thread's projected, committed state at one version (its messages: one page)."""
-
-    thread: ThreadInfo
-    messages: list[Message] = Field(default_factory=list)
-    pending_actions: list[PendingAction] = Field(default_factory=list)
-    run: Run | None = None
-    queue: list[QueuedItemView] = Field(default_factory=list)
-    page: Page | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _actions_know_their_thread(cls, data: Any) -> Any:
-        """A snapshot's actions omit `thread_id` (it is the snapshot's); filled in so that one
-        can be passed to `resume` as the inbox's actions are."""
-        if not isinstance(data, dict) or not isinstance(data.get("thread"), dict):
-            return data
-        thread_id = data["thread"].get("id")
-        actions = [
-            {"thread_id": thread_id, **a} if isinstance(a, dict) else a
-            for a in data.get("pending_actions") or []
-        ]
-        return {**data, "pending_actions": actions}
-
-    @property
-    def version(self) -> int:
-        return self.thread.version
-
-    def assistant_text(self) -> str:
-        """The text of the thread's assistant messages, in order."""
-        return "".join(m.text for m in self.messages if m.role == "assistant")
 
 
 # The answer to sending a message: declared once, in threadline_wire, for the server and here.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import orjson
+from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
@@ -30,6 +31,8 @@ from threadline_client.models import PendingAction, Snapshot, typed_chunk
 from threadline_client.tokens import keep_fresh
 from threadline_wire.chunks import RunTakeoverChunk
 from threadline_wire.frames import Subscribed
+from threadline_wire.live_frames import LiveFrame, parse_frame
+from threadline_wire.presence_frames import PresenceMember
 
 if TYPE_CHECKING:
     from threadline_client.client import ThreadlineClient
@@ -111,7 +114,9 @@ class WatchEvent:
     (`chunk` and `takeover`: the chunk, a `threadline_wire.chunks` model)."""
 
     kind: EventKind
-    frame: dict[str, Any] | None = None
+    # The frame as its `threadline_wire.live_frames` model (`ChunkFrame`, `PresenceSet`,
+    # `ActionPendingFrame`, ...; a newer server's unknown frame: an `OtherFrame`).
+    frame: LiveFrame | None = None
     data: Any = None
 
 
@@ -201,7 +206,8 @@ class _LiveView(AsyncClosing):
             raise self._failure
 
     def _emit(self, kind: EventKind, frame: dict[str, Any] | None = None, data: Any = None) -> None:
-        self._events.append(WatchEvent(kind, frame, data))
+        typed = None if frame is None else parse_frame(frame)
+        self._events.append(WatchEvent(kind, typed, data))
         self._changed.set()
 
     # --- the connection loop ---------------------------------------------------------------
@@ -343,9 +349,9 @@ class ThreadWatch(_LiveView):
         super().__init__(client, backoff)
         self.thread_id = thread_id
         self.state = ThreadState(thread_id)
-        # Who is here, by subject: {"subject", "role", "name", "connections", "typing",
-        # "reviewing"}; replaced by each `presence` frame (after every (re)subscription).
-        self.presence: dict[str, dict[str, Any]] = {}
+        # Who is here, by subject (`subject`, `role`, `name`, `connections`, `typing`,
+        # `reviewing`); replaced by each `presence` frame (after every (re)subscription).
+        self.presence: dict[str, PresenceMember] = {}
         self.fetches = 0
         self._fetcher: asyncio.Task[None] | None = None
         self._again = False
@@ -390,11 +396,13 @@ class ThreadWatch(_LiveView):
             self._emit("resync", frame)
             self._trigger(self.state.resync())
         elif kind == "presence":
-            self.presence = {m["subject"]: m for m in frame.get("members", [])}
+            members = [_member(m) for m in frame.get("members") or []]
+            self.presence = {m.subject: m for m in members if m is not None}
             self._emit("presence", frame, self.presence)
         elif kind in ("presence.join", "presence.update"):
-            member = frame.get("member") or {}
-            self.presence[str(member.get("subject"))] = member
+            member = _member(frame.get("member"))
+            if member is not None:
+                self.presence[member.subject] = member
             self._emit("presence", frame, self.presence)
         elif kind == "presence.leave":
             self.presence.pop(str(frame.get("subject")), None)
@@ -448,6 +456,14 @@ class ThreadWatch(_LiveView):
         finally:
             self._fetcher = None
             self._changed.set()
+
+
+def _member(entry: Any) -> PresenceMember | None:
+    """A presence entry as its model; None for one that is not (skipped, never a crash)."""
+    try:
+        return PresenceMember.model_validate(entry)
+    except ValidationError:
+        return None
 
 
 class ActionsWatch(_LiveView):

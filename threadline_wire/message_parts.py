@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
+from threadline_wire.approval_progress import ApprovalProgress
 from threadline_wire.enums import Role, RunStatus, ToolState, WaitKind
 
 
@@ -92,6 +93,17 @@ class PendingAction(_WirePart):
     approval: Any = None
 
 
+class ListedAction(PendingAction):
+    """A pending action as a client reads it: from a snapshot (`thread_id` filled in from the
+    snapshot's thread), the scope-wide inbox (`GET /v1/actions`) or an `action.pending` frame,
+    its approval's progress typed."""
+
+    thread_id: str | None = None
+    scope: str | None = None
+    created_at: Any = None
+    approval: ApprovalProgress | None = None
+
+
 def _part_type(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     return kind if kind in ("text", "tool-call") else "other"
@@ -107,6 +119,7 @@ MessagePart = Annotated[
 MessagePartsAdapter: TypeAdapter[list[MessagePart]] = TypeAdapter(list[MessagePart])
 
 __all__ = [
+    "ListedAction",
     "MessagePart",
     "MessagePartsAdapter",
     "OtherPart",

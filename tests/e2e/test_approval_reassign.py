@@ -109,8 +109,9 @@ async def test_a_decider_hands_the_action_on_and_the_inbox_follows(
         await clients["bob"].reassign(action_id, to_subject="carol", thread_id=thread_id)
         await until(lambda: action_id in views["carol"].actions, "carol's inbox never got it")
         await until(lambda: action_id not in views["bob"].actions, "bob's inbox still holds it")
-        held = views["carol"].actions[action_id].approval or {}
-        assert held["waiting_for"] == "carol" and held["assigned"]["subjects"] == ["carol"]
+        held = views["carol"].actions[action_id].approval
+        assert held is not None and held.waiting_for == "carol"
+        assert held.assigned is not None and held.assigned.subjects == ("carol",)
 
         # Carol (websocket) hands it to dave.
         async with connect(f"{second.ws_url}?token={tokens['carol']}") as ws:

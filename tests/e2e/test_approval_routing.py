@@ -357,7 +357,7 @@ async def test_the_assigned_inbox_lists_who_may_decide_now_and_a_decision_leaves
 
         def progressed() -> bool:
             held = views["u4"].actions.get(action_id)
-            return held is not None and (held.approval or {}).get("approvals") == 1
+            return held is not None and held.approval is not None and held.approval.approvals == 1
 
         await until(progressed, "u4's inbox never showed 1 of 2")
         assert action_id not in await inbox(setup, "u3")

@@ -15,6 +15,7 @@ import pytest
 from tests.e2e import cluster, harness
 from tests.services import require_postgres, require_redis
 from threadline_client import ActionsWatch, NotFound, ThreadlineClient, ThreadWatch, ToolCallPart
+from threadline_wire.live_frames import ActionPendingFrame
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 TIMEOUT = 30.0
@@ -95,14 +96,16 @@ async def test_live_announcements_cross_gateways_and_never_another_scope(setup: 
         await svc_watch.until(lambda w: action_id in w.actions, TIMEOUT)
         live = [e for e in list(svc_watch._events) if e.kind == "pending"]
         assert [e.data.id for e in live] == [action_id]  # announced live, not only refetched
-        assert live[0].frame is not None and live[0].frame["thread_id"] == thread_id
+        announced = live[0].frame
+        assert isinstance(announced, ActionPendingFrame) and announced.thread_id == thread_id
+        assert announced.action.id == action_id
         await alice.resume(action_id, {"approved": True}, thread_id=thread_id)
         await svc_watch.until(lambda w: action_id not in w.actions, TIMEOUT)
         assert any(e.kind == "resolved" and e.data == action_id for e in list(svc_watch._events))
         await asyncio.sleep(0.5)
         assert set(beta_watch.actions) == before
         frames = [e.frame for e in list(beta_watch._events) if e.frame is not None]
-        assert all(f.get("scope") == "beta" for f in frames), frames
+        assert all(getattr(f, "scope", None) == "beta" for f in frames), frames
     # Asking for a scope the token does not hold is not_found, as for threads.
     frame = await _subscribe_raw(setup, "beta_svc", "alpha")
     assert frame["type"] == "error" and frame["code"] == "not_found"

@@ -46,7 +46,7 @@ def setup() -> Iterator[Setup]:
 
 
 def present(watch: ThreadWatch) -> dict[str, int]:
-    return {subject: m["connections"] for subject, m in watch.presence.items()}
+    return {subject: m.connections for subject, m in watch.presence.items()}
 
 
 async def test_everyone_sees_everyone_typing_reviewing_and_leaving(setup: Setup) -> None:
@@ -62,19 +62,19 @@ async def test_everyone_sees_everyone_typing_reviewing_and_leaving(setup: Setup)
         everyone = {"alice": 2, "bob": 1, "svc": 1}  # two tabs of alice are one member
         for watch in watches:
             await watch.until(lambda w: present(w) == everyone, TIMEOUT)
-        assert watches[0].presence["svc"]["role"] == "backend"
+        assert watches[0].presence["svc"].role == "backend"
         # The token's display name is what others see; the subject stays the member's key.
-        assert watches[0].presence["bob"]["name"] == "Bob Marsh"
-        assert watches[0].presence["alice"]["name"] == "alice"  # no display name: the subject
+        assert watches[0].presence["bob"].name == "Bob Marsh"
+        assert watches[0].presence["alice"].name == "alice"  # no display name: the subject
 
         bob = watches[2]
         await bob.set_presence(typing=True)
         for watch in watches:
-            await watch.until(lambda w: w.presence["bob"]["typing"] is True, TIMEOUT)
+            await watch.until(lambda w: w.presence["bob"].typing is True, TIMEOUT)
         await bob.set_presence(typing=False, reviewing="act_123")
         await watches[0].until(
             lambda w: (
-                w.presence["bob"]["typing"] is False and w.presence["bob"]["reviewing"] == "act_123"
+                w.presence["bob"].typing is False and w.presence["bob"].reviewing == "act_123"
             ),
             TIMEOUT,
         )
@@ -83,7 +83,7 @@ async def test_everyone_sees_everyone_typing_reviewing_and_leaving(setup: Setup)
         for i in range(30):
             await bob.set_presence(typing=i % 2 == 0)
         await bob.set_presence(typing=True)
-        await watches[0].until(lambda w: w.presence["bob"]["typing"] is True, TIMEOUT)
+        await watches[0].until(lambda w: w.presence["bob"].typing is True, TIMEOUT)
         await asyncio.sleep(0.5)
         after = sum(1 for e in list(watches[0]._events) if e.kind == "presence")
         assert after - before < 15, (before, after)

@@ -175,6 +175,22 @@ export interface ApprovalDecision {
   subject: string;
 }
 /**
+ * One decider's committed decision.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "ApprovalDecisionView".
+ */
+export interface ApprovalDecisionView {
+  approved: boolean;
+  at: number;
+  display_name: string;
+  payload: {
+    [k: string]: unknown | undefined;
+  };
+  subject: string;
+  [k: string]: unknown | undefined;
+}
+/**
  * Declared on a `SuspendStep` (`SuspendStep(Approval, policy=ApprovalPolicy(quorum=2))`).
  *
  * A decider must hold one of `roles` (empty: any role the step allows) and, when `subjects` or
@@ -224,6 +240,75 @@ export interface Escalation {
   groups?: string[];
   roles?: ('user' | 'backend' | 'admin')[];
   subjects?: string[];
+}
+/**
+ * A tool's approval policy as a pending action shows it (`runtime.approvals` documents
+ * each field): `quorum` approvals needed, stage deadlines and escalations, expiry outcome.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "ApprovalPolicyView".
+ */
+export interface ApprovalPolicyView {
+  approve_payload?: {
+    [k: string]: unknown | undefined;
+  };
+  deadline?: number | null;
+  delegation?: boolean;
+  escalations?: EscalationView[];
+  exclude_requester?: boolean;
+  expiry_reason?: string;
+  groups?: string[];
+  on_expiry?: string;
+  quorum?: number;
+  roles?: string[];
+  subjects?: string[];
+  [k: string]: unknown | undefined;
+}
+/**
+ * A later stage: the deciders the action moves to when the stage before it is due.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "EscalationView".
+ */
+export interface EscalationView {
+  deadline: number;
+  groups?: string[];
+  roles?: string[];
+  subjects?: string[];
+  [k: string]: unknown | undefined;
+}
+/**
+ * A pending action's `approval`: its policy, the decisions so far, how many approvals it
+ * has and still needs, the current stage, when it is due (database time), who is waited for
+ * and, after a reassignment, who may decide now (`assigned`).
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "ApprovalProgress".
+ */
+export interface ApprovalProgress {
+  approvals?: number;
+  assigned?: DecidersView | null;
+  decisions?: ApprovalDecisionView[];
+  due_at?: number | null;
+  needed?: number;
+  policy: ApprovalPolicyView;
+  requester?: string | null;
+  stage?: number;
+  waiting_for?: string;
+  [k: string]: unknown | undefined;
+}
+/**
+ * Who may decide at one stage: a role from `roles` (empty: any role the step allows) and,
+ * when `subjects` or `groups` are set, one of `subjects` or a member of one of `groups`.
+ *
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "DecidersView".
+ */
+export interface DecidersView {
+  groups?: string[];
+  roles?: string[];
+  subjects?: string[];
+  [k: string]: unknown | undefined;
 }
 /**
  * An action's policy and its progress, kept in the waiting tool part: committed with each
@@ -567,16 +652,15 @@ export interface Page {
   [k: string]: unknown | undefined;
 }
 /**
- * A pending action as a snapshot or the scope-wide inbox lists it.
+ * A pending action as a snapshot, the scope-wide inbox or an `action.pending` frame
+ * carries it (`approval`: its policy and progress, a `threadline_wire` `ApprovalProgress`).
  *
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "PendingAction".
  */
 export interface PendingAction {
   allowed_roles?: Role[];
-  approval?: {
-    [k: string]: unknown | undefined;
-  } | null;
+  approval?: ApprovalProgress | null;
   created_at?: unknown;
   id: string;
   input?: {
