@@ -195,7 +195,10 @@ class SnapshotCache:
             future.exception()  # retrieved: a flight nobody joined must not warn
             raise
         finally:
-            if self._flights.get(key, (None, None, future))[2] is future:
+            # Only its own flight: a newer one of the key (a commit announced meanwhile) may
+            # have replaced it, and ended first (clearing the key) or be still in flight.
+            flight = self._flights.get(key)
+            if flight is not None and flight[2] is future:
                 del self._flights[key]
         future.set_result(entry)
         if self._current(entry, self._freshness(key.thread_id)):

@@ -7,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from tests.campaign.history import Fault, Stream
 
 Flag = Callable[[str, str], None]
@@ -15,6 +17,19 @@ AGUI_ENDS = ("RUN_FINISHED", "RUN_ERROR")
 # A fault's effects outlast its own span: a killed process restarting, Redis coming back and
 # every gateway resubscribing, a pool reconnecting. A stream is calm past this margin.
 HEAL_MARGIN = 3.0
+
+
+def sequence(stream: Stream) -> str:
+    """A stream's events as the checker reports them: every type in order, errors in full, and
+    the end it had (`[DONE]`, closed by the server, or cut)."""
+    shown = [
+        orjson.dumps(e).decode() if e.get("type") in ("RUN_ERROR", "error") else str(e.get("type"))
+        for e in stream.events[:40]
+    ]
+    if len(stream.events) > 40:
+        shown.append(f"... {len(stream.events) - 40} more")
+    end = "[DONE]" if stream.done else "closed" if stream.closed else f"cut ({stream.error})"
+    return f"[{', '.join(shown)}] then {end}"
 
 
 def text_of(parts: Sequence[Mapping[str, Any]]) -> str:
@@ -49,6 +64,9 @@ class StreamRules:
         else:
             self.aisdk(stream)
 
+    def framing(self, stream: Stream, detail: str) -> None:
+        self.flag("stream framing", f"{detail}; events: {sequence(stream)}")
+
     def calm(self, stream: Stream) -> bool:
         """No fault struck (or was still being healed) while the stream was open."""
         return self.last_fault(stream) is None
@@ -71,18 +89,20 @@ class StreamRules:
             elif kind == stop:
                 open_ids.discard(str(event.get(key)))
             elif kind == delta and str(event.get(key)) not in open_ids:
-                self.flag("stream framing", f"{stream.name}: {kind} outside its text: {event}")
+                self.framing(stream, f"{stream.name}: {kind} outside its text: {event}")
                 return
 
     def agui(self, stream: Stream) -> None:
         events = stream.events
-        if events[0].get("type") != "RUN_STARTED":
-            self.flag("stream framing", f"{stream.name} began with {events[0].get('type')}")
+        # The AG-UI verifier (@ag-ui/client) takes RUN_ERROR as a first event: a stream
+        # refused before its run started is that one event (nothing may follow, below).
+        if events[0].get("type") not in ("RUN_STARTED", "RUN_ERROR"):
+            self.framing(stream, f"{stream.name} began with {events[0].get('type')}")
         ends = [i for i, e in enumerate(events) if e.get("type") in AGUI_ENDS]
         if len(ends) > 1 or (ends and ends[0] != len(events) - 1):
-            self.flag("stream framing", f"{stream.name}: events after the run's end")
+            self.framing(stream, f"{stream.name}: events after the run's end")
         elif stream.closed and not ends:
-            self.flag("stream framing", f"{stream.name} closed without RUN_FINISHED/RUN_ERROR")
+            self.framing(stream, f"{stream.name} closed without RUN_FINISHED/RUN_ERROR")
         self._open_texts(
             stream, "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "messageId"
         )
@@ -109,13 +129,15 @@ class StreamRules:
     def aisdk(self, stream: Stream) -> None:
         events = stream.events
         if events[0].get("type") != "start":
-            self.flag("stream framing", f"{stream.name} began with {events[0].get('type')}")
+            self.framing(stream, f"{stream.name} began with {events[0].get('type')}")
             return
         finishes = [i for i, e in enumerate(events) if e.get("type") == "finish"]
         if len(finishes) > 1 or (finishes and finishes[0] != len(events) - 1):
-            self.flag("stream framing", f"{stream.name}: chunks after finish")
-        elif stream.done and not finishes:
-            self.flag("stream framing", f"{stream.name}: [DONE] without finish")
+            self.framing(stream, f"{stream.name}: chunks after finish")
+        elif stream.done and not finishes and events[-1].get("type") != "error":
+            # An `error` part may end the stream instead of `finish` (the AI SDK's own
+            # createUIMessageStream does, and useChat ends in its error state).
+            self.framing(stream, f"{stream.name}: [DONE] without finish or error")
         self._open_texts(stream, "text-start", "text-delta", "text-end", "id")
         run_id = str(events[0].get("messageId"))
         if not finishes or events[-1].get("finishReason") != "stop":

@@ -223,3 +223,38 @@ async def test_concurrent_misses_share_one_read_within_a_scope() -> None:
     thread.commit()
     await get(cache, thread, ALICE)
     assert thread.reads == 3
+
+
+async def test_an_older_read_ending_after_a_newer_one_of_its_key_still_answers() -> None:
+    """A commit announced while a read is in flight: the next miss reads on its own (a second
+    flight of the key). Ending first, it clears the key; the older read, ending after it, still
+    answers its readers (it failed them with a KeyError: the campaign's internal_error streams)."""
+    thread = Thread()
+    cache = SnapshotCache(thread.freshness)
+    gates: list[asyncio.Event] = []
+    read_for = thread.read_for
+
+    async def gated_read(principal: Principal) -> Snapshot:
+        gate = asyncio.Event()
+        gates.append(gate)
+        await gate.wait()
+        return await read_for(principal)
+
+    thread.read_for = gated_read  # type: ignore[method-assign]
+    older = asyncio.create_task(get(cache, thread, ALICE))
+    for _ in range(10):  # bounded: the older read reaches storage
+        if gates:
+            break
+        await asyncio.sleep(0)
+    thread.commit()
+    newer = asyncio.create_task(get(cache, thread, ALICE))
+    for _ in range(10):
+        if len(gates) == 2:
+            break
+        await asyncio.sleep(0)
+    assert len(gates) == 2  # the newer miss did not join the older flight
+    gates[1].set()
+    assert (await newer).thread.version == 2
+    gates[0].set()
+    assert (await older).thread.version == 2  # read after the commit: the committed state
+    assert (await get(cache, thread, ALICE)).thread.version == 2
