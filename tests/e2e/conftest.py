@@ -72,6 +72,7 @@ VALID_BODIES: dict[str, Any] = {
     "stop_run": None,
     "regenerate": {},
     "retry_run": {},
+    "reassign": {"to_subject": "someone-else"},
 }
 
 
