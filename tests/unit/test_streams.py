@@ -123,6 +123,23 @@ async def test_a_resync_rereads_snapshot_and_replay() -> None:
     assert seqs(events) == ["snap", 0, "reset", 1]
 
 
+@pytest.mark.parametrize(
+    ("append_only", "after"), [(True, [2]), (False, [0, 1, 2])], ids=["ai-sdk", "ag-ui"]
+)
+async def test_a_resync_mid_step_resends_the_step_only_to_streams_that_replace_it(
+    append_only: bool, after: list[int]
+) -> None:
+    # Nothing committed (next_seq 0 both times): after the resync the replay still holds 0-1,
+    # already sent. An AI SDK stream cannot take text back (sent again, it shows twice); AG-UI
+    # replaces the partial message on the reset and needs the step again.
+    service = FakeService([snap(5), snap(6)])
+    hub = FakeHub([[delta(0), delta(1)], [delta(0), delta(1), delta(2)]])
+    feed = ThreadFeed(Caller(PRINCIPAL, service), hub, THREAD)  # type: ignore[arg-type]
+    feed.append_only = append_only
+    events = await collect(feed, hub, [encode(ResyncEnvelope(thread_id=THREAD))], 4 + len(after))
+    assert seqs(events) == ["snap", 0, 1, "reset", *after]
+
+
 async def test_a_takeover_voids_what_the_old_worker_streamed() -> None:
     # The new worker redoes the step from the committed next_seq (0): its seqs repeat.
     takeover = chunk(0, {"type": "run-takeover", "episode": 2})

@@ -380,7 +380,7 @@ async def chat_endpoint(request: Request) -> Response:
         steps = plan(caller, thread.thread_id, chat, thread.snapshot)
         create = create_step(caller, chat.id, thread.snapshot)
         charged = await charge_together(caller, [*create, *steps])
-        feed = await open_feed(request, caller, thread.thread_id, create, charged)
+        feed = await open_feed(request, caller, thread.thread_id, create, charged, append_only=True)
     except Exception as exc:
         return wire_error(exc).response()
     try:
@@ -404,7 +404,7 @@ async def resume_endpoint(request: Request) -> Response:
         run = snapshot.run
         if run is None or is_settled(snapshot, run.id):
             return Response(status_code=204)
-        feed = await open_feed(request, caller, thread.thread_id)
+        feed = await open_feed(request, caller, thread.thread_id, append_only=True)
     except Exception as exc:
         return wire_error(exc).response()
     return respond(feed, stream_run(feed, run.id, set()), thread.thread_id)

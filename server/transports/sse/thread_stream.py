@@ -103,6 +103,10 @@ class ThreadFeed:
     _slot: ConnectionSlot | None = None
     _refreshed: float = 0.0
     _stopping: bool = False
+    _voided: bool = False  # the last resync came from a takeover
+    # A stream that cannot take back what it sent (the AI SDK's): a resync does not re-send
+    # the in-flight step's chunks it already sent. AG-UI replaces the partial message instead.
+    append_only: bool = False
 
     def shutdown(self) -> None:
         """The server is shutting down: the stream ends with ServerDraining (server/drain.py)."""
@@ -158,6 +162,10 @@ class ThreadFeed:
         retried = False
         while True:
             # (Re)synchronise: committed state first, then the in-flight step it does not hold.
+            # An append-only stream does not get again what it was sent of the same episode;
+            # after a takeover the new worker's seqs repeat and are streamed.
+            sent = dict(expected) if self.append_only and not self._voided else {}
+            self._voided = False
             snapshot = await self.snapshot()
             version = snapshot.thread.version
             expected.clear()
@@ -166,9 +174,12 @@ class ThreadFeed:
             yield Committed(snapshot, reset)
             reset = True
             gap = False
-            for chunk in after_takeover(
-                [_chunk(data) for data in await self.hub.replay(self.thread_id)]
-            ):
+            replay = [_chunk(data) for data in await self.hub.replay(self.thread_id)]
+            if not any(c is not None and c.chunk.get("type") == TAKEOVER for c in replay):
+                for run_id, seq in sent.items():
+                    if run_id in expected:
+                        expected[run_id] = max(expected[run_id], seq)
+            for chunk in after_takeover(replay):
                 verdict = _admit(expected, chunk)
                 if verdict == "gap" and not retried:
                     # Most likely a commit between the two reads: read both again, once. A
@@ -225,6 +236,7 @@ class ThreadFeed:
                 continue
             if chunk.chunk.get("type") == TAKEOVER:
                 # Another worker redoes the step from its committed start: seqs repeat.
+                self._voided = True
                 yield None
                 return
             verdict = _admit(expected, chunk)
@@ -295,12 +307,15 @@ async def open_feed(
     thread_id: str,
     create: Sequence[Step] = (),
     charged: Caller | None = None,
+    *,
+    append_only: bool = False,
 ) -> ThreadFeed:
     """A feed of `thread_id` already listening (its connection slot taken), then the thread
     created by `create` (steps checked and charged already, run as `charged`): open it before
     applying the request, so nothing the request causes is missed. Hand it to `sse_response`,
     which closes it; close it yourself if you answer otherwise."""
     feed = ThreadFeed(caller, request.app.state.hub, thread_id)
+    feed.append_only = append_only
     await feed.__aenter__()
     try:
         for command, data in create:
