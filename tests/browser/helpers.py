@@ -7,13 +7,17 @@ import json
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 from playwright.sync_api import ConsoleMessage, Locator, Page, ViewportSize, expect
 from playwright.sync_api import Error as PlaywrightError
+
+if TYPE_CHECKING:
+    from tests.e2e.harness import ServerHandle
 
 # Every e-mail address the demo redactor would redact (runtime/demo/redact.py, as JS).
 EMAIL_PATTERN_JS = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
@@ -268,3 +272,15 @@ class ConsoleLog:
             for entry in self.entries
             if not (self.failed_loads_allowed and FAILED_LOAD.search(entry.split(": ", 1)[-1]))
         ]
+
+
+def three_people(server: ServerHandle) -> dict[str, str]:
+    """Tokens of alice, bob and carol (display names set: the approval cards show them), minted
+    at once."""
+    people = {"alice": "Alice Ask", "bob": "Bob Builder", "carol": "Carol Check"}
+    with ThreadPoolExecutor(max_workers=len(people)) as pool:
+        futures = {
+            who: pool.submit(server.token, "demo", "user", who, name)
+            for who, name in people.items()
+        }
+        return {who: future.result(timeout=60) for who, future in futures.items()}

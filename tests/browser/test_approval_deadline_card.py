@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.helpers import Api, OpenPage, Shot, expect_settled, send_from
+from tests.browser.helpers import Api, OpenPage, Shot, expect_settled, send_from, three_people
 from tests.e2e import harness
 
 pytestmark = pytest.mark.browser
@@ -44,13 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.ServerH
 
 @pytest.fixture(scope="module")
 def tokens(server: harness.ServerHandle) -> dict[str, str]:
-    people = {"alice": "Alice Ask", "bob": "Bob Builder", "carol": "Carol Check"}
-    with ThreadPoolExecutor(max_workers=len(people)) as pool:
-        futures = {
-            who: pool.submit(server.token, "demo", "user", who, name)
-            for who, name in people.items()
-        }
-        return {who: future.result(timeout=60) for who, future in futures.items()}
+    return three_people(server)
 
 
 def test_the_card_shows_the_escalated_stage_and_its_deadline(
