@@ -174,12 +174,15 @@ class ThreadFeed:
             yield Committed(snapshot, reset)
             reset = True
             gap = False
-            replay = [_chunk(data) for data in await self.hub.replay(self.thread_id)]
-            if not any(c is not None and c.chunk.get("type") == TAKEOVER for c in replay):
+            replay = after_takeover(
+                [_chunk(data) for data in await self.hub.replay(self.thread_id)]
+            )
+            # The replay starts at its last takeover, if it holds one: the new worker's seqs.
+            if not (replay and replay[0].chunk.get("type") == TAKEOVER):
                 for run_id, seq in sent.items():
                     if run_id in expected:
                         expected[run_id] = max(expected[run_id], seq)
-            for chunk in after_takeover(replay):
+            for chunk in replay:
                 verdict = _admit(expected, chunk)
                 if verdict == "gap" and not retried:
                     # Most likely a commit between the two reads: read both again, once. A
