@@ -14,7 +14,16 @@ import orjson
 from realtime.channels import thread_channel
 from realtime.memory import MemoryBus
 from runtime.agent import Agent
-from runtime.domain import MessageView, Principal, Role, RunStatus, RunView, Snapshot, TextPart
+from runtime.domain import (
+    Lease,
+    MessageView,
+    Principal,
+    Role,
+    RunStatus,
+    RunView,
+    Snapshot,
+    TextPart,
+)
 from runtime.engine.publisher import Publisher
 from runtime.engine.worker import Worker
 from runtime.providers.model_api import ContextMessage
@@ -137,3 +146,26 @@ def first_text(message: MessageView | ContextMessage) -> str:
     part = message.parts[0]
     assert isinstance(part, TextPart), part
     return part.text
+
+
+class GatedLeases:
+    """The store, except that the first admin lease waits for `gate` (`waiting` says it has
+    asked): others commit between a rewrite's early read and its lease, as a concurrent
+    client or rewrite would."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self._first = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
+        if self._first:
+            self._first = False
+            self.waiting.set()
+            await asyncio.wait_for(self.gate.wait(), 10)
+        lease: Lease | None = await self._store.acquire_admin_lease(thread_id, owner, ttl)
+        return lease

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from runtime.approvals import ApprovalPolicy, ApprovalState
 from runtime.domain import (
     Admission,
     Lease,
@@ -118,3 +119,27 @@ def assert_contiguous(versions: Iterable[int], start: int) -> None:
     duplicated, no gap."""
     ordered = sorted(versions)
     assert ordered == list(range(start + 1, start + 1 + len(ordered))), ordered
+
+
+async def suspend_under(
+    store: Store, policy: ApprovalPolicy, say: str = "asking"
+) -> tuple[str, str]:
+    """(thread id, run id) of a run waiting on `act-1`, asked of by alice under `policy`; its
+    lease released, as a worker leaves a suspended run."""
+    thread = await new_thread(store)
+    admission, lease = await start_run(store, thread.id)
+    part = pending_part("act-1")
+    assert part.waiting is not None
+    waiting = part.waiting.model_copy(
+        update={"approval": ApprovalState(policy=policy, requester="alice")}
+    )
+    await store.commit(
+        lease,
+        StepCommit(
+            append=(assistant(text(say), part.model_copy(update={"waiting": waiting})),),
+            run=RunChange(status=RunStatus.WAITING),
+        ),
+    )
+    await store.release_lease(lease)
+    assert admission.run_id is not None
+    return thread.id, admission.run_id

@@ -4,39 +4,14 @@ tied to the version it chose its target from, so an acknowledged send is never d
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 from runtime.agent import Agent
-from runtime.domain import Lease
 from runtime.errors import VersionMismatch
 from runtime.providers.scripted import ScriptedModel, text_response
-from runtime.storage.store import Store
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, SCOPE, first_text, settled
-
-
-class HeldLease:
-    """The store, except that the first admin lease is held back until `gate` opens: others
-    commit between the rewrite's read and its lease, as a concurrent client would."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self.gate = asyncio.Event()
-        self.waiting = asyncio.Event()
-        self._first = True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
-        if self._first:
-            self._first = False
-            self.waiting.set()
-            await asyncio.wait_for(self.gate.wait(), 10)
-        lease: Lease | None = await self._store.acquire_admin_lease(thread_id, owner, ttl)
-        return lease
+from tests.conformance.runtime_harness import ALICE, SCOPE, GatedLeases, first_text, settled
 
 
 async def test_an_acknowledged_send_survives_a_racing_regenerate(
@@ -53,7 +28,7 @@ async def test_an_acknowledged_send_survives_a_racing_regenerate(
     thread_id = await rt.thread()
     await rt.service.send_message(ALICE, thread_id, "q1")
     await rt.wait_for(thread_id, lambda s: settled(s) and len(s.messages) == 2)
-    held = HeldLease(rt.store)
+    held = GatedLeases(rt.store)
     rt.service.store = held
     regenerate = asyncio.create_task(rt.service.regenerate(ALICE, thread_id))
     await asyncio.wait_for(held.waiting.wait(), 10)

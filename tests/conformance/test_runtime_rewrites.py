@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from runtime.agent import Agent
 from runtime.compose import compose_lifecycle
-from runtime.domain import Lease, RunStatus, RunTrigger, Visibility
+from runtime.domain import RunStatus, RunTrigger, Visibility
 from runtime.errors import Conflict, VersionMismatch
 from runtime.lifecycle import (
     AgentLifecycle,
@@ -23,9 +22,15 @@ from runtime.lifecycle import (
     StepContext,
 )
 from runtime.providers.scripted import ScriptedModel, text_response
-from runtime.storage.store import Store
 from tests.conformance.runtime_fixtures import RuntimeFactory
-from tests.conformance.runtime_harness import ALICE, SCOPE, first_text, run_of, settled
+from tests.conformance.runtime_harness import (
+    ALICE,
+    SCOPE,
+    GatedLeases,
+    first_text,
+    run_of,
+    settled,
+)
 from threadline_wire.chunks import StreamChunk
 
 
@@ -43,28 +48,6 @@ class Counting(AgentLifecycle):
 
     async def history_rewritten(self, ctx: RewriteContext, outcome: RewriteOutcome) -> None:
         self.observed.append((outcome.kind, outcome.run_id))
-
-
-class GatedLeases:
-    """The store, except that the first admin lease waits for `gate`: another rewrite can
-    commit between the first rewrite's early read and its lease."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self.gate = asyncio.Event()
-        self.waiting = asyncio.Event()
-        self._first = True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
-        if self._first:
-            self._first = False
-            self.waiting.set()
-            await asyncio.wait_for(self.gate.wait(), 10)
-        lease: Lease | None = await self._store.acquire_admin_lease(thread_id, owner, ttl)
-        return lease
 
 
 async def test_prepare_history_rewrite_reads_metadata_under_the_admin_lease(

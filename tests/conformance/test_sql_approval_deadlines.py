@@ -18,7 +18,7 @@ from runtime.storage.hooks_store import WebhookEvent
 from runtime.storage.sql.audit_sql import SqlAuditLog
 from runtime.storage.sql.hooks_sql import SqlHooks
 from runtime.storage.sql.sql_store import SqlStore
-from runtime.storage.store import RunChange, StepCommit, TailUpdate
+from runtime.storage.store import StepCommit, TailUpdate
 from tests.conformance.store_helpers import (
     SCOPE,
     SCOPES,
@@ -27,7 +27,7 @@ from tests.conformance.store_helpers import (
     new_thread,
     pending_part,
     start_run,
-    text,
+    suspend_under,
 )
 
 STAGE = 0.3
@@ -49,27 +49,6 @@ AUTO_APPROVE = ApprovalPolicy(
 @pytest.fixture
 async def hooks(sql_store: SqlStore) -> AsyncIterator[SqlHooks]:
     yield SqlHooks(sql_store)
-
-
-async def suspended(store: SqlStore, policy: ApprovalPolicy) -> tuple[str, str]:
-    """(thread id, run id) of a run waiting on `act-1` under `policy`."""
-    thread = await new_thread(store)
-    admission, lease = await start_run(store, thread.id)
-    part = pending_part("act-1")
-    assert part.waiting is not None
-    waiting = part.waiting.model_copy(
-        update={"approval": ApprovalState(policy=policy, requester="alice")}
-    )
-    await store.commit(
-        lease,
-        StepCommit(
-            append=(assistant(text("asking"), part.model_copy(update={"waiting": waiting})),),
-            run=RunChange(status=RunStatus.WAITING),
-        ),
-    )
-    await store.release_lease(lease)
-    assert admission.run_id is not None
-    return thread.id, admission.run_id
 
 
 async def action(store: SqlStore, thread_id: str) -> PendingAction | None:
@@ -101,7 +80,7 @@ async def fire_all(hooks: SqlHooks, owner: str = "w1") -> int:
 
 async def test_escalation_then_auto_deny(sql_store: SqlStore, hooks: SqlHooks) -> None:
     before = await sql_store.db_time()
-    thread_id, run_id = await suspended(sql_store, ESCALATING)
+    thread_id, run_id = await suspend_under(sql_store, ESCALATING)
     first = await action(sql_store, thread_id)
     assert first is not None and first.approval is not None
     # Armed in the suspending transaction, by the database clock.
@@ -146,7 +125,7 @@ async def test_escalation_then_auto_deny(sql_store: SqlStore, hooks: SqlHooks) -
 
 
 async def test_auto_approve_records_its_reason(sql_store: SqlStore, hooks: SqlHooks) -> None:
-    thread_id, run_id = await suspended(sql_store, AUTO_APPROVE)
+    thread_id, run_id = await suspend_under(sql_store, AUTO_APPROVE)
     first = await action(sql_store, thread_id)
     assert first is not None and first.approval is not None and first.approval.due_at
     await until_due(sql_store, first.approval.due_at)
@@ -180,7 +159,7 @@ async def test_decided_before_the_fire_cancels_the_timer(
     sql_store: SqlStore, hooks: SqlHooks
 ) -> None:
     policy = ApprovalPolicy(deadline=STAGE)
-    thread_id, _ = await suspended(sql_store, policy)
+    thread_id, _ = await suspend_under(sql_store, policy)
     first = await action(sql_store, thread_id)
     assert first is not None and first.approval is not None and first.approval.due_at
     await until_due(sql_store, first.approval.due_at)
@@ -201,7 +180,7 @@ async def test_decided_before_the_fire_cancels_the_timer(
 async def test_a_fire_on_an_action_no_longer_pending_does_nothing(
     sql_store: SqlStore, hooks: SqlHooks
 ) -> None:
-    thread_id, run_id = await suspended(sql_store, ApprovalPolicy(deadline=STAGE))
+    thread_id, run_id = await suspend_under(sql_store, ApprovalPolicy(deadline=STAGE))
     first = await action(sql_store, thread_id)
     assert first is not None and first.approval is not None and first.approval.due_at
     # The run ends (its stop finalisation cancels the action) while its timer stays.
@@ -223,7 +202,7 @@ async def test_a_fire_on_an_action_no_longer_pending_does_nothing(
 async def test_racing_timer_loops_fire_each_stage_once(
     sql_store: SqlStore, hooks: SqlHooks
 ) -> None:
-    thread_id, _ = await suspended(sql_store, ESCALATING)
+    thread_id, _ = await suspend_under(sql_store, ESCALATING)
     first = await action(sql_store, thread_id)
     assert first is not None and first.approval is not None and first.approval.due_at
     publisher = Publisher(MemoryBus())
@@ -254,9 +233,9 @@ async def test_decisions_escalations_and_expiries_are_webhook_events(
     subscription = await hooks.create_subscription(
         SCOPE, "http://127.0.0.1:9/a", wanted, "whsec_dGVzdA==", "ops"
     )
-    decided, _ = await suspended(sql_store, ApprovalPolicy(quorum=2))
+    decided, _ = await suspend_under(sql_store, ApprovalPolicy(quorum=2))
     await sql_store.resolve_action(decided, SCOPES, "act-1", decision("bob"))
-    expiring, _ = await suspended(sql_store, ESCALATING)
+    expiring, _ = await suspend_under(sql_store, ESCALATING)
     first = await action(sql_store, expiring)
     assert first is not None and first.approval is not None and first.approval.due_at
     await until_due(sql_store, first.approval.due_at)

@@ -4,43 +4,18 @@ and `verify` accepts; a routed approval's progress reads back from storage."""
 from __future__ import annotations
 
 from runtime.approvals import ApprovalDecision, ApprovalPolicy, ApprovalState
-from runtime.domain import Origin, Resolution, Role, RunStatus, ToolCallPart
+from runtime.domain import Origin, Resolution, Role, ToolCallPart
 from runtime.service.audit import verify_scope
 from runtime.storage.audit_chain import payload_hash
 from runtime.storage.sql.audit_sql import SqlAuditLog
 from runtime.storage.sql.sql_store import SqlStore
-from runtime.storage.store import RunChange, StepCommit
 from tests.conformance.store_helpers import (
     SCOPE,
     SCOPES,
-    assistant,
-    new_thread,
-    pending_part,
-    start_run,
-    text,
+    suspend_under,
 )
 
 POLICY = ApprovalPolicy(quorum=2, exclude_requester=True)
-
-
-async def routed_thread(store: SqlStore) -> str:
-    """A thread whose run waits on `act-1` under a quorum-2 policy."""
-    thread = await new_thread(store)
-    _, lease = await start_run(store, thread.id)
-    part = pending_part("act-1")
-    assert part.waiting is not None
-    waiting = part.waiting.model_copy(
-        update={"approval": ApprovalState(policy=POLICY, requester="alice")}
-    )
-    await store.commit(
-        lease,
-        StepCommit(
-            append=(assistant(text("need two"), part.model_copy(update={"waiting": waiting})),),
-            run=RunChange(status=RunStatus.WAITING),
-        ),
-    )
-    await store.release_lease(lease)
-    return thread.id
 
 
 def decision(subject: str, approved: bool = True) -> Resolution:
@@ -64,8 +39,8 @@ def decision(subject: str, approved: bool = True) -> Resolution:
 
 
 async def test_decisions_append_a_chain_that_pages_and_verifies(sql_store: SqlStore) -> None:
-    first = await routed_thread(sql_store)
-    second = await routed_thread(sql_store)
+    first = (await suspend_under(sql_store, POLICY, "need two"))[0]
+    second = (await suspend_under(sql_store, POLICY, "need two"))[0]
     partial = await sql_store.resolve_action(first, SCOPES, "act-1", decision("bob"))
     assert not partial.run_resumed
     # The progress is committed state: it reads back from storage (computed fields and all).
@@ -106,7 +81,7 @@ async def test_decisions_append_a_chain_that_pages_and_verifies(sql_store: SqlSt
 
 
 async def test_a_pending_part_under_a_policy_survives_a_reload(sql_store: SqlStore) -> None:
-    thread_id = await routed_thread(sql_store)
+    thread_id = (await suspend_under(sql_store, POLICY, "need two"))[0]
     part = (await sql_store.list_messages(thread_id))[-1].parts[-1]
     assert isinstance(part, ToolCallPart) and part.waiting is not None
     assert part.waiting.approval == ApprovalState(policy=POLICY, requester="alice")

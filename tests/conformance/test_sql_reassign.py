@@ -12,11 +12,10 @@ from runtime.errors import DelegationNotAllowed, InvalidInput, NotADecider, Requ
 from runtime.storage.sql.audit_sql import SqlAuditLog
 from runtime.storage.sql.hooks_sql import SqlHooks
 from runtime.storage.sql.sql_store import SqlStore
-from tests.conformance.store_helpers import SCOPE, SCOPES
+from tests.conformance.store_helpers import SCOPE, SCOPES, suspend_under
 from tests.conformance.test_sql_approval_deadlines import (
     action,
     fire_all,
-    suspended,
     until_due,
 )
 
@@ -40,7 +39,7 @@ async def version(store: SqlStore, thread_id: str) -> int:
 
 
 async def test_a_decider_reassigns_and_an_escalation_replaces_it(sql_store: SqlStore) -> None:
-    thread_id, _ = await suspended(sql_store, DELEGABLE)
+    thread_id, _ = await suspend_under(sql_store, DELEGABLE)
     before = await version(sql_store, thread_id)
     done = await sql_store.reassign_action(
         thread_id, SCOPES, "act-1", by("olga", "ops", to_subject="zed")
@@ -86,7 +85,7 @@ async def test_a_decider_reassigns_and_an_escalation_replaces_it(sql_store: SqlS
 async def test_a_refused_reassignment_changes_nothing(
     sql_store: SqlStore, policy: ApprovalPolicy, change: Reassignment, error: type[Exception]
 ) -> None:
-    thread_id, _ = await suspended(sql_store, policy)
+    thread_id, _ = await suspend_under(sql_store, policy)
     before = await version(sql_store, thread_id)
     held = await action(sql_store, thread_id)
     with pytest.raises(error):
