@@ -100,8 +100,14 @@ class HooksCalls:
         return Schedule.model_validate(answer["schedule"])
 
     async def list_schedules(self, limit: int = 100) -> list[Schedule]:
+        """The first `limit` schedules the caller may see, oldest first (`schedules`: all)."""
         answer = await self.request("GET", "/v1/schedules", params={"limit": limit})
         return [Schedule.model_validate(item) for item in answer["schedules"]]
+
+    async def schedules(self, *, page_size: int = 100) -> AsyncIterator[Schedule]:
+        """Every schedule the caller may see, oldest first, page after page by its cursor."""
+        async for item in self._pages("/v1/schedules", "schedules", {"limit": page_size}):
+            yield Schedule.model_validate(item)
 
     async def pause_schedule(self, schedule_id: str) -> Schedule:
         answer = await self.request("POST", f"/v1/schedules/{schedule_id}/pause")
@@ -151,8 +157,15 @@ class HooksCalls:
         return Webhook.model_validate(answer["webhook"])
 
     async def list_webhooks(self, limit: int = 100) -> list[Webhook]:
+        """The first `limit` subscriptions of the caller's scopes, oldest first (`webhooks`:
+        all)."""
         answer = await self.request("GET", "/v1/webhooks", params={"limit": limit})
         return [Webhook.model_validate(item) for item in answer["webhooks"]]
+
+    async def webhooks(self, *, page_size: int = 100) -> AsyncIterator[Webhook]:
+        """Every subscription of the caller's scopes, oldest first, page after page."""
+        async for item in self._pages("/v1/webhooks", "webhooks", {"limit": page_size}):
+            yield Webhook.model_validate(item)
 
     async def set_webhook_enabled(self, webhook_id: str, enabled: bool) -> Webhook:
         answer = await self.request("POST", f"/v1/webhooks/{webhook_id}", json={"enabled": enabled})

@@ -58,8 +58,10 @@ class HooksService:
         spec = ScheduleSpec(**fields)
         return await self.store.create_schedule(spec, principal.subject)
 
-    async def list_schedules(self, principal: Principal, limit: int) -> list[Schedule]:
-        return await self.store.list_schedules(principal.scopes, limit)
+    async def list_schedules(
+        self, principal: Principal, limit: int, cursor: str | None = None
+    ) -> list[Schedule]:
+        return await self.store.list_schedules(principal.scopes, limit, cursor)
 
     async def get_schedule(self, principal: Principal, schedule_id: str) -> Schedule:
         return await self.store.get_schedule(principal.scopes, schedule_id)
@@ -103,9 +105,11 @@ class HooksService:
         )
         return subscription, secret
 
-    async def list_webhooks(self, principal: Principal, limit: int) -> list[WebhookSubscription]:
+    async def list_webhooks(
+        self, principal: Principal, limit: int, cursor: str | None = None
+    ) -> list[WebhookSubscription]:
         require_trusted(principal)
-        return await self.store.list_subscriptions(principal.scopes, limit)
+        return await self.store.list_subscriptions(principal.scopes, limit, cursor)
 
     async def update_webhook(
         self,

@@ -208,6 +208,11 @@ def fire_cursor(fire: ScheduleFire) -> str:
     return keyset_cursor(fire.fire_at, fire.schedule_id)
 
 
+def created_cursor(item: Schedule | WebhookSubscription) -> str:
+    """The cursor after `item` in its list (schedules, webhook subscriptions: oldest first)."""
+    return keyset_cursor(item.created_at, item.id)
+
+
 def delivery_cursor(delivery: Delivery) -> str:
     """The cursor after `delivery` in a subscription's deliveries (oldest first, then id)."""
     return keyset_cursor(delivery.occurred_at, delivery.id)
@@ -234,7 +239,12 @@ class HooksStore(Protocol):
 
     # schedules
     async def create_schedule(self, spec: ScheduleSpec, created_by: str) -> Schedule: ...
-    async def list_schedules(self, scopes: Collection[str], limit: int = 100) -> list[Schedule]: ...
+    async def list_schedules(
+        self, scopes: Collection[str], limit: int = 100, after: str | None = None
+    ) -> list[Schedule]:
+        """Oldest first, then by id; `after` (a `created_cursor`) pages on."""
+        ...
+
     async def get_schedule(self, scopes: Collection[str], schedule_id: str) -> Schedule: ...
     async def set_schedule_paused(
         self, scopes: Collection[str], schedule_id: str, paused: bool
@@ -255,8 +265,11 @@ class HooksStore(Protocol):
         enabled: bool = True,
     ) -> WebhookSubscription: ...
     async def list_subscriptions(
-        self, scopes: Collection[str], limit: int = 100
-    ) -> list[WebhookSubscription]: ...
+        self, scopes: Collection[str], limit: int = 100, after: str | None = None
+    ) -> list[WebhookSubscription]:
+        """Oldest first, then by id; `after` (a `created_cursor`) pages on."""
+        ...
+
     async def update_subscription(
         self,
         scopes: Collection[str],

@@ -14,6 +14,7 @@ from runtime.storage.hooks_store import (
     DeliveryState,
     Schedule,
     WebhookSubscription,
+    created_cursor,
     delivery_cursor,
     fire_cursor,
 )
@@ -122,11 +123,15 @@ HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="schedule.list",
         input=ListHooks,
-        call=lambda c, i: hooks(c).list_schedules(c.principal, i.limit),
-        answer=lambda i, items: {"schedules": [schedule_answer(s) for s in items]},
-        answer_doc=f'`{{"schedules": [{SCHEDULE.strip("`")}]}}`',
+        call=lambda c, i: hooks(c).list_schedules(c.principal, i.limit, i.cursor),
+        answer=lambda i, items: {
+            "schedules": [schedule_answer(s) for s in items],
+            "next_cursor": next_cursor(items, i.limit, created_cursor),
+        },
+        answer_doc=f'`{{"schedules": [{SCHEDULE.strip("`")}], "next_cursor"}}`, oldest first; '
+        "`?cursor=` pages on",
         reply=None,
-        http=Http("GET", "/v1/schedules", "list_schedules", body=False, query=limit_query),
+        http=Http("GET", "/v1/schedules", "list_schedules", body=False, query=paged_query),
         note=READ,
         limited=False,
     ),
@@ -203,11 +208,15 @@ HOOKS_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="webhook.list",
         input=ListHooks,
-        call=lambda c, i: hooks(c).list_webhooks(c.principal, i.limit),
-        answer=lambda i, items: {"webhooks": [webhook_answer(s) for s in items]},
-        answer_doc=f'`{{"webhooks": [{WEBHOOK.strip("`")}]}}` (never the secret)',
+        call=lambda c, i: hooks(c).list_webhooks(c.principal, i.limit, i.cursor),
+        answer=lambda i, items: {
+            "webhooks": [webhook_answer(s) for s in items],
+            "next_cursor": next_cursor(items, i.limit, created_cursor),
+        },
+        answer_doc=f'`{{"webhooks": [{WEBHOOK.strip("`")}], "next_cursor"}}` (never the secret), '
+        "oldest first; `?cursor=` pages on",
         reply=None,
-        http=Http("GET", "/v1/webhooks", "list_webhooks", body=False, query=limit_query),
+        http=Http("GET", "/v1/webhooks", "list_webhooks", body=False, query=paged_query),
         authorize=trusted,
         note=READ,
         limited=False,

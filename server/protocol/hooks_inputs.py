@@ -45,6 +45,7 @@ class ScheduleFires(Input):
 
 class ListHooks(Input):
     limit: Limit = 100
+    cursor: Cursor | None = None
 
 
 class CreateWebhook(Input):

@@ -1,5 +1,6 @@
-"""Cursor paging of a schedule's fires and a webhook's deliveries, on both backends: pages
-follow each other without repeats or gaps, rows added meanwhile included once."""
+"""Cursor paging of schedules, webhook subscriptions, a schedule's fires and a webhook's
+deliveries, on both backends: pages follow each other without repeats or gaps, rows added
+meanwhile included once, other scopes' rows never."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from runtime.storage import SqlStore
 from runtime.storage.hooks_store import (
     Delivery,
     MissedFire,
+    Schedule,
     ScheduleFire,
     ScheduleSpec,
     WebhookEvent,
+    WebhookSubscription,
+    created_cursor,
     delivery_cursor,
     fire_cursor,
 )
 from runtime.storage.sql.hooks_sql import SqlHooks
-from tests.conformance.store_helpers import SCOPE, SCOPES, new_thread
+from tests.conformance.store_helpers import FOREIGN, SCOPE, SCOPES, new_thread
 
 MAX_PAGES = 50  # a bound on following cursors
 
@@ -94,6 +98,55 @@ async def test_fires_page_newest_first_by_cursor(sql_store: SqlStore, hooks: Sql
     assert [f.fire_at for f in seen] == sorted((f.fire_at for f in seen), reverse=True)
 
 
+async def test_schedules_and_subscriptions_page_oldest_first_within_the_scopes(
+    sql_store: SqlStore, hooks: SqlHooks
+) -> None:
+    thread = await new_thread(sql_store)
+    foreign = await new_thread(sql_store, scope=FOREIGN[0])
+
+    async def schedule(scope: str, thread_id: str) -> Schedule:
+        spec = ScheduleSpec(scope=scope, thread_id=thread_id, cron="0 0 * * *", text="x")
+        return await hooks.create_schedule(spec, "alice")
+
+    async def subscription(scope: str) -> WebhookSubscription:
+        events = [WebhookEvent.RUN_COMPLETED]
+        return await hooks.create_subscription(
+            scope, "http://127.0.0.1:9/a", events, "whsec_dGVzdA==", "ops"
+        )
+
+    await schedule(FOREIGN[0], foreign.id)
+    await subscription(FOREIGN[0])
+    for _ in range(5):
+        await schedule(SCOPE, thread.id)
+        await subscription(SCOPE)
+    schedules: list[Schedule] = []
+    subscriptions: list[WebhookSubscription] = []
+    after_schedule: str | None = None
+    after_subscription: str | None = None
+    for page_number in range(MAX_PAGES):
+        schedule_page = await hooks.list_schedules(SCOPES, limit=2, after=after_schedule)
+        subscription_page = await hooks.list_subscriptions(
+            SCOPES, limit=2, after=after_subscription
+        )
+        schedules += schedule_page
+        subscriptions += subscription_page
+        if page_number == 0:  # created meanwhile: newer than every page read so far
+            await schedule(SCOPE, thread.id)
+            await subscription(SCOPE)
+        if len(schedule_page) < 2 and len(subscription_page) < 2:
+            break
+        if schedule_page:
+            after_schedule = created_cursor(schedule_page[-1])
+        if subscription_page:
+            after_subscription = created_cursor(subscription_page[-1])
+    all_schedules = await hooks.list_schedules(SCOPES, limit=500)
+    all_subscriptions = await hooks.list_subscriptions(SCOPES, limit=500)
+    assert len(all_schedules) == len(all_subscriptions) == 6
+    assert [s.id for s in schedules] == [s.id for s in all_schedules]
+    assert [s.id for s in subscriptions] == [s.id for s in all_subscriptions]
+    assert {s.scope for s in schedules} == {s.scope for s in subscriptions} == {SCOPE}
+
+
 @pytest.mark.parametrize("cursor", ["nope", "WzEsMl0", "e30"])
 async def test_a_cursor_the_server_did_not_give_is_invalid_input(
     sql_store: SqlStore, hooks: SqlHooks, cursor: str
@@ -109,3 +162,7 @@ async def test_a_cursor_the_server_did_not_give_is_invalid_input(
     )
     with pytest.raises(InvalidInput):
         await hooks.schedule_fires(SCOPES, schedule.id, after=cursor)
+    with pytest.raises(InvalidInput):
+        await hooks.list_schedules(SCOPES, after=cursor)
+    with pytest.raises(InvalidInput):
+        await hooks.list_subscriptions(SCOPES, after=cursor)

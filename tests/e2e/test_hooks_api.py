@@ -36,7 +36,7 @@ def test_schedules_are_scoped_and_validated(api_for: Any) -> None:
         ("DELETE", f"/v1/schedules/{schedule}"),
     ):
         assert_error(carol.request(method, path), 404, "not_found")
-    assert carol.request("GET", "/v1/schedules").json() == {"schedules": []}
+    assert carol.request("GET", "/v1/schedules").json() == {"schedules": [], "next_cursor": None}
     # Another scope's thread is not found, whatever else the body says.
     assert_error(
         carol.request("POST", "/v1/schedules", json=schedule_body(thread)), 404, "not_found"
@@ -56,8 +56,8 @@ def test_schedules_are_scoped_and_validated(api_for: Any) -> None:
     fires = alice.request("GET", f"/v1/schedules/{schedule}/fires?limit=1")
     assert fires.json() == {"fires": [], "next_cursor": None}
     for cursor in ("nope", "WzEsMl0", ""):
-        refused = alice.request("GET", f"/v1/schedules/{schedule}/fires?cursor={cursor}")
-        assert_error(refused, 422, "invalid_input")
+        for path in (f"/v1/schedules/{schedule}/fires", "/v1/schedules"):
+            assert_error(alice.request("GET", f"{path}?cursor={cursor}"), 422, "invalid_input")
     paused = alice.request("POST", f"/v1/schedules/{schedule}/pause").json()["schedule"]
     assert paused["status"] == "paused" and paused["next_fire_at"] is None
 
@@ -95,6 +95,12 @@ def test_webhooks_need_a_trusted_role_and_their_scope(api_for: Any) -> None:
     )
     listed = svc.request("GET", "/v1/webhooks").json()["webhooks"]
     assert [w["id"] for w in listed] == [webhook["id"]] and "secret" not in listed[0]
+    second = svc.request("POST", "/v1/webhooks", json={"url": "https://93.184.215.14/two"})
+    first_page = svc.request("GET", "/v1/webhooks?limit=1").json()
+    assert [w["id"] for w in first_page["webhooks"]] == [webhook["id"]]
+    rest = svc.request("GET", f"/v1/webhooks?limit=1&cursor={first_page['next_cursor']}").json()
+    assert [w["id"] for w in rest["webhooks"]] == [second.json()["webhook"]["id"]]
+    assert_error(svc.request("GET", "/v1/webhooks?cursor=nope"), 422, "invalid_input")
 
 
 async def test_websocket_frames_and_the_client(
@@ -129,6 +135,10 @@ async def test_websocket_frames_and_the_client(
     async with ThreadlineClient(server.url, tokens["alice"]) as alice:
         [listed] = [s for s in await alice.list_schedules() if s.id == schedule.id]
         assert listed.status == "paused"
+        for _ in range(3):
+            await alice.create_schedule("more", thread_id=thread.thread.id, cron="0 0 * * *")
+        paged = [s.id async for s in alice.schedules(page_size=2)]
+        assert paged == [s.id for s in await alice.list_schedules()] and len(paged) >= 4
         await alice.delete_schedule(schedule.id)
         assert schedule.id not in {s.id for s in await alice.list_schedules()}
 

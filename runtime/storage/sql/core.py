@@ -29,6 +29,7 @@ from runtime import instruments
 from runtime.errors import NotFound, Unavailable
 from runtime.storage.sql.dialect import Dialect
 from runtime.storage.sql.rows import Row
+from runtime.storage.thread_query import read_cursor
 
 T = TypeVar("T")
 
@@ -280,6 +281,17 @@ def scope_clause(column: str, scopes: Collection[str], start: int) -> tuple[str,
     if not values:
         return "1 = 0", []
     return f"{column} IN ({placeholders(start, len(values))})", list(values)
+
+
+def after_clause(args: list[Any], after: str | None, at: str, key: str) -> str:
+    """` AND` the rows after the `keyset_cursor` `after` in (`at`, `key`) ascending order, its
+    two parameters appended to `args`; "" without a cursor."""
+    if after is None:
+        return ""
+    position = read_cursor(after)
+    args += [position.at, position.key]
+    n = len(args)
+    return f" AND ({at} > ${n - 1} OR ({at} = ${n - 1} AND {key} > ${n}))"
 
 
 async def thread_row(

@@ -87,9 +87,11 @@ class SqlHooks(SqlTransactions):
 
         return await self._write(create)
 
-    async def list_schedules(self, scopes: Collection[str], limit: int = 100) -> list[Schedule]:
+    async def list_schedules(
+        self, scopes: Collection[str], limit: int = 100, after: str | None = None
+    ) -> list[Schedule]:
         return await self._read(
-            lambda conn: schedules_tx.list_schedules(conn, scopes, _limit(limit))
+            lambda conn: schedules_tx.list_schedules(conn, scopes, _limit(limit), after)
         )
 
     async def get_schedule(self, scopes: Collection[str], schedule_id: str) -> Schedule:
@@ -145,10 +147,10 @@ class SqlHooks(SqlTransactions):
         )
 
     async def list_subscriptions(
-        self, scopes: Collection[str], limit: int = 100
+        self, scopes: Collection[str], limit: int = 100, after: str | None = None
     ) -> list[WebhookSubscription]:
         return await self._read(
-            lambda conn: webhooks_tx.list_subscriptions(conn, scopes, _limit(limit))
+            lambda conn: webhooks_tx.list_subscriptions(conn, scopes, _limit(limit), after)
         )
 
     async def update_subscription(

@@ -16,7 +16,7 @@ from runtime.storage.hooks_store import (
 )
 from runtime.storage.schedule_rules import plan_fire
 from runtime.storage.sql import queue_tx, threads_tx
-from runtime.storage.sql.core import Conn, scope_clause
+from runtime.storage.sql.core import Conn, after_clause, scope_clause
 from runtime.storage.sql.rows import Row, encode_client_tools, encode_metadata, new_id
 from runtime.storage.sql.timers_tx import TimerOutcome, delete_timer, register_timer_kind, set_timer
 from runtime.storage.store import AdmissionLimits
@@ -94,10 +94,15 @@ async def get(conn: Conn, scopes: Collection[str], schedule_id: str, *, lock: bo
     return row
 
 
-async def list_schedules(conn: Conn, scopes: Collection[str], limit: int) -> list[Schedule]:
-    clause, values = scope_clause("scope", scopes, 2)
+async def list_schedules(
+    conn: Conn, scopes: Collection[str], limit: int, after: str | None = None
+) -> list[Schedule]:
+    """Oldest first, then by id; `after` (a `created_cursor`) pages on."""
+    clause, args = scope_clause("scope", scopes, 2)
+    args = [limit, *args]
+    page = after_clause(args, after, "created_at", "id")
     rows = await conn.fetch(
-        f"SELECT * FROM schedules WHERE {clause} ORDER BY created_at, id LIMIT $1", limit, *values
+        f"SELECT * FROM schedules WHERE {clause}{page} ORDER BY created_at, id LIMIT $1", *args
     )
     return [schedule_from_row(row) for row in rows]
 

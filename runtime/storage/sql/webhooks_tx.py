@@ -14,10 +14,9 @@ from runtime.storage.hooks_store import (
     WebhookEvent,
     WebhookSubscription,
 )
-from runtime.storage.sql.core import Conn, scope_clause
+from runtime.storage.sql.core import Conn, after_clause, scope_clause
 from runtime.storage.sql.rows import Row, new_id
 from runtime.storage.sql.timers_tx import next_token
-from runtime.storage.thread_query import read_cursor
 
 
 def encode_events(events: Sequence[WebhookEvent]) -> str:
@@ -90,13 +89,16 @@ async def _subscription(conn: Conn, scopes: Collection[str], subscription_id: st
 
 
 async def list_subscriptions(
-    conn: Conn, scopes: Collection[str], limit: int
+    conn: Conn, scopes: Collection[str], limit: int, after: str | None = None
 ) -> list[WebhookSubscription]:
-    clause, values = scope_clause("scope", scopes, 2)
+    """Oldest first, then by id; `after` (a `created_cursor`) pages on."""
+    clause, args = scope_clause("scope", scopes, 2)
+    args = [limit, *args]
+    page = after_clause(args, after, "created_at", "id")
     rows = await conn.fetch(
-        f"SELECT * FROM webhook_subscriptions WHERE {clause} ORDER BY created_at, id LIMIT $1",
-        limit,
-        *values,
+        f"SELECT * FROM webhook_subscriptions WHERE {clause}{page} ORDER BY created_at, id"
+        " LIMIT $1",
+        *args,
     )
     return [subscription_from_row(row) for row in rows]
 
@@ -182,11 +184,7 @@ async def list_deliveries(
     if state is not None:
         args.append(state.value)
         sql += f" AND state = ${len(args)}"
-    if after is not None:
-        position = read_cursor(after)
-        args += [position.at, position.key]
-        n = len(args)
-        sql += f" AND (occurred_at > ${n - 1} OR (occurred_at = ${n - 1} AND id > ${n}))"
+    sql += after_clause(args, after, "occurred_at", "id")
     rows = await conn.fetch(sql + " ORDER BY occurred_at, id LIMIT $2", *args)
     return [delivery_from_row(row) for row in rows]
 

@@ -506,6 +506,7 @@ export interface ListDeliveries {
  * via the `definition` "ListHooks".
  */
 export interface ListHooks {
+  cursor?: string | null;
   limit?: number;
 }
 /**
