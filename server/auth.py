@@ -42,14 +42,16 @@ async def create_token(
     scopes: Collection[str],
     expires_in: float | None = None,
     display_name: str | None = None,
+    groups: Collection[str] = (),
 ) -> str:
     """Mint a token for `subject` (valid `expires_in` seconds, or until revoked; shown to others
-    as `display_name`, else the subject); the plain token is returned once and never stored."""
+    as `display_name`, else the subject; in `groups`, which approval policies route by); the
+    plain token is returned once and never stored."""
     if not scopes:
         raise ValueError("a token needs at least one scope")
     token = new_token()
     await store.create_token(
-        hash_token(token), subject, role, frozenset(scopes), expires_in, display_name
+        hash_token(token), subject, role, frozenset(scopes), expires_in, display_name, groups
     )
     return token
 

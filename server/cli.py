@@ -70,6 +70,7 @@ async def _create_token(
     scopes: Sequence[str],
     expires_in: float | None = None,
     display_name: str | None = None,
+    groups: Sequence[str] = (),
 ) -> str:
     from server.auth import create_token
 
@@ -81,6 +82,7 @@ async def _create_token(
             scopes=scopes,
             expires_in=expires_in,
             display_name=display_name,
+            groups=groups,
         )
 
 
@@ -213,12 +215,19 @@ def token() -> None:
     default=None,
     help="Display name others see (presence, 'reviewing'); default: the subject. 1-64 chars.",
 )
+@click.option(
+    "--group",
+    "groups",
+    multiple=True,
+    help="A group the holder is in, as approval policies route by (repeatable).",
+)
 def token_create(
     scopes: tuple[str, ...],
     role: str,
     subject: str | None,
     expires_in: float | None,
     display_name: str | None,
+    groups: tuple[str, ...],
 ) -> None:
     """Print one new bearer token on stdout (nothing else)."""
     settings = _settings()
@@ -232,10 +241,12 @@ def token_create(
                 list(scopes),
                 expires_in,
                 display_name,
+                list(groups),
             )
         )
     except InvalidInput as exc:
-        raise click.BadParameter(str(exc), param_hint="--name") from exc
+        hint = "--group" if "group" in str(exc) else "--name"
+        raise click.BadParameter(str(exc), param_hint=hint) from exc
     click.echo(value)
 
 
@@ -254,8 +265,8 @@ def _when(seconds: float | None) -> str:
 @token.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def token_list(as_json: bool) -> None:
-    """List active tokens: id, subject, role, scopes, name, created, expires, last used (never
-    the token itself: only its hash is stored, and the id is a prefix of that)."""
+    """List active tokens: id, subject, role, scopes, groups, name, created, expires, last used
+    (never the token itself: only its hash is stored, and the id is a prefix of that)."""
     settings = _settings()
     setup_logging("warning")
     tokens = asyncio.run(_list_tokens(settings))
@@ -263,13 +274,16 @@ def token_list(as_json: bool) -> None:
         for info in tokens:
             click.echo(info.model_dump_json())
         return
-    rows = [("ID", "SUBJECT", "ROLE", "SCOPES", "NAME", "CREATED", "EXPIRES", "LAST USED")]
+    rows = [
+        ("ID", "SUBJECT", "ROLE", "SCOPES", "GROUPS", "NAME", "CREATED", "EXPIRES", "LAST USED")
+    ]
     rows += [
         (
             info.id,
             info.subject,
             info.role.value,
             ",".join(info.scopes),
+            ",".join(info.groups) or "-",
             info.name or "-",
             _when(info.created_at),
             _when(info.expires_at),

@@ -87,6 +87,27 @@ def check_token(token_hash: Any, subject: Any, role: Any) -> Role:
 MAX_DISPLAY_NAME_CHARS = 64
 
 
+MAX_GROUPS = 50
+MAX_GROUP_CHARS = 128
+
+
+def check_groups(groups: Any) -> list[str]:
+    """A token's groups: at most 50 distinct names of 1-128 printable characters, sorted."""
+    if groups is None:
+        return []
+    if isinstance(groups, str) or not all(isinstance(g, str) for g in groups):
+        raise InvalidInput("groups must be a list of names")
+    names = sorted({g.strip() for g in groups})
+    if len(names) > MAX_GROUPS:
+        raise InvalidInput(f"a token carries at most {MAX_GROUPS} groups")
+    for name in names:
+        if not name or len(name) > MAX_GROUP_CHARS or not name.isprintable():
+            raise InvalidInput(
+                f"a group is 1-{MAX_GROUP_CHARS} printable characters, not {name[:140]!r}"
+            )
+    return names
+
+
 def check_display_name(name: Any) -> str | None:
     """A token's display name: None, or 1-64 printable characters (trimmed)."""
     if name is None:

@@ -296,6 +296,7 @@ class TokenStore(Protocol):
         scopes: Collection[str],
         expires_in: float | None = None,
         display_name: str | None = None,
+        groups: Collection[str] = (),
     ) -> None: ...
     async def principal_for_token(self, token_hash: str) -> Principal | None:
         """The principal of a token that exists, is not revoked and has not expired."""

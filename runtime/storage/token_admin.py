@@ -23,6 +23,7 @@ class TokenInfo(BaseModel):
     role: Role
     scopes: list[str]
     name: str | None
+    groups: list[str]  # what approval policies route by
     created_at: float
     expires_at: float | None
     last_used_at: float | None  # to the minute (LAST_USED_RESOLUTION)

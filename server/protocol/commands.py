@@ -480,8 +480,9 @@ TOKEN_COMMANDS: tuple[Command[Any, Any], ...] = (
         input=NoInput,
         call=lambda c, i: c.tokens().list(c.principal),
         answer=lambda i, tokens: {"tokens": [token.model_dump(mode="json") for token in tokens]},
-        answer_doc='`{"tokens": [{"id", "subject", "role", "scopes", "name", "created_at", '
-        '"expires_at", "last_used_at"}]}`: active tokens within the admin\'s scopes, never secrets',
+        answer_doc='`{"tokens": [{"id", "subject", "role", "scopes", "name", "groups", '
+        '"created_at", "expires_at", "last_used_at"}]}`: active tokens within the admin\'s '
+        "scopes, never secrets",
         reply=None,
         http=Http("GET", "/v1/tokens", "list_tokens", body=False),
         authorize=require_admin,

@@ -52,6 +52,7 @@ MIGRATIONS = [
     "0014_thread_owner",
     "0015_run_traceparent",
     "0016_thread_retention",
+    "0017_token_groups",
 ]
 
 

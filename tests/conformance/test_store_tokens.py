@@ -76,3 +76,19 @@ async def test_a_bad_display_name_is_refused_and_creates_nothing(store: Store, b
     with pytest.raises(InvalidInput, match="display name"):
         await store.create_token("n3", "u-83", Role.USER, ["acme"], display_name=bad)
     assert await store.principal_for_token("n3") is None
+
+
+async def test_a_token_carries_its_groups(store: Store) -> None:
+    await store.create_token("g1", "u-91", Role.USER, ["acme"], groups=["ops", " oncall", "ops"])
+    await store.create_token("g2", "u-92", Role.USER, ["acme"])
+    grouped = await store.principal_for_token("g1")
+    plain = await store.principal_for_token("g2")
+    assert grouped is not None and grouped.groups == {"ops", "oncall"}
+    assert plain is not None and plain.groups == frozenset()
+
+
+@pytest.mark.parametrize("bad", [[""], ["x" * 129], ["tab\there"], [f"g{n}" for n in range(51)]])
+async def test_bad_groups_are_refused_and_create_nothing(store: Store, bad: list[str]) -> None:
+    with pytest.raises(InvalidInput, match="group"):
+        await store.create_token("g3", "u-93", Role.USER, ["acme"], groups=bad)
+    assert await store.principal_for_token("g3") is None

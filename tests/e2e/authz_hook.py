@@ -1,9 +1,10 @@
 """A test deployment's authorization hook: a user sees only the threads they own or whose
 `group` metadata names one of their groups; backend actors and admins see everything.
 
-Groups come from the caller's token (OIDC `groups` claims) and from this deployment's own
-directory below: `tl_` tokens carry no groups, and a hook looking people up is what a real
-deployment does. Async, to prove the command path awaits a hook that is."""
+Groups come from the caller's token (OIDC `groups` claims, `tl_` tokens' `--group`) and from
+this deployment's own directory below (the suite mints its `tl_` tokens without groups), as a
+hook looking people up in a directory does. Async, to prove the command path awaits a hook
+that is."""
 
 from __future__ import annotations
 

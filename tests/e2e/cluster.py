@@ -86,9 +86,7 @@ class Cluster:
         """Mint several tokens in this process, as `threadline token create` does (one Python
         start-up per token would cost seconds); works inside a running event loop too.
         A spec is (scope(s), role, subject) or (scope(s), role, subject, display name)."""
-        minting = _mint(self.env["THREADLINE_DATABASE_URL"], specs, expires_in)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, minting).result(timeout=60)
+        return mint(self.env["THREADLINE_DATABASE_URL"], specs, expires_in)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.role} :{p.port} ---\n{p.log()[-3000:]}" for p in self.processes)
@@ -102,8 +100,23 @@ class Cluster:
 TokenSpec = tuple[str | list[str], str, str] | tuple[str | list[str], str, str, str]
 
 
+def mint(
+    database_url: str,
+    specs: dict[str, TokenSpec],
+    expires_in: float | None = None,
+    groups: dict[str, tuple[str, ...]] | None = None,
+) -> dict[str, str]:
+    """`Cluster.tokens` on any storage `database_url` names; `groups` by token name."""
+    minting = _mint(database_url, specs, expires_in, groups)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, minting).result(timeout=60)
+
+
 async def _mint(
-    database_url: str, specs: dict[str, TokenSpec], expires_in: float | None = None
+    database_url: str,
+    specs: dict[str, TokenSpec],
+    expires_in: float | None = None,
+    groups: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, str]:
     from runtime.domain import Role
     from server.app import open_storage
@@ -121,6 +134,7 @@ async def _mint(
                 scopes=scopes,
                 expires_in=expires_in,
                 display_name=display[0] if display else None,
+                groups=(groups or {}).get(name, ()),
             )
         return minted
 

@@ -67,6 +67,7 @@ def create_token(
     role: str = "user",
     subject: str | None = None,
     name: str | None = None,
+    groups: tuple[str, ...] = (),
 ) -> str:
     """Mint a token with `threadline token create` against the storage `env` names."""
     scopes = [scope] if isinstance(scope, str) else scope
@@ -77,6 +78,8 @@ def create_token(
         args += ["--subject", subject]
     if name:
         args += ["--name", name]
+    for group in groups:
+        args += ["--group", group]
     done = run_command(args, env)
     if done.returncode != 0:
         raise RuntimeError(f"token create failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -111,8 +114,9 @@ class ServerHandle:
         role: str = "user",
         subject: str | None = None,
         name: str | None = None,
+        groups: tuple[str, ...] = (),
     ) -> str:
-        return create_token(self.env, scope, role, subject, name)
+        return create_token(self.env, scope, role, subject, name, groups)
 
     def log(self) -> str:
         with contextlib.suppress(OSError):

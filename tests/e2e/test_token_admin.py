@@ -52,6 +52,7 @@ def test_list_shows_every_field_but_never_the_secret(
         "role",
         "scopes",
         "name",
+        "groups",
         "created_at",
         "expires_at",
         "last_used_at",

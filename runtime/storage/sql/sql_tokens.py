@@ -7,7 +7,7 @@ from collections.abc import Collection
 
 from runtime.domain import Principal, Role
 from runtime.errors import InvalidInput
-from runtime.storage.input_checks import check_display_name, check_token
+from runtime.storage.input_checks import check_display_name, check_groups, check_token
 from runtime.storage.sql import tokens_tx
 from runtime.storage.sql.core import normalize_scopes
 from runtime.storage.sql.rows import dumps
@@ -26,15 +26,17 @@ class SqlTokenStore(SqlTransactions):
         scopes: Collection[str],
         expires_in: float | None = None,
         display_name: str | None = None,
+        groups: Collection[str] = (),
     ) -> None:
         role = check_token(token_hash, subject, role)
         if expires_in is not None and not expires_in > 0:
             raise InvalidInput("expires_in must be a positive number of seconds")
         name = check_display_name(display_name)
         scopes_json = dumps(list(normalize_scopes(scopes)))
+        groups_json = dumps(check_groups(groups))
         await self._write(
             lambda conn: tokens_tx.create_token(
-                conn, token_hash, subject, role, scopes_json, expires_in, name
+                conn, token_hash, subject, role, scopes_json, expires_in, name, groups_json
             )
         )
 

@@ -50,7 +50,7 @@ async def token_grant(conn: Conn, token_hash: str) -> tuple[Principal, float | N
         now = "$2"
         args.append(await conn.now())
     row = await conn.fetchrow(
-        f"SELECT subject, role, scopes, display_name, expires_at, {now} AS now_"
+        f"SELECT subject, role, scopes, display_name, groups, expires_at, {now} AS now_"
         " FROM api_tokens WHERE token_hash = $1"
         f" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {now})",
         *args,
@@ -62,6 +62,7 @@ async def token_grant(conn: Conn, token_hash: str) -> tuple[Principal, float | N
         role=Role(row["role"]),
         scopes=frozenset(loads(row["scopes"])),
         display_name=row["display_name"],
+        groups=frozenset(loads(row["groups"])),
     )
     expires_at = row["expires_at"]
     return principal, None if expires_at is None else float(expires_at) - float(row["now_"])
@@ -75,12 +76,13 @@ async def create_token(
     scopes_json: str,
     expires_in: float | None = None,
     display_name: str | None = None,
+    groups_json: str = "[]",
 ) -> None:
     now = await conn.now()
     inserted = await conn.fetchval(
         "INSERT INTO api_tokens"
-        " (token_hash, subject, role, scopes, created_at, expires_at, display_name)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (token_hash) DO NOTHING"
+        " (token_hash, subject, role, scopes, created_at, expires_at, display_name, groups)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (token_hash) DO NOTHING"
         " RETURNING token_hash",
         token_hash,
         subject,
@@ -89,6 +91,7 @@ async def create_token(
         now,
         None if expires_in is None else now + expires_in,
         display_name,
+        groups_json,
     )
     if inserted is None:
         raise Conflict("a token with this hash already exists")
@@ -119,7 +122,7 @@ async def revoke_token(conn: Conn, token_hash: str) -> bool:
 async def list_tokens(conn: Conn) -> list[TokenInfo]:
     """Every token neither revoked nor expired, oldest first."""
     rows = await conn.fetch(
-        "SELECT token_hash, subject, role, scopes, display_name, created_at, expires_at,"
+        "SELECT token_hash, subject, role, scopes, display_name, groups, created_at, expires_at,"
         f" last_used_at FROM api_tokens WHERE {_ACTIVE} ORDER BY created_at, token_hash",
         await conn.now(),
     )
@@ -130,6 +133,7 @@ async def list_tokens(conn: Conn) -> list[TokenInfo]:
             role=Role(row["role"]),
             scopes=sorted(loads(row["scopes"])),
             name=row["display_name"],
+            groups=loads(row["groups"]),
             created_at=row["created_at"],
             expires_at=row["expires_at"],
             last_used_at=row["last_used_at"],
