@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from tests.campaign.history import History
-from tests.campaign.topology import Topology
+from tests.campaign.topology import GATEWAY_APPLICATION, Topology
 
 FAULT_KINDS = (
     "kill",
@@ -29,8 +29,13 @@ FAULT_KINDS = (
 )
 CLUSTER_ONLY = ("failover",)
 # A send's text as its transaction binds it (the queued item's text, the message's parts), not
-# the demo agent's echo of it ("You said: note m-c0-1"), which a worker's step commit binds.
-SEND_TEXT = re.compile(rb"(?<!said: )(?:note|email) m-c\d+-\d+")
+# the demo agent's echo of it ("You said: note m-c0-1"), which a worker's step commit binds;
+# an unkeyed send's text begins "unkeyed" (clients.py).
+SEND_TEXT = re.compile(rb"(?<!said: )(?<!unkeyed )(?:unkeyed )?(?:note|email) m-c\d+-\d+")
+UNKEYED_SEND_TEXT = re.compile(rb"(?<!said: )unkeyed (?:note|email) m-c\d+-\d+")
+# The gateways' connections name themselves (topology.py): a worker's writes also bind a send's
+# text (a queued item admitted as a message, an email tool's body), and are never aimed at.
+GATEWAY = GATEWAY_APPLICATION.encode()
 
 
 def default_faults(topology: str) -> list[str]:
@@ -101,9 +106,11 @@ class Nemesis:
             proxy.cut_at(b"COMMIT", forward=s.forward, after=b"BEGIN")
             await self._sprung(s.seconds * 2)
         elif s.kind == "sendcommit":
-            # Aimed at a send: the COMMIT of the transaction that binds a send's text is cut,
-            # so the gateway retries a send whose outcome it does not know.
-            proxy.cut_commit_after(SEND_TEXT, forward=s.forward)
+            # Aimed at a send (every other one at an unkeyed send, which only its transaction's
+            # commit key keeps from appending twice): the COMMIT of the gateway's transaction
+            # that binds a send's text is cut, so it retries a send whose outcome it does not know.
+            pattern = UNKEYED_SEND_TEXT if s.target % 2 == 0 else SEND_TEXT
+            proxy.cut_commit_after(pattern, forward=s.forward, origin=GATEWAY)
             if await self._sprung(s.seconds * 2):
                 send = proxy.matched.decode(errors="replace")
                 self.history.fault("sendcommit", f"forward={s.forward} {send}")

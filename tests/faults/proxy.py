@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _CHUNK = 65536
+_HELLO = 1024  # the client's first bytes kept: an SSL request, then the startup message
 
 
 @dataclass(eq=False)
@@ -23,6 +24,8 @@ class _Link:
     primed: bytes | None = None
     # The server's replies are dropped from now on (the client must not learn the outcome).
     muted: bool = False
+    # The client's first bytes: its startup message (user, database, application_name).
+    hello: bytes = b""
 
     def close(self) -> None:
         for writer in (self.client, self.upstream):
@@ -44,9 +47,10 @@ class FaultProxy:
     - `cut_at(marker, forward=...)`: arm a one-shot trap that aborts the connection whose
       client next sends `marker` (e.g. b"COMMIT"), after forwarding it to the server
       (`forward=True`: the outcome is unknown to the client but committed) or without it;
-    - `cut_commit_after(pattern, forward=...)`: the same at the COMMIT of the first transaction
-      whose client sends bytes matching `pattern` (a marker of one kind of write, e.g. the text
-      a send inserts); `matched` then says what matched.
+    - `cut_commit_after(pattern, forward=..., origin=...)`: the same at the COMMIT of the first
+      transaction whose client sends bytes matching `pattern` (a marker of one kind of write,
+      e.g. the text a send inserts), on a connection whose startup message names `origin` (an
+      application_name); `matched` then says what matched.
     """
 
     def __init__(self, target_host: str, target_port: int, port: int = 0) -> None:
@@ -65,6 +69,7 @@ class FaultProxy:
         self._skip = 0
         self._after: bytes | re.Pattern[bytes] | None = None
         self._unprime: bytes | None = None
+        self._origin = b""
         self.trap_fired = asyncio.Event()
         self.matched = b""
 
@@ -128,13 +133,17 @@ class FaultProxy:
         transaction, so that read-only transactions' COMMITs pass)."""
         self._arm(marker, forward, skip, after, None)
 
-    def cut_commit_after(self, pattern: re.Pattern[bytes], *, forward: bool) -> None:
-        """Arm the trap for the COMMIT of the first transaction, on any connection, whose client
-        sends bytes matching `pattern` before it: a BEGIN on a connection forgets a match it
-        sent earlier (that transaction ended without COMMIT). Postgres's simple and extended
-        protocols both send a statement's parameters as they are, so a value the write binds
-        (not only its SQL text, which a prepared statement sends once) can be the pattern."""
+    def cut_commit_after(
+        self, pattern: re.Pattern[bytes], *, forward: bool, origin: bytes = b""
+    ) -> None:
+        """Arm the trap for the COMMIT of the first transaction whose client sends bytes
+        matching `pattern` before it, on a connection whose startup message holds `origin`: a
+        BEGIN on a connection forgets a match it sent earlier (that transaction ended without
+        COMMIT). Postgres's simple and extended protocols both send a statement's parameters as
+        they are, so a value the write binds (not only its SQL text, which a prepared statement
+        sends once) can be the pattern."""
         self._arm(b"COMMIT", forward, 0, pattern, b"BEGIN")
+        self._origin = origin
 
     def _arm(
         self,
@@ -152,6 +161,7 @@ class FaultProxy:
         self._trap = (marker, forward)
         self._after = after
         self._unprime = unprime
+        self._origin = b""
         self._skip = skip
 
     def disarm(self) -> None:
@@ -164,7 +174,7 @@ class FaultProxy:
         if after is None:
             return hit
         if isinstance(after, re.Pattern):
-            match = after.search(data)
+            match = after.search(data) if self._origin in link.hello else None
             found = None if match is None else match.group()
         else:
             found = after if after in data else None
@@ -214,6 +224,8 @@ class FaultProxy:
                 await self._resume.wait()
                 if self._latency:
                     await asyncio.sleep(self._latency)
+                if upstream and len(link.hello) < _HELLO:
+                    link.hello += data[:_HELLO]
                 trap = self._trap
                 hit = upstream and self._hit(link, data)
                 if hit and self._skip > 0:

@@ -1,6 +1,7 @@
 """The campaign's `sendcommit` fault at the lowest level: the proxy cuts the COMMIT of the
-transaction that binds a send's text (not of one binding the demo agent's echo of it), and the
-store's retry of that send, COMMIT outcome unknown, commits it exactly once."""
+gateway's transaction that binds a send's text (not of one binding the demo agent's echo of it,
+nor of another process's), and the store's retry of that send, its COMMIT's outcome unknown,
+commits it exactly once."""
 
 from __future__ import annotations
 
@@ -8,26 +9,38 @@ import asyncpg
 import pytest
 
 from runtime.storage import PostgresStore
-from tests.campaign.nemesis import SEND_TEXT
+from tests.campaign.nemesis import GATEWAY, SEND_TEXT, UNKEYED_SEND_TEXT
+from tests.campaign.topology import GATEWAY_APPLICATION, named_url
 from tests.faults.conftest import via
-from tests.faults.proxy import ProxyFactory
+from tests.faults.proxy import FaultProxy, ProxyFactory
 
 pytestmark = [pytest.mark.postgres]
 
 SCOPE = "trap"
 
 
-async def committed(dsn: str, text: str) -> int:
-    """How many user messages and queued items hold `text`."""
+async def committed(dsn: str, marker: str) -> int:
+    """How many user messages and queued items hold `marker`."""
     conn = await asyncpg.connect(dsn)
     try:
         return int(
             await conn.fetchval(
                 "SELECT (SELECT COUNT(*) FROM messages WHERE role = 'user' AND parts::text"
-                " LIKE '%' || $1 || '\"%') + (SELECT COUNT(*) FROM queued_items WHERE text = $1)",
-                text,
+                " LIKE '%' || $1 || '\"%') + (SELECT COUNT(*) FROM queued_items"
+                " WHERE text LIKE '%' || $1)",
+                marker,
             )
         )
+    finally:
+        await conn.close()
+
+
+async def bind(url: str, text: str) -> None:
+    """A write transaction that binds `text`, on a connection of its own."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT $1::text", text)
     finally:
         await conn.close()
 
@@ -35,25 +48,38 @@ async def committed(dsn: str, text: str) -> int:
 async def test_a_sends_cut_commit_is_retried_into_exactly_one_send(
     database: str, make_proxy: ProxyFactory
 ) -> None:
-    async with make_proxy() as proxy, PostgresStore(via(database, proxy)) as store:
-        thread = await store.create_thread(SCOPE, "t")
-        # The first send starts a run, the others queue behind it: both inserts are aimed at,
-        # each on a prepared statement after the first time (only the parameters are sent).
-        for i, forward in enumerate((True, False, True, True, False)):
-            text = f"note m-c0-{i}"
-            proxy.cut_commit_after(SEND_TEXT, forward=forward)
-            # A write binding the agent's echo of the text, not the send's: the trap stays armed.
-            echo = await asyncpg.connect(via(database, proxy))
-            try:
-                async with echo.transaction():
-                    await echo.execute("SELECT $1::text", f"You said: {text}")
-            finally:
-                await echo.close()
-            assert not proxy.trap_fired.is_set(), i
-            await store.submit_input(thread.id, [SCOPE], text=text, submitted_by="alice")
-            assert proxy.trap_fired.is_set(), f"send {i}: the trap never met its COMMIT"
-            assert proxy.matched == text.encode()
-            proxy.disarm()
-            assert await committed(database, text) == 1, (i, forward)
+    proxy: FaultProxy
+    async with make_proxy() as proxy:
+        gateway = named_url(via(database, proxy), GATEWAY_APPLICATION)
+        async with PostgresStore(gateway) as store:
+            thread = await store.create_thread(SCOPE, "t")
+            # The first send starts a run, the others queue behind it: both inserts are aimed
+            # at, each on a prepared statement after the first time (only parameters are sent).
+            for i, forward in enumerate((True, False, True, True, False, True)):
+                keyed = i % 2 == 1
+                marker = f"m-c0-{i}"
+                text = f"note {marker}" if keyed else f"unkeyed note {marker}"
+                proxy.cut_commit_after(
+                    SEND_TEXT if keyed else UNKEYED_SEND_TEXT, forward=forward, origin=GATEWAY
+                )
+                # The agent's echo of the text on a gateway's connection, the text itself on
+                # another process's (a worker admitting a queued item), an unkeyed pattern's
+                # keyed send: none of them springs the trap.
+                await bind(gateway, f"You said: {text}")
+                await bind(via(database, proxy), text)
+                if not keyed:
+                    await bind(gateway, f"note m-c1-{i}")
+                assert not proxy.trap_fired.is_set(), i
+                await store.submit_input(
+                    thread.id,
+                    [SCOPE],
+                    text=text,
+                    submitted_by="alice",
+                    client_request_id=marker if keyed else None,
+                )
+                assert proxy.trap_fired.is_set(), f"send {i}: the trap never met its COMMIT"
+                assert proxy.matched == text.encode()
+                proxy.disarm()
+                assert await committed(database, marker) == 1, (i, forward)
     print(f"\nsend COMMIT cuts: {proxy.faults}")
-    assert proxy.faults == 5
+    assert proxy.faults == 6
