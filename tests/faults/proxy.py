@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _CHUNK = 65536
+ANSWER_WAIT = 2.0  # a forwarded trap's longest wait for the server's answer (seconds)
 _HELLO = 1024  # the client's first bytes kept: an SSL request, then the startup message
 
 
@@ -24,6 +25,8 @@ class _Link:
     primed: bytes | None = None
     # The server's replies are dropped from now on (the client must not learn the outcome).
     muted: bool = False
+    # The server answered after the trap muted the connection (its COMMIT's outcome).
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
     # The client's first bytes: its startup message (user, database, application_name).
     hello: bytes = b""
 
@@ -46,7 +49,8 @@ class FaultProxy:
     - `delay(seconds, latency)`: forward every chunk `latency` late, for `seconds`;
     - `cut_at(marker, forward=...)`: arm a one-shot trap that aborts the connection whose
       client next sends `marker` (e.g. b"COMMIT"), after forwarding it to the server
-      (`forward=True`: the outcome is unknown to the client but committed) or without it;
+      (`forward=True`: the outcome is unknown to the client but committed: the cut waits for
+      the server's answer, which the client never gets) or without it;
     - `cut_commit_after(pattern, forward=..., origin=...)`: the same at the COMMIT of the first
       transaction whose client sends bytes matching `pattern` (a marker of one kind of write,
       e.g. the text a send inserts), on a connection whose startup message names `origin` (an
@@ -236,13 +240,17 @@ class FaultProxy:
                     if trap[1]:
                         writer.write(data)
                         await writer.drain()
-                        # Let the server receive it before the connection is gone.
-                        await asyncio.sleep(0.05)
+                        # Cut once the server answered (it did the COMMIT: a cut before it
+                        # read the COMMIT, on a loaded box, would roll back instead), or
+                        # after ANSWER_WAIT seconds without an answer.
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(link.answered.wait(), ANSWER_WAIT)
                     self.faults += 1
                     self.trap_fired.set()
                     link.close()
                     return
                 if link.muted:
+                    link.answered.set()  # the server's answer, which the client never gets
                     continue
                 writer.write(data)
                 await writer.drain()
