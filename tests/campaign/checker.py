@@ -107,25 +107,28 @@ class Checker:
             # \b: m-c1-1 is not m-c1-10.
             pattern = re.compile(rf"\b{re.escape(marker)}\b")
             count = sum(bool(pattern.search(text)) for text in user_texts)
+            aimed = "".join(
+                f" ({f.kind} {f.target})" for f in self.history.faults if pattern.search(f.target)
+            )
             outcomes = {op.outcome for op in ops}
             items = {op.answer.get("queued_item_id") for op in ops if isinstance(op.answer, dict)}
             cancelled = [c for key in {*items, marker} if key for c in cancels[key]]
             if any(c.outcome == "ok" for c in cancelled):
                 if count:
-                    self.flag("cancelled send", f"{marker} cancelled yet committed", ops)
+                    self.flag("cancelled send", f"{marker} cancelled yet committed{aimed}", ops)
             elif any(c.outcome == "unknown" for c in cancelled):
                 if count > 1:
-                    self.flag("acknowledged send", f"{marker} committed {count} times", ops)
+                    self.flag("acknowledged send", f"{marker} committed {count} times{aimed}", ops)
             elif "ok" in outcomes and count != 1:
                 self.flag(
                     "acknowledged send",
-                    f"{marker} committed {count} times",
+                    f"{marker} committed {count} times{aimed}",
                     [*ops, *self._rewrites_after(ops)],
                 )
             elif "ok" not in outcomes and count > 1:
-                self.flag("unacknowledged send", f"{marker} committed {count} times", ops)
+                self.flag("unacknowledged send", f"{marker} committed {count} times{aimed}", ops)
             elif outcomes <= {"fail"} and count:
-                self.flag("refused send", f"{marker} refused yet committed", ops)
+                self.flag("refused send", f"{marker} refused yet committed{aimed}", ops)
 
     def _rewrites_after(self, ops: Sequence[Op]) -> list[Op]:
         """The acknowledged rewrites of the sends' thread once the first was invoked: the

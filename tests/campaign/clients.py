@@ -176,7 +176,7 @@ class Client:
         return None
 
     async def _send(self, http: httpx.AsyncClient, step: Step) -> None:
-        marker, text = self._message(step)
+        marker, text = self._message(step, keyed=step.keyed)
         body: dict[str, Any] = {"text": text}
         if step.keyed:
             body["client_request_id"] = marker
@@ -219,10 +219,14 @@ class Client:
         url = f"{self._url(len(self.history.streams) % 2)}/v1/ai-sdk/chat/{self.thread_id}/stream"
         await read_stream(http, self.history, None, stream, "GET", url, self.token, None)
 
-    def _message(self, step: Step) -> tuple[str, str]:
+    def _message(self, step: Step, *, keyed: bool = True) -> tuple[str, str]:
+        """The send's marker and text; an unkeyed send's text begins "unkeyed", so that the
+        nemesis can aim a cut COMMIT at one (nemesis.UNKEYED_SEND_TEXT)."""
         self.sent += 1
         marker = f"m-{self.name}-{self.sent}"
         text = f"email {marker}@example.com now" if step.email else f"note {marker}"
+        if not keyed:
+            text = f"unkeyed {text}"
         if step.long:
             text += " " + " ".join(f"word{i:02d}" for i in range(40))
         return marker, text

@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import time
 from dataclasses import dataclass
 
 from tests.campaign.history import History
-from tests.campaign.topology import Topology
+from tests.campaign.topology import GATEWAY_APPLICATION, Topology
 
 FAULT_KINDS = (
     "kill",
     "stop",
     "pgcut",
     "pgcommit",
+    "sendcommit",
     "pgstall",
     "pgrestart",
     "netdelay",
@@ -26,6 +28,14 @@ FAULT_KINDS = (
     "failover",
 )
 CLUSTER_ONLY = ("failover",)
+# A send's text as its transaction binds it (the queued item's text, the message's parts), not
+# the demo agent's echo of it ("You said: note m-c0-1"), which a worker's step commit binds;
+# an unkeyed send's text begins "unkeyed" (clients.py).
+SEND_TEXT = re.compile(rb"(?<!said: )(?<!unkeyed )(?:unkeyed )?(?:note|email) m-c\d+-\d+")
+UNKEYED_SEND_TEXT = re.compile(rb"(?<!said: )unkeyed (?:note|email) m-c\d+-\d+")
+# The gateways' connections name themselves (topology.py): a worker's writes also bind a send's
+# text (a queued item admitted as a message, an email tool's body), and are never aimed at.
+GATEWAY = GATEWAY_APPLICATION.encode()
 
 
 def default_faults(topology: str) -> list[str]:
@@ -39,7 +49,7 @@ class Strike:
     kind: str
     target: int  # which process (0-3: gateway, gateway, worker, worker) where it matters
     seconds: float
-    forward: bool  # pgcommit: the COMMIT reaches Postgres before the cut (outcome unknown)
+    forward: bool  # pgcommit, sendcommit: the COMMIT reaches Postgres before the cut (unknown)
 
 
 def schedule(rng: random.Random, kinds: list[str], minutes: float) -> list[Strike]:
@@ -94,12 +104,16 @@ class Nemesis:
         elif s.kind == "pgcommit":
             self.history.fault("pgcommit", f"forward={s.forward}")
             proxy.cut_at(b"COMMIT", forward=s.forward, after=b"BEGIN")
-            try:
-                await asyncio.wait_for(proxy.trap_fired.wait(), s.seconds * 2)
-            except TimeoutError:
-                pass
-            finally:
-                proxy.disarm()
+            await self._sprung(s.seconds * 2)
+        elif s.kind == "sendcommit":
+            # Aimed at a send (every other one at an unkeyed send, which only its transaction's
+            # commit key keeps from appending twice): the COMMIT of the gateway's transaction
+            # that binds a send's text is cut, so it retries a send whose outcome it does not know.
+            pattern = UNKEYED_SEND_TEXT if s.target % 2 == 0 else SEND_TEXT
+            proxy.cut_commit_after(pattern, forward=s.forward, origin=GATEWAY)
+            if await self._sprung(s.seconds * 2):
+                send = proxy.matched.decode(errors="replace")
+                self.history.fault("sendcommit", f"forward={s.forward} {send}")
         elif s.kind == "pgstall":
             self.history.fault("pgstall", "postgres", s.seconds)
             await proxy.stall(s.seconds)
@@ -120,6 +134,16 @@ class Nemesis:
         elif s.kind == "failover":
             promoted = await top.failover()
             self.history.fault("failover", f"replica {promoted}")
+
+    async def _sprung(self, seconds: float) -> bool:
+        """Whether the armed trap fired within `seconds`; disarmed either way."""
+        try:
+            await asyncio.wait_for(self.topology.proxy.trap_fired.wait(), seconds)
+        except TimeoutError:
+            return False
+        finally:
+            self.topology.proxy.disarm()
+        return True
 
     async def _freeze(self, pid: int, seconds: float) -> None:
         os.kill(pid, signal.SIGSTOP)

@@ -75,6 +75,7 @@ class Result:
             + ")",
             "operations: " + ", ".join(f"{k}={v}" for k, v in sorted(ops.items())),
             "faults: " + ", ".join(f"{k}={v}" for k, v in sorted(faults.items())),
+            *self._aimed(),
             f"sessions: {len(self.history.frames)}"
             f" frames={sum(len(f) for f in self.history.frames.values())}",
             "streams: "
@@ -84,6 +85,20 @@ class Result:
             *self.violations,
         ]
         return "\n".join(lines)
+
+    def _aimed(self) -> list[str]:
+        """Which sends the sendcommit faults cut the COMMIT of (unkeyed: a retry only its
+        commit key keeps from appending again), and whether that COMMIT reached Postgres."""
+        keyed = {
+            op.args["marker"]: op.args.get("keyed") for op in self.history.ops if op.kind == "send"
+        }
+        aimed = []
+        for fault in self.history.faults:
+            if fault.kind == "sendcommit":
+                forward, _, text = fault.target.partition(" ")
+                marker = text.split()[-1] if text else ""
+                aimed.append(f"{marker} {forward}{'' if keyed.get(marker) else ' unkeyed'}")
+        return ["sendcommit: " + ", ".join(aimed)] if aimed else []
 
 
 def steps_for(minutes: float) -> int:

@@ -20,6 +20,8 @@ from tests.services import own_postgres, own_redis_cluster, temporary_postgres_d
 
 ROLES = ("gateway", "gateway", "worker", "worker")
 LEASE_TTL = 2.0
+# The gateways' Postgres connections name themselves, so a fault can aim at theirs alone.
+GATEWAY_APPLICATION = "campaign-gateway"
 
 
 @dataclass
@@ -116,6 +118,11 @@ class Topology:
                 await self.restart(index)
 
 
+def named_url(url: str, application: str) -> str:
+    """`url` whose connections tell Postgres (and the fault proxy) `application` as their name."""
+    return f"{url}{'&' if '?' in url else '?'}application_name={application}"
+
+
 @contextlib.asynccontextmanager
 async def topology(kind: str) -> AsyncIterator[Topology]:
     redis: RedisServer | RedisClusterServer
@@ -134,10 +141,16 @@ async def topology(kind: str) -> AsyncIterator[Topology]:
             "THREADLINE_SCOPE_RATE": "1000",
             "THREADLINE_SCOPE_BURST": "1000",
         }
-        env = cluster.cluster_env(via(dsn, proxy), redis_url, extra)
+        url = via(dsn, proxy)
+        env = cluster.cluster_env(url, redis_url, extra)
         running = cluster.Cluster(env, Path(tempfile.mkdtemp(prefix="threadline-campaign-")))
+        named = {"THREADLINE_DATABASE_URL": named_url(url, GATEWAY_APPLICATION)}
         try:
-            await asyncio.to_thread(running.start, list(ROLES))
+            await asyncio.gather(
+                asyncio.to_thread(running.start, ROLES[:2], named),
+                asyncio.to_thread(running.start, ROLES[2:]),
+            )
+            running.processes.sort(key=lambda handle: handle.role != "gateway")  # as in ROLES
             yield Topology(dsn, proxy, running, redis)
         finally:
             for handle in running.processes:
