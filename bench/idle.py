@@ -518,8 +518,7 @@ async def main() -> None:
         default=[],
         metavar="LABEL=DIR",
         help="measure each Threadline server again running the code of the source tree DIR "
-        "(an absolute path) "
-        "(e.g. an export of main), interleaved in the same run (repeatable)",
+        "(an absolute path, e.g. an export of main), interleaved in the same run (repeatable)",
     )
     args = parser.parse_args()
     SERVER_ENV.update(item.split("=", 1) for item in args.server_env)

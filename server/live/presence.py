@@ -173,6 +173,8 @@ class PresenceHub:
         self.refresh_interval = refresh_interval
         self.ttl = refresh_interval * 1.5
         self._gateway = uuid.uuid4().hex[:12]
+        # What this gateway publishes when its members of a thread changed ("reread it").
+        self._announcement = orjson.dumps({"type": "presence.changed", "gateway": self._gateway})
         self._ids = itertools.count()
         self._reads = itertools.count()  # store reads in the order they were started
         self._rooms: dict[str, _Room] = {}
@@ -295,8 +297,9 @@ class PresenceHub:
         try:
             async with self._bus.subscribe(presence_channel(room.thread_id)) as subscription:
                 room.ready.set()
-                async for _ in subscription:
-                    room.dirty.set()
+                async for data in subscription:
+                    if data != self._announcement:  # this gateway's own: nothing to reread
+                        room.dirty.set()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -397,11 +400,11 @@ class PresenceHub:
 
     async def _announce(self, thread_id: str) -> None:
         try:
-            await self._bus.publish(presence_channel(thread_id), b'{"type":"presence.changed"}')
+            await self._bus.publish(presence_channel(thread_id), self._announcement)
         except Exception as exc:
             log.warning("presence announcement of %s failed: %s", thread_id, exc)
 
-    async def _rewrite_all(self) -> None:
+    async def _rewrite_all(self, announce: bool) -> None:
         """Write every room's value again (serialised when it changed, not per pass)."""
         rooms = [r for r in self._rooms.values() if r.members]
         try:
@@ -411,7 +414,7 @@ class PresenceHub:
         except Exception as exc:
             log.warning("presence rewrite of %d threads failed: %s", len(rooms), exc)
             return
-        for room in rooms:
+        for room in rooms if announce else ():
             await self._announce(room.thread_id)
 
     async def _refresh_forever(self) -> None:
@@ -427,10 +430,11 @@ class PresenceHub:
                 log.warning("presence beat failed: %s", exc)
                 continue
             if lapsed:
-                # Others may have dropped (and deleted) this gateway's values meanwhile.
-                await self._rewrite_all()
+                # Others may have dropped (and deleted) this gateway's values meanwhile: they
+                # are told to reread them.
+                await self._rewrite_all(announce=True)
             elif tick % every == 0:
-                await self._rewrite_all()
+                await self._rewrite_all(announce=False)  # others reread in their own pass
             if tick % every == 0 and self._rooms:
                 await self._reread_all()
             else:
