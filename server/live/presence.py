@@ -102,7 +102,7 @@ def presence_frames(
     return frames
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Member:
     """One present connection in one thread."""
 
