@@ -3,7 +3,7 @@
     python bench/idle.py [--connections 1000,5000,10000] [--threads 100] [--people 1000]
                          [--settle 8] [--window 20] [--only embedded,redis,redis-cluster]
                          [--server-env NAME=VALUE ...] [--variant NAME=VALUE[,...] ...]
-                         [--quick]
+                         [--tree LABEL=DIR ...] [--quick]
 
 For each count N, a fresh process of each server under test, pinned to core 0 (this client,
 Redis and Postgres on the other core), gets N websocket connections (bench/wsclient.py: one
@@ -13,7 +13,9 @@ token, `--people` tokens shared round robin by the connections, each expiring in
 every connection carries an expiry timer). Then `--settle` seconds and until the server is quiet,
 then a `--window` of nothing published. Per server and N:
 
-- CPU ms/s of the server process over the window (user + system); "empty": the same process
+- CPU ms/s of the server process over the window (the scheduler's run time of its threads,
+  /proc/PID/task/*/schedstat, in ns: the 10 ms ticks of user + system time are 0.5 µs/s per
+  connection at 1 000 over 20 s, a fifth of the figure); "empty": the same process
   for half a window before its first connection (its own timers and polls); per connection
   (µs/s): the difference divided by N, and its ratio to the reference's ("total ratio": of the
   whole CPU ms/s, the empty process's included);
@@ -32,6 +34,10 @@ limiter's slot refreshes); Postgres transactions of the run's database (token re
 fallback version poll when the bus is down). Printed per second and per 1 000 connections, so a
 task whose count grows with N (rather than with threads or gateways) shows at once. Nothing is
 asserted.
+
+`--tree LABEL=DIR` measures each Threadline server again running the code of DIR (a source
+tree of another commit, e.g. `git archive main | tar -x -C DIR`; same interpreter and
+packages), interleaved in the same run: a before/after comparison beside one reference.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ BACKENDS = ("embedded", "redis", "redis-cluster")
 PG_STATS_DELAY = 11.0
 # More environment for every Threadline server (--server-env), e.g. to switch a task off.
 SERVER_ENV: dict[str, str] = {}
+# Source trees to run Threadline from besides this one (--tree): label -> directory.
+TREES: dict[str, Path] = {}
 TOKEN_TTL = 3600.0
 OPEN_CONCURRENCY = 100
 
@@ -108,9 +116,28 @@ class Measured:
 # --- servers under test ---------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU so far, in ns precision: its threads' run time from schedstat (user
+    + system ticks of 10 ms where /proc/PID/task is not there)."""
+    total, found = 0, False
+    with contextlib.suppress(OSError):
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with (
+                contextlib.suppress(OSError, ValueError),
+                open(f"{task.path}/schedstat", encoding="ascii") as stat,
+            ):
+                total += int(stat.read().split()[0])
+                found = True
+    return total / 1e9 if found else compare.cpu_seconds(pid)
+
+
 @contextlib.asynccontextmanager
 async def threadline(
-    bus: Bus, log_dir: Path, count: int, variant: dict[str, str] | None = None
+    bus: Bus,
+    log_dir: Path,
+    count: int,
+    variant: dict[str, str] | None = None,
+    tree: str = "",
 ) -> AsyncIterator[compare.Peer]:
     extra = {
         "THREADLINE_MAX_CONNECTIONS": str(count + 1000),
@@ -129,11 +156,17 @@ async def threadline(
     variant = variant or {}
     extra.update(variant)
     env = harness.server_env(bus.database_url, extra)
-    handle = harness.start("all" if bus.redis_url is None else "gateway", env, log_dir=log_dir)
+    role = "all" if bus.redis_url is None else "gateway"
+    root = TREES[tree] if tree else harness.ROOT
+    handle = harness.start(role, env, log_dir=log_dir, root=root)
     try:
         compare.pin(handle.process.pid, {compare.SERVER_CORE})
         label = " ".join(
-            [bus.name, *(f"{k.removeprefix('THREADLINE_')}={v}" for k, v in variant.items())]
+            [
+                bus.name,
+                *([f"@{tree}"] if tree else []),
+                *(f"{k.removeprefix('THREADLINE_')}={v}" for k, v in variant.items()),
+            ]
         )
         yield compare.Peer(f"Threadline {label}", handle.process.pid, handle.port, "", b"", "")
     finally:
@@ -262,9 +295,9 @@ async def hold(
     await compare.settle(peer.pid)
     before = process.memory_info().rss
     # What the process spends with no connection at all (its own timers and polls).
-    empty, started = compare.cpu_seconds(peer.pid), time.monotonic()
+    empty, started = cpu_seconds(peer.pid), time.monotonic()
     await asyncio.sleep(args.window / 2)
-    empty = (compare.cpu_seconds(peer.pid) - empty) / (time.monotonic() - started)
+    empty = (cpu_seconds(peer.pid) - empty) / (time.monotonic() - started)
     tally = wsclient.Tally()
     clients = await open_connections(peer, tally, count, threads, tokens)
     try:
@@ -279,11 +312,11 @@ async def hold(
             postgres = database.startswith("postgres")
             xacts = await flushed_transactions(database) if postgres else 0
             pings, started = tally.pings, time.monotonic()
-            cpu = compare.cpu_seconds(peer.pid)
+            cpu = cpu_seconds(peer.pid)
             if monitor is not None:
                 monitor.reset()
             await asyncio.sleep(args.window)
-            cpu = compare.cpu_seconds(peer.pid) - cpu
+            cpu = cpu_seconds(peer.pid) - cpu
             ended = time.monotonic()
             elapsed = ended - started
             commands = Counter(
@@ -346,10 +379,10 @@ async def keepalive_reference(redis_url: str, thread: str) -> AsyncIterator[comp
 
 
 async def measure_threadline(
-    bus: Bus, count: int, args: argparse.Namespace, variant: dict[str, str]
+    bus: Bus, count: int, args: argparse.Namespace, variant: dict[str, str], tree: str = ""
 ) -> Measured:
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-idle-"))
-    async with threadline(bus, log_dir, count, variant) as peer:
+    async with threadline(bus, log_dir, count, variant, tree) as peer:
         tokens = await mint(bus.database_url, min(args.people, count))
         threads = await create_threads(peer.port, tokens[0], args.threads)
         return await hold(peer, count, threads, tokens, args, bus, log_dir / "gc.log")
@@ -479,8 +512,17 @@ async def main() -> None:
         help="measure each Threadline server again with this environment too, interleaved in "
         "the same run (repeatable), e.g. THREADLINE_GC_FREEZE=false",
     )
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="measure each Threadline server again running the code of the source tree DIR "
+        "(an absolute path, e.g. an export of main), interleaved in the same run (repeatable)",
+    )
     args = parser.parse_args()
     SERVER_ENV.update(item.split("=", 1) for item in args.server_env)
+    TREES.update((k, Path(v)) for k, v in (t.split("=", 1) for t in args.tree))
     counts = [int(n) for n in args.connections.split(",") if n]
     variants: list[dict[str, str]] = [{}]
     variants += [dict(p.split("=", 1) for p in v.split(",")) for v in args.variant]
@@ -499,11 +541,16 @@ async def main() -> None:
             for count in counts:
                 print(f"{count} connections: reference ...", file=sys.stderr, flush=True)
                 rows.append(await measure_reference(count, redis_url, args))
+                runs = len(made) * len(variants) * (1 + len(TREES))
                 for bus in made:
                     for variant in variants:
-                        print(f"{count} connections: {bus.name} {variant} ...", file=sys.stderr)
-                        rows.append(await measure_threadline(bus, count, args, variant))
-                for row in rows[-len(made) * len(variants) - 1 :]:  # what a cut run still shows
+                        for tree in ["", *TREES]:
+                            print(
+                                f"{count} connections: {bus.name} {tree} {variant} ...",
+                                file=sys.stderr,
+                            )
+                            rows.append(await measure_threadline(bus, count, args, variant, tree))
+                for row in rows[-runs - 1 :]:  # what a cut run still shows
                     print(f"  {row}", file=sys.stderr, flush=True)
     print_tables(rows, args)
 

@@ -49,5 +49,15 @@ def presence_channel(thread_id: str) -> str:
 
 
 def presence_key(thread_id: str) -> str:
-    """Where the members present in a thread live (a hash: member id -> entry)."""
-    return f"presence:{_check(thread_id)}"
+    """Where the members present in a thread live: a hash, gateway id -> that gateway's
+    members there (one JSON object by member id). Not `presence:` (per-connection fields with
+    their own expiry, before 2026-12-02): gateways of both layouts never read each other's."""
+    return f"presence-gw:{_check(thread_id)}"
+
+
+def gateway_key(gateway: str) -> str:
+    """Set while a gateway is alive (it expires unless the gateway keeps setting it): its
+    members in every thread's `presence_key` hash count only while this key exists."""
+    if not gateway:
+        raise ValueError("gateway must be a non-empty string")
+    return f"presence-alive:{gateway}"

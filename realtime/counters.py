@@ -103,8 +103,12 @@ class MemoryCounters:
                 members[member] = now + ttl
 
     async def refresh_many(self, slots: Sequence[tuple[Sequence[str], str]], ttl: float) -> None:
+        expiry = self.clock() + ttl
         for keys, member in slots:
-            await self.refresh(keys, member, ttl)
+            for key in keys:
+                members = self._sets.get(key)
+                if members is not None and member in members:
+                    members[member] = expiry
 
     async def leave(self, keys: Sequence[str], member: str) -> None:
         for key in keys:
@@ -162,6 +166,28 @@ end
 return 0
 """
 
+# Many members at once (a gateway's connections, each period): ARGV is [ttl, then per member:
+# its key count, the member]; each key is PEXPIREd once however many members it holds.
+_REFRESH_MANY = """
+local t = redis.call('TIME')
+local ttl = tonumber(ARGV[1])
+local score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl
+local k, seen = 0, {}
+for i = 2, #ARGV, 2 do
+  for j = k + 1, k + tonumber(ARGV[i]) do
+    redis.call('ZADD', KEYS[j], 'XX', score, ARGV[i + 1])
+    if not seen[KEYS[j]] then
+      seen[KEYS[j]] = true
+      redis.call('PEXPIRE', KEYS[j], ttl)
+    end
+  end
+  k = k + tonumber(ARGV[i])
+end
+return 0
+"""
+# Members per `_REFRESH_MANY` call: one call keeps Redis busy for about a millisecond.
+REFRESH_CHUNK = 512
+
 _LEAVE = """
 for _, key in ipairs(KEYS) do
   redis.call('ZREM', key, ARGV[1])
@@ -214,6 +240,7 @@ class RedisCounters:
         self._take = self.batcher.operation(_TAKE)
         self._join = self.batcher.operation(_JOIN)
         self._refresh = self.batcher.operation(_REFRESH)
+        self._refresh_many = self.batcher.operation(_REFRESH_MANY)
         self._leave = self.batcher.operation(_LEAVE)
         self._degraded = False
 
@@ -282,16 +309,42 @@ class RedisCounters:
         self._ok()
 
     async def refresh_many(self, slots: Sequence[tuple[Sequence[str], str]], ttl: float) -> None:
-        # Queued together, so they go in batches of the batcher's size: a few EVALSHA for
-        # every connection of a gateway, not one round trip each.
+        # One call of `_REFRESH_MANY` per REFRESH_CHUNK members (on a cluster, per hash slot of
+        # their keys), all queued together: a few EVALSHA for every connection of a gateway,
+        # and two arguments per member, not a call each. Each member's keys were checked to
+        # share a slot when it joined.
         await self.fallback.refresh_many(slots, ttl)
-        expiry = math.ceil(ttl * 1000)
-        calls = [(self._keys(keys), [member, expiry]) for keys, member in slots]
-        failures = [r for r in await self.batcher.call_many(self._refresh, calls) if r is not None]
+        prefix, groups = self.prefix, self._refresh_groups(slots)
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        for group in groups:
+            for start in range(0, len(group), REFRESH_CHUNK):
+                keys: list[str] = []
+                args: list[Any] = [math.ceil(ttl * 1000)]
+                for member_keys, member in group[start : start + REFRESH_CHUNK]:
+                    keys += [prefix + key for key in member_keys]
+                    args += (len(member_keys), member)
+                calls.append((keys, args))
+        failures = [
+            r for r in await self.batcher.call_many(self._refresh_many, calls) if r is not None
+        ]
         if failures:
             self._failed(failures[0])
             return
         self._ok()
+
+    def _refresh_groups(
+        self, slots: Sequence[tuple[Sequence[str], str]]
+    ) -> list[Sequence[tuple[Sequence[str], str]]]:
+        """All of `slots`, or on a cluster those of one hash slot each (a script's keys)."""
+        if not self._cluster:
+            return [slots]
+        from redis.crc import key_slot
+
+        groups: dict[int, list[tuple[Sequence[str], str]]] = {}
+        for keys, member in slots:
+            slot = key_slot((self.prefix + keys[0]).encode()) if keys else 0
+            groups.setdefault(slot, []).append((keys, member))
+        return list(groups.values())
 
     async def leave(self, keys: Sequence[str], member: str) -> None:
         full_keys = self._keys(keys)

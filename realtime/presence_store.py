@@ -1,8 +1,13 @@
-"""Ephemeral presence entries per thread with expiry: in process, or in Redis shared by gateways.
+"""Ephemeral presence per thread, by gateway: in process, or in Redis shared by gateways.
 
-Never the durable store: presence is who is connected now. Each entry carries its own expiry
-(`expires_at`, seconds since the epoch); a gateway refreshes its entries periodically, so the
-entries of a gateway that died expire on their own and readers skip (and delete) them.
+Never the durable store: presence is who is connected now. Each gateway writes, per thread, one
+value holding all of its members there (a JSON object by member id, serialised by the gateway
+when they change), and says it is alive with a beat that expires on its own (`beat`, every half
+refresh interval). A gateway's values count only while its beat lasts, so the members of a
+gateway that died vanish on their own and readers skip (and delete) them. While nothing
+changes, what a gateway does per period is one beat and one liveness check of the gateways it
+sees, whatever its connections and threads (`alive`); a value is rewritten only on a change
+and when the gateway's beat had lapsed (Redis restarted, or the gateway stalled).
 """
 
 from __future__ import annotations
@@ -12,81 +17,99 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-import orjson
-
 from realtime.bus_errors import BusError
-from realtime.channels import presence_key
+from realtime.channels import gateway_key, presence_key
 from realtime.redis_urls import describe
 
 log = logging.getLogger(__name__)
 
+# One gateway's members of one thread, as written: a JSON object, member id -> entry.
+Members = bytes
+
 
 class PresenceStore(Protocol):
-    """Entries of a thread by member id (a connection), each a JSON object with `expires_at`."""
+    """Per thread, each live gateway's members (`Members`, opaque here) by gateway id."""
 
     async def open(self) -> None: ...
     async def close(self) -> None: ...
-    async def put(self, thread_id: str, member_id: str, entry: dict[str, Any]) -> None: ...
-    async def put_many(self, entries: list[tuple[str, str, dict[str, Any]]]) -> None: ...
-    async def remove(self, thread_id: str, member_id: str) -> None: ...
-    async def read(self, thread_id: str, skip: str = "") -> dict[str, dict[str, Any]]:
-        """Live entries by member id, without those whose id starts with `skip` (if given)."""
+    async def write_many(self, values: Sequence[tuple[str, str, Members | None]]) -> None:
+        """(thread id, gateway, members) each; None: the gateway has no member there now."""
+        ...
+
+    async def beat(self, gateway: str, ttl: float) -> bool:
+        """`gateway` is alive for `ttl` more seconds; False if it was not alive until now
+        (its first beat, or its last one expired, or the store lost it)."""
+        ...
+
+    async def alive(self, gateways: list[str]) -> set[str]:
+        """Those of `gateways` whose beat has not expired."""
+        ...
+
+    async def touch(self, thread_ids: list[str]) -> None:
+        """Keep the threads' values (a thread nobody writes or touches is forgotten)."""
         ...
 
     async def read_many(
         self, thread_ids: list[str], skip: str = ""
-    ) -> dict[str, dict[str, dict[str, Any]]]:
-        """`read` of every thread of `thread_ids` (by thread id), in one round trip where the
-        store has them (a gateway rereads all its threads this way every half interval)."""
+    ) -> dict[str, dict[str, Members]]:
+        """Live gateways' members of every thread of `thread_ids` (by thread id, then by
+        gateway), without gateway `skip`'s; in one round trip where the store has them, and
+        one more for the liveness of the gateways found."""
         ...
 
 
-def _live(entries: dict[str, dict[str, Any]], now: float) -> dict[str, dict[str, Any]]:
-    return {k: v for k, v in entries.items() if float(v.get("expires_at", 0)) > now}
-
-
 class MemoryPresence:
-    """The embedded setup: one process, so a dict is the shared truth."""
+    """The embedded setup: one process, so dicts are the shared truth."""
 
     def __init__(self) -> None:
-        self._threads: dict[str, dict[str, dict[str, Any]]] = {}
+        self._threads: dict[str, dict[str, Members]] = {}
+        self._beats: dict[str, float] = {}  # gateway -> when its beat expires (time.time)
 
     async def open(self) -> None:
         return None
 
     async def close(self) -> None:
         self._threads.clear()
+        self._beats.clear()
 
-    async def put(self, thread_id: str, member_id: str, entry: dict[str, Any]) -> None:
-        self._threads.setdefault(thread_id, {})[member_id] = dict(entry)
+    async def write_many(self, values: Sequence[tuple[str, str, Members | None]]) -> None:
+        for thread_id, gateway, members in values:
+            if members is not None:
+                self._threads.setdefault(thread_id, {})[gateway] = members
+                continue
+            written = self._threads.get(thread_id)
+            if written is not None:
+                written.pop(gateway, None)
+                if not written:
+                    del self._threads[thread_id]
 
-    async def put_many(self, entries: list[tuple[str, str, dict[str, Any]]]) -> None:
-        for thread_id, member_id, entry in entries:
-            await self.put(thread_id, member_id, entry)
+    async def beat(self, gateway: str, ttl: float) -> bool:
+        now = time.time()
+        was_alive = self._beats.get(gateway, 0.0) > now
+        self._beats[gateway] = now + ttl
+        return was_alive
 
-    async def remove(self, thread_id: str, member_id: str) -> None:
-        members = self._threads.get(thread_id)
-        if members is not None:
-            members.pop(member_id, None)
-            if not members:
-                del self._threads[thread_id]
+    async def alive(self, gateways: list[str]) -> set[str]:
+        now = time.time()
+        return {g for g in gateways if self._beats.get(g, 0.0) > now}
 
-    async def read(self, thread_id: str, skip: str = "") -> dict[str, dict[str, Any]]:
-        live = _live(self._threads.get(thread_id, {}), time.time())
-        if live:
-            self._threads[thread_id] = dict(live)
-        else:
-            self._threads.pop(thread_id, None)
-        if skip:
-            return {k: v for k, v in live.items() if not k.startswith(skip)}
-        return live
+    async def touch(self, thread_ids: list[str]) -> None:
+        return None
 
     async def read_many(
         self, thread_ids: list[str], skip: str = ""
-    ) -> dict[str, dict[str, dict[str, Any]]]:
-        return {thread_id: await self.read(thread_id, skip) for thread_id in thread_ids}
+    ) -> dict[str, dict[str, Members]]:
+        found: dict[str, dict[str, Members]] = {}
+        for thread_id in thread_ids:
+            written = self._threads.get(thread_id, {})
+            live = await self.alive(list(written))
+            for gateway in [g for g in written if g not in live]:
+                del written[gateway]
+            found[thread_id] = {g: m for g, m in written.items() if g != skip}
+        return found
 
 
 # Presence commands in flight per process. redis-py refuses a command outright ("Too many
@@ -97,8 +120,9 @@ MAX_IN_FLIGHT = 50
 
 
 class RedisPresence:
-    """One Redis hash per thread. The key itself expires a while after its last write, so a
-    thread nobody looks at any more leaves nothing behind."""
+    """One Redis hash per thread (`presence_key`: gateway -> members) and one expiring key per
+    gateway (`gateway_key`). A thread's hash itself expires a while after it was last written
+    or touched, so a thread nobody looks at any more leaves nothing behind."""
 
     def __init__(self, url: str, *, prefix: str = "threadline:", key_ttl: float = 60.0) -> None:
         self.url = url
@@ -126,44 +150,62 @@ class RedisPresence:
     def _key(self, thread_id: str) -> str:
         return self.prefix + presence_key(thread_id)
 
-    async def put(self, thread_id: str, member_id: str, entry: dict[str, Any]) -> None:
-        await self.put_many([(thread_id, member_id, entry)])
+    def _alive_key(self, gateway: str) -> str:
+        return self.prefix + gateway_key(gateway)
 
-    async def put_many(self, entries: list[tuple[str, str, dict[str, Any]]]) -> None:
-        if not entries:
+    async def write_many(self, values: Sequence[tuple[str, str, Members | None]]) -> None:
+        if not values:
             return
         try:
-            # One HSET and one EXPIRE per thread, however many of its members are written
-            # (a refresh writes every member of this gateway).
-            by_key: dict[str, dict[str, bytes]] = {}
-            for thread_id, member_id, entry in entries:
-                by_key.setdefault(self._key(thread_id), {})[member_id] = orjson.dumps(entry)
             async with self._gate, self._client.pipeline(transaction=False) as pipe:
-                for key, fields in by_key.items():
-                    pipe.hset(key, mapping=fields)
-                    pipe.expire(key, self.key_ttl)
+                for thread_id, gateway, members in values:
+                    key = self._key(thread_id)
+                    if members is None:
+                        pipe.hdel(key, gateway)
+                    else:
+                        pipe.hset(key, gateway, members)
+                        pipe.expire(key, self.key_ttl)
                 await pipe.execute()
         except Exception as exc:
             raise BusError(f"presence write to {describe(self.url)} failed: {exc}") from exc
 
-    async def remove(self, thread_id: str, member_id: str) -> None:
+    async def beat(self, gateway: str, ttl: float) -> bool:
         try:
             async with self._gate:
-                await self._client.hdel(self._key(thread_id), member_id)
+                # SET ... GET: the previous value, None if the key had expired (or never was).
+                previous = await self._client.set(
+                    self._alive_key(gateway), b"1", px=max(1, int(ttl * 1000)), get=True
+                )
         except Exception as exc:
-            raise BusError(f"presence delete failed: {exc}") from exc
+            raise BusError(f"presence beat to {describe(self.url)} failed: {exc}") from exc
+        return previous is not None
 
-    async def read(self, thread_id: str, skip: str = "") -> dict[str, dict[str, Any]]:
+    async def alive(self, gateways: list[str]) -> set[str]:
+        if not gateways:
+            return set()
         try:
-            async with self._gate:
-                raw = await self._client.hgetall(self._key(thread_id))
+            async with self._gate, self._client.pipeline(transaction=False) as pipe:
+                for gateway in gateways:
+                    pipe.exists(self._alive_key(gateway))
+                replies = await pipe.execute()
         except Exception as exc:
-            raise BusError(f"presence read failed: {exc}") from exc
-        return await self._entries(thread_id, raw, skip)
+            raise BusError(f"presence liveness read failed: {exc}") from exc
+        return {g for g, found in zip(gateways, replies, strict=True) if found}
+
+    async def touch(self, thread_ids: list[str]) -> None:
+        if not thread_ids:
+            return
+        try:
+            async with self._gate, self._client.pipeline(transaction=False) as pipe:
+                for thread_id in thread_ids:
+                    pipe.expire(self._key(thread_id), self.key_ttl)
+                await pipe.execute()
+        except Exception as exc:
+            raise BusError(f"presence touch failed: {exc}") from exc
 
     async def read_many(
         self, thread_ids: list[str], skip: str = ""
-    ) -> dict[str, dict[str, dict[str, Any]]]:
+    ) -> dict[str, dict[str, Members]]:
         if not thread_ids:
             return {}
         try:
@@ -171,34 +213,23 @@ class RedisPresence:
             async with self._gate, self._client.pipeline(transaction=False) as pipe:
                 for thread_id in thread_ids:
                     pipe.hgetall(self._key(thread_id))
-                replies = await pipe.execute()
+                replies: list[dict[bytes, bytes]] = await pipe.execute()
         except Exception as exc:
             raise BusError(f"presence read failed: {exc}") from exc
-        return {
-            thread_id: await self._entries(thread_id, raw, skip)
-            for thread_id, raw in zip(thread_ids, replies, strict=True)
-        }
-
-    async def _entries(
-        self, thread_id: str, raw: dict[bytes, bytes], skip: str
-    ) -> dict[str, dict[str, Any]]:
-        """The live entries of one HGETALL reply; expired ones are deleted (best effort)."""
-        entries: dict[str, dict[str, Any]] = {}
         skipped = skip.encode()
-        for member_id, data in raw.items():
-            if skipped and member_id.startswith(skipped):
-                continue
-            try:
-                entry = orjson.loads(data)
-                if isinstance(entry, dict):
-                    entries[member_id.decode()] = entry
-            except (orjson.JSONDecodeError, UnicodeDecodeError):
-                continue
-        live = _live(entries, time.time())
-        expired = [member_id for member_id in entries if member_id not in live]
-        if expired:
+        written = [{g.decode(): m for g, m in raw.items() if g != skipped} for raw in replies]
+        live = await self.alive(sorted({g for found in written for g in found}))
+        dead = [
+            (thread_id, g)
+            for thread_id, found in zip(thread_ids, written, strict=True)
+            for g in found
+            if g not in live
+        ]
+        if dead:
             # Best effort: another reader or the key's own expiry cleans up otherwise.
             with contextlib.suppress(Exception):
-                async with self._gate:
-                    await self._client.hdel(self._key(thread_id), *expired)
-        return live
+                await self.write_many([(thread_id, g, None) for thread_id, g in dead])
+        return {
+            thread_id: {g: m for g, m in found.items() if g in live}
+            for thread_id, found in zip(thread_ids, written, strict=True)
+        }

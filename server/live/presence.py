@@ -1,15 +1,17 @@
 """Presence per thread on one gateway: who is subscribed, typing, reviewing; diffs to subscribers.
 
-Every subscribed connection is present in the thread as its principal. Its entry lives in a
-`PresenceStore` (Redis shared by every gateway, or in process), refreshed every
-`refresh_interval` with an expiry of 1.5 intervals, all of a gateway's in one pipeline; every
-half interval each gateway rereads the threads it has subscribers in (a reread that finds the
-other gateways' entries and its own members unchanged aggregates and sends nothing). A gateway
-that dies stops refreshing, so its members vanish from every other gateway's view within 2
-refresh intervals. A change is announced on the thread's
-presence channel so other gateways reread at once. Subscribers get the whole set after
-`subscribed`, then `presence.join`, `presence.update` and `presence.leave` frames; one person
-with several tabs is one member with a connection count.
+Every subscribed connection is present in the thread as its principal. A gateway keeps, per
+thread, one value in a `PresenceStore` (Redis shared by every gateway, or in process) holding
+all of its members there, written (and announced on the thread's presence channel, so other
+gateways reread at once) when they change, at most every `MIN_WRITE_INTERVAL` per thread. Every
+half `refresh_interval` the gateway beats (its values count only while its beat, expiring
+after 1.5 intervals, lasts) and checks the beats of the other gateways whose members it shows:
+one round trip per gateway per half interval, whatever its connections and threads. A gateway
+that dies stops beating, so its members vanish from every other gateway's view within 2
+refresh intervals. Every `FULL_PASS` seconds a gateway rewrites its values and rereads every
+room (one pipeline each way), which also keeps the store's keys from expiring. Subscribers get
+the whole set after `subscribed`, then `presence.join`, `presence.update` and `presence.leave`
+frames; one person with several tabs is one member with a connection count.
 """
 
 from __future__ import annotations
@@ -36,8 +38,12 @@ log = logging.getLogger(__name__)
 
 Deliver = Callable[[bytes], None]
 DEFAULT_REFRESH = 5.0
-# One connection's state is written at most this often; updates in between coalesce.
-MIN_UPDATE_INTERVAL = 0.2
+# A thread's value (this gateway's members there) is written at most this often; changes in
+# between coalesce.
+MIN_WRITE_INTERVAL = 0.05
+# Every this many seconds a gateway rewrites all of its values and rereads every room: what
+# repairs a lost write or announcement, and keeps the store's keys (a minute's expiry) alive.
+FULL_PASS = 20.0
 # A room is reread at most this often however many changes are announced.
 MIN_REREAD_INTERVAL = 0.05
 
@@ -78,13 +84,6 @@ def aggregate(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return members
 
 
-def _shown(entry: dict[str, Any]) -> tuple[Any, ...]:
-    """What of an entry `aggregate` reads (not its expiry, which every refresh moves)."""
-    return tuple(
-        entry.get(k) for k in ("subject", "role", "name", "typing", "reviewing", "updated_at")
-    )
-
-
 def presence_frames(
     thread_id: str, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -103,7 +102,7 @@ def presence_frames(
     return frames
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Member:
     """One present connection in one thread."""
 
@@ -114,13 +113,10 @@ class Member:
     typing: bool = False
     reviewing: str | None = None
     updated_at: float = field(default_factory=time.time)
-    last_write: float = 0.0
-    flush: asyncio.Task[None] | None = None
-    # The entry without its expiry, built once per change: every refresh writes every
-    # member's entry, and only the expiry moves.
+    # The entry, built once per change.
     shown: dict[str, Any] | None = field(default=None, repr=False)
 
-    def entry(self, ttl: float, now: float | None = None) -> dict[str, Any]:
+    def entry(self) -> dict[str, Any]:
         if self.shown is None:
             self.shown = {
                 "subject": self.principal.subject,
@@ -130,7 +126,7 @@ class Member:
                 "reviewing": self.reviewing,
                 "updated_at": self.updated_at,
             }
-        return {**self.shown, "expires_at": (time.time() if now is None else now) + ttl}
+        return self.shown
 
     def change(self, changes: dict[str, Any]) -> None:
         """Apply a `presence.update`'s changes (the entry is built anew)."""
@@ -152,16 +148,16 @@ class _Room:
     primed: bool = False  # `sent` was read from the store at least once
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    # Joined members whose entries are not written yet, and the task writing them (batched:
-    # a burst of joins is a few store writes and announcements, not one of each per join).
-    joining: list[Member] = field(default_factory=list)
-    writer: asyncio.Task[None] | None = None
-    # What the last reread aggregated: other gateways' entries (without their expiry, which
-    # every refresh moves) and the version of this gateway's members. A reread that finds
-    # both unchanged has nothing to tell anyone and skips the aggregation, which is
-    # proportional to the room's connections.
-    remote_seen: dict[str, tuple[Any, ...]] | None = None
+    # The version of this gateway's members (moved by every join, leave and update), the
+    # version last written to the store, and the task writing it (one write for a burst).
     local_version: int = 0
+    written: int = 0
+    writer: asyncio.Task[None] | None = None
+    value: bytes = b"{}"  # this gateway's members, serialised for `value_version`
+    value_version: int = 0
+    # What the last applied read found (other gateways' values) and the local version it was
+    # aggregated with: a reread that finds both unchanged aggregates and sends nothing.
+    remote_seen: dict[str, bytes] | None = None
     local_seen: int = -1
     applied: int = -1  # the sequence number of the last read applied
 
@@ -177,17 +173,23 @@ class PresenceHub:
         self.refresh_interval = refresh_interval
         self.ttl = refresh_interval * 1.5
         self._gateway = uuid.uuid4().hex[:12]
+        # What this gateway publishes when its members of a thread changed ("reread it").
+        self._announcement = orjson.dumps({"type": "presence.changed", "gateway": self._gateway})
         self._ids = itertools.count()
         self._reads = itertools.count()  # store reads in the order they were started
         self._rooms: dict[str, _Room] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.frames_sent = 0
-        # Rereads of rooms, and those that found nothing changed (for tests and benches).
+        # Rereads of rooms, and those that found nothing changed; liveness checks of other
+        # gateways (for tests and benches).
         self.rereads = 0
         self.rereads_skipped = 0
+        self.checks = 0
 
     async def __aenter__(self) -> PresenceHub:
         await self._store.open()
+        with contextlib.suppress(Exception):  # the loop beats again in half an interval
+            await self._store.beat(self._gateway, self.ttl)  # before any value is written
         self._loop_task = asyncio.create_task(self._refresh_forever(), name="presence-refresh")
         return self
 
@@ -196,10 +198,9 @@ class PresenceHub:
             await cancel_and_wait(self._loop_task)
         rooms, self._rooms = list(self._rooms.values()), {}
         for room in rooms:
-            for member in list(room.members.values()):
-                with contextlib.suppress(Exception):
-                    await self._store.remove(room.thread_id, member.id)
             await self._stop(room)
+        with contextlib.suppress(Exception):
+            await self._store.write_many([(r.thread_id, self._gateway, None) for r in rooms])
         await self._store.close()
 
     # --- connections -----------------------------------------------------------------------
@@ -210,89 +211,70 @@ class PresenceHub:
         The set it gets is the room's last read one (read now only for a room new to this
         gateway); its own entry and whatever changed since arrive as `presence.join`/`update`
         frames with the room's next (coalesced) reread, like every other member's. So a burst
-        of N joins costs a few store reads, not one read of N entries per join (quadratic).
+        of N joins costs a few store reads and writes, not one read of N entries per join.
         """
         member = Member(f"{self._gateway}-{next(self._ids)}", thread_id, principal, deliver)
         room = await self._room(thread_id)
-        member.last_write = time.monotonic()
         async with room.lock:
             if not room.primed:
                 await self._reread(room)
                 room.primed = True
             room.members[member.id] = member
-            room.local_version += 1
             frame = {
                 "type": "presence",
                 "thread_id": thread_id,
                 "members": list(room.sent.values()),
             }
             self._send(member, orjson.dumps(frame))
-        room.dirty.set()  # this gateway's own members are seen here without the store
-        room.joining.append(member)
-        if room.writer is None or room.writer.done():
-            room.writer = asyncio.create_task(self._write_joins(room), name="presence-joins")
+        self._changed(room)
         return member
-
-    async def _write_joins(self, room: _Room) -> None:
-        """Write the entries of every member joined meanwhile in one batch; announce once."""
-        while room.joining:
-            joined, room.joining = room.joining, []
-            entries = [
-                (room.thread_id, m.id, m.entry(self.ttl))
-                for m in joined
-                if m.id in room.members  # left before its entry was written: nothing to undo
-            ]
-            try:
-                await self._store.put_many(entries)
-            except Exception as exc:  # the periodic refresh writes them again
-                log.warning("presence join of %d members failed: %s", len(entries), exc)
-            await self._announce(room.thread_id)
 
     async def leave(self, member: Member) -> None:
         room = self._rooms.get(member.thread_id)
-        if member.flush is not None:
-            member.flush.cancel()
         if room is None or room.members.pop(member.id, None) is None:
             return
-        room.local_version += 1
-        writer = room.writer
-        if writer is not None and not writer.done() and member not in room.joining:
-            # Its entry may be being written right now: remove it after that write.
-            await asyncio.wait({writer})
-        try:
-            await self._store.remove(member.thread_id, member.id)
-            await self._announce(member.thread_id)
-        except Exception as exc:
-            log.warning("presence leave of %s failed (it expires): %s", member.id, exc)
-        if not room.members:
-            self._rooms.pop(member.thread_id, None)
-            await self._stop(room)
-        else:
-            room.dirty.set()
+        self._changed(room)
 
     def update(self, member: Member, changes: dict[str, Any]) -> None:
-        """Apply a `presence.update`; written now, or coalesced until the rate bound allows."""
+        """Apply a `presence.update`; written now, or coalesced (MIN_WRITE_INTERVAL)."""
         member.change(changes)
         room = self._rooms.get(member.thread_id)
-        if room is not None:
-            room.local_version += 1
-        if member.flush is None:
-            member.flush = asyncio.create_task(self._flush(member), name=f"presence-{member.id}")
+        if room is not None and room.members.get(member.id) is member:
+            self._changed(room)
 
-    async def _flush(self, member: Member) -> None:
-        try:
-            wait = member.last_write + MIN_UPDATE_INTERVAL - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            member.flush = None  # changes from now on schedule the next write
-            member.last_write = time.monotonic()
-            await self._store.put(member.thread_id, member.id, member.entry(self.ttl))
-            await self._announce(member.thread_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            member.flush = None
-            log.warning("presence update of %s failed: %s", member.id, exc)
+    def _changed(self, room: _Room) -> None:
+        """This gateway's members of `room` changed: tell its own (the next reread takes
+        them from the members, not the store), and write and announce them."""
+        room.local_version += 1
+        room.dirty.set()
+        if room.writer is None or room.writer.done():
+            room.writer = asyncio.create_task(self._write(room), name="presence-write")
+
+    def _value(self, room: _Room) -> bytes:
+        if room.value_version != room.local_version:
+            room.value = orjson.dumps({m.id: m.entry() for m in room.members.values()})
+            room.value_version = room.local_version
+        return room.value
+
+    async def _write(self, room: _Room) -> None:
+        """Write this gateway's members of `room` until the store has the latest; a room
+        left empty is then forgotten (its value deleted first, so nothing outlives it)."""
+        while self._rooms.get(room.thread_id) is room:
+            if room.written == room.local_version:
+                if room.members:
+                    return
+                self._rooms.pop(room.thread_id, None)
+                await cancel_and_wait_all(room.tasks)
+                return
+            version = room.local_version
+            value = self._value(room) if room.members else None
+            try:
+                await self._store.write_many([(room.thread_id, self._gateway, value)])
+            except Exception as exc:  # the next full pass writes it again
+                log.warning("presence write of %s failed: %s", room.thread_id, exc)
+            room.written = version
+            await self._announce(room.thread_id)
+            await asyncio.sleep(MIN_WRITE_INTERVAL)
 
     # --- rooms -----------------------------------------------------------------------------
 
@@ -315,8 +297,9 @@ class PresenceHub:
         try:
             async with self._bus.subscribe(presence_channel(room.thread_id)) as subscription:
                 room.ready.set()
-                async for _ in subscription:
-                    room.dirty.set()
+                async for data in subscription:
+                    if data != self._announcement:  # this gateway's own: nothing to reread
+                        room.dirty.set()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -335,9 +318,10 @@ class PresenceHub:
             await asyncio.sleep(MIN_REREAD_INTERVAL)
 
     async def _reread(self, room: _Room) -> None:
-        # This gateway's own entries are taken from its members below, not parsed.
+        # This gateway's own value is taken from its members below, not read.
         read = next(self._reads)
-        self._apply(room, await self._store.read(room.thread_id, skip=self._gateway + "-"), read)
+        found = await self._store.read_many([room.thread_id], skip=self._gateway)
+        self._apply(room, found.get(room.thread_id, {}), read)
 
     async def _reread_all(self) -> None:
         """Every room in one store read (one round trip per gateway, not one per thread);
@@ -345,7 +329,7 @@ class PresenceHub:
         rooms = list(self._rooms.values())
         read = next(self._reads)
         try:
-            found = await self._store.read_many([r.thread_id for r in rooms], self._gateway + "-")
+            found = await self._store.read_many([r.thread_id for r in rooms], self._gateway)
         except Exception as exc:
             log.warning("presence reread of %d threads failed: %s", len(rooms), exc)
             found = {}
@@ -356,23 +340,49 @@ class PresenceHub:
                 async with room.lock:
                     self._apply(room, found[room.thread_id], read)
 
-    def _apply(self, room: _Room, entries: dict[str, dict[str, Any]], read: int) -> None:
-        """Members from other gateways' `entries` (read as the `read`-th read) and this
-        gateway's own; the frames turning what subscribers were sent into them."""
+    async def _check_gateways(self) -> None:
+        """Drop the members of the gateways whose beat expired from every room showing them
+        (one liveness read for all rooms; no room is read)."""
+        rooms = [r for r in self._rooms.values() if r.remote_seen]
+        seen = sorted({g for room in rooms for g in room.remote_seen or {}})
+        if not seen:
+            return
+        self.checks += 1
+        try:
+            live = await self._store.alive(seen)
+        except Exception as exc:
+            log.warning("presence liveness check of %d gateways failed: %s", len(seen), exc)
+            return
+        if len(live) == len(seen):
+            return
+        read = next(self._reads)
+        for room in rooms:
+            remote = room.remote_seen or {}
+            if remote.keys() <= live or self._rooms.get(room.thread_id) is not room:
+                continue
+            async with room.lock:
+                self._apply(room, {g: v for g, v in remote.items() if g in live}, read)
+
+    def _apply(self, room: _Room, remote: dict[str, bytes], read: int) -> None:
+        """Members from other gateways' values `remote` (read as the `read`-th read) and
+        this gateway's own; the frames turning what subscribers were sent into them."""
         if read < room.applied:
             return  # a later read of the room was applied already
         room.applied = read
         self.rereads += 1
-        remote = {member_id: _shown(entry) for member_id, entry in entries.items()}
         if remote == room.remote_seen and room.local_seen == room.local_version:
             self.rereads_skipped += 1
-            return  # the same entries aggregate to the same members: no frame to send
+            return  # the same values aggregate to the same members: no frame to send
         room.remote_seen, room.local_seen = remote, room.local_version
+        entries: dict[str, dict[str, Any]] = {}
+        for value in remote.values():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                members = orjson.loads(value)
+                if isinstance(members, dict):
+                    entries.update((k, e) for k, e in members.items() if isinstance(e, dict))
         # This gateway's own connections are present while they are open, whatever the store
-        # says: on a busy gateway a refresh can come after the entries' expiry, and they must
-        # not flap here (a leave, then a join again, to every member: with 600 connections
-        # joining, the bench counted 1.66 M presence frames that way, 0.52 M without).
-        entries.update({m.id: m.entry(self.ttl) for m in room.members.values()})
+        # says (it may not have their value yet, or have lost it).
+        entries.update({m.id: m.entry() for m in room.members.values()})
         current = aggregate(entries)
         frames = presence_frames(room.thread_id, room.sent, current)
         room.sent = current
@@ -390,25 +400,42 @@ class PresenceHub:
 
     async def _announce(self, thread_id: str) -> None:
         try:
-            await self._bus.publish(presence_channel(thread_id), b'{"type":"presence.changed"}')
+            await self._bus.publish(presence_channel(thread_id), self._announcement)
         except Exception as exc:
             log.warning("presence announcement of %s failed: %s", thread_id, exc)
 
+    async def _rewrite_all(self, announce: bool) -> None:
+        """Write every room's value again (serialised when it changed, not per pass)."""
+        rooms = [r for r in self._rooms.values() if r.members]
+        try:
+            await self._store.write_many(
+                [(r.thread_id, self._gateway, self._value(r)) for r in rooms]
+            )
+        except Exception as exc:
+            log.warning("presence rewrite of %d threads failed: %s", len(rooms), exc)
+            return
+        for room in rooms if announce else ():
+            await self._announce(room.thread_id)
+
     async def _refresh_forever(self) -> None:
-        """Refresh our entries every interval; reread every room every half interval."""
-        last_refresh = time.monotonic()
-        while True:
-            await asyncio.sleep(self.refresh_interval / 2)
-            if time.monotonic() - last_refresh >= self.refresh_interval * 0.95:
-                last_refresh, now = time.monotonic(), time.time()
-                entries = [
-                    (room.thread_id, member.id, member.entry(self.ttl, now))
-                    for room in list(self._rooms.values())
-                    for member in list(room.members.values())
-                ]
-                try:
-                    await self._store.put_many(entries)
-                except Exception as exc:
-                    log.warning("presence refresh failed: %s", exc)
-            if self._rooms:
+        """Every half interval: beat, and check the other gateways' beats; every FULL_PASS,
+        rewrite this gateway's values and reread every room."""
+        half = self.refresh_interval / 2
+        every = max(1, round(FULL_PASS / half))
+        for tick in itertools.count(1):
+            await asyncio.sleep(half)
+            try:
+                lapsed = not await self._store.beat(self._gateway, self.ttl)
+            except Exception as exc:
+                log.warning("presence beat failed: %s", exc)
+                continue
+            if lapsed:
+                # Others may have dropped (and deleted) this gateway's values meanwhile: they
+                # are told to reread them.
+                await self._rewrite_all(announce=True)
+            elif tick % every == 0:
+                await self._rewrite_all(announce=False)  # others reread in their own pass
+            if tick % every == 0 and self._rooms:
                 await self._reread_all()
+            else:
+                await self._check_gateways()

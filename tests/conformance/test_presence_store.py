@@ -1,9 +1,8 @@
-"""The Redis presence store on one Redis and on a Redis Cluster: entries, expiry, bursts."""
+"""The Redis presence store on one Redis and on a Redis Cluster: values, beats, bursts."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -29,33 +28,37 @@ async def presence(request: pytest.FixtureRequest) -> AsyncIterator[RedisPresenc
         await cleanup_prefix(store.prefix, cluster=cluster)
 
 
-async def test_entries_of_many_threads_are_written_read_and_removed(
+async def test_values_of_many_threads_are_written_read_and_removed(
     presence: RedisPresence,
 ) -> None:
-    live = {"expires_at": time.time() + 30, "name": "ada"}
-    gone = {"expires_at": time.time() - 1, "name": "bob"}
     threads = [f"th-presence-{i}" for i in range(12)]  # one pipeline across slots
-    await presence.put_many([(t, "m1", live) for t in threads] + [(threads[0], "m2", gone)])
-    for thread_id in threads:
-        assert await presence.read(thread_id) == {"m1": live}  # the expired entry is skipped
-    await presence.remove(threads[0], "m1")
-    assert await presence.read(threads[0]) == {}
-
-
-async def test_many_threads_are_read_together_as_one_by_one(presence: RedisPresence) -> None:
-    live = {"expires_at": time.time() + 30, "name": "ada"}
-    gone = {"expires_at": time.time() - 1, "name": "bob"}
-    threads = [f"th-many-{i}" for i in range(40)]  # spread over a cluster's slots
-    await presence.put_many(
-        [(t, f"gw1-{i}", live) for i, t in enumerate(threads)]
-        + [(t, "gw2-1", live) for t in threads[::3]]
-        + [(threads[1], "gw2-9", gone)]
-    )
-    together = await presence.read_many([*threads, "th-many-none"], skip="gw1-")
-    one_by_one = {t: await presence.read(t, skip="gw1-") for t in [*threads, "th-many-none"]}
-    assert together == one_by_one
-    assert together["th-many-0"] == {"gw2-1": live} and together["th-many-1"] == {}
+    assert await presence.beat("gw1", 30) is False  # its first beat
+    await presence.write_many([(t, "gw1", b'{"m1":{}}') for t in threads])
+    together = await presence.read_many(threads)
+    assert together == {t: {"gw1": b'{"m1":{}}'} for t in threads}
+    await presence.write_many([(threads[0], "gw1", None)])
+    left = await presence.read_many(threads[:2])
+    assert left == {threads[0]: {}, threads[1]: {"gw1": b'{"m1":{}}'}}
     assert await presence.read_many([]) == {}
+
+
+async def test_a_gateways_values_count_only_while_its_beat_lasts(presence: RedisPresence) -> None:
+    threads = [f"th-many-{i}" for i in range(40)]  # spread over a cluster's slots
+    assert not await presence.beat("gw1", 30)
+    assert not await presence.beat("gw2", 0.3)
+    assert await presence.beat("gw1", 30)  # it was alive until now
+    await presence.write_many(
+        [(t, "gw1", b"{}") for t in threads] + [(t, "gw2", b'{"x":{}}') for t in threads[::3]]
+    )
+    assert await presence.alive(["gw1", "gw2", "gw3"]) == {"gw1", "gw2"}
+    seen = await presence.read_many([*threads, "th-many-none"], skip="gw1")
+    assert seen["th-many-0"] == {"gw2": b'{"x":{}}'} and seen["th-many-1"] == {}
+    assert seen["th-many-none"] == {}
+    await asyncio.sleep(0.5)  # gw2 stops beating: its values no longer count, and are deleted
+    assert await presence.alive(["gw1", "gw2"]) == {"gw1"}
+    assert (await presence.read_many(["th-many-0"]))["th-many-0"] == {"gw1": b"{}"}
+    assert not await presence.beat("gw2", 30)  # it beats again: told its beat had lapsed
+    assert (await presence.read_many(["th-many-0"]))["th-many-0"] == {"gw1": b"{}"}
 
 
 async def test_a_burst_beyond_the_connection_pool_waits_instead_of_failing(
@@ -65,15 +68,14 @@ async def test_a_burst_beyond_the_connection_pool_waits_instead_of_failing(
     # websockets joining at once reread presence this many times concurrently.
     burst = 20 * MAX_IN_FLIGHT
     replies = await within(
-        asyncio.gather(*(presence.read(f"th-burst-{i}") for i in range(burst))), timeout=30
+        asyncio.gather(*(presence.read_many([f"th-burst-{i}"]) for i in range(burst))), timeout=30
     )
-    assert replies == [{}] * burst
+    assert replies == [{f"th-burst-{i}": {}} for i in range(burst)]
 
 
-async def test_a_read_leaves_out_the_entries_it_is_told_to_skip(presence: RedisPresence) -> None:
-    live = {"expires_at": time.time() + 30, "name": "ada"}
-    await presence.put_many(
-        [("th-skip", "gw1-1", live), ("th-skip", "gw1-2", live), ("th-skip", "gw2-1", live)]
-    )
-    assert await presence.read("th-skip", skip="gw1-") == {"gw2-1": live}
-    assert set(await presence.read("th-skip")) == {"gw1-1", "gw1-2", "gw2-1"}
+async def test_a_read_leaves_out_the_gateway_it_is_told_to_skip(presence: RedisPresence) -> None:
+    for gateway in ("gw1", "gw2"):
+        await presence.beat(gateway, 30)
+    await presence.write_many([("th-skip", "gw1", b"{}"), ("th-skip", "gw2", b"{}")])
+    assert await presence.read_many(["th-skip"], skip="gw1") == {"th-skip": {"gw2": b"{}"}}
+    assert set((await presence.read_many(["th-skip"]))["th-skip"]) == {"gw1", "gw2"}

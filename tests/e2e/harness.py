@@ -169,11 +169,13 @@ def start(
     database_url: str | None = None,
     log_dir: Path | None = None,
     timeout: float = START_TIMEOUT,
+    root: Path = ROOT,
 ) -> ServerHandle:
     """Start `threadline serve --role ROLE` on a free loopback port and wait for /healthz.
 
     `env` wins over the defaults of `server_env`; without a database URL a temporary SQLite file
-    is used.
+    is used. `root`: the source tree whose code runs (`python -m` imports from its working
+    directory first), e.g. an export of another commit for a before/after benchmark.
     """
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="threadline-e2e-"))
     env = dict(env) if env else server_env(database_url or sqlite_url(log_dir))
@@ -186,7 +188,7 @@ def start(
     process = subprocess.Popen(
         [*COMMAND, "serve", "--host", "127.0.0.1", "--port", str(port), "--role", role],
         env=env,
-        cwd=ROOT,
+        cwd=root,
         stdout=log_file,
         stderr=subprocess.STDOUT,
     )

@@ -10,7 +10,14 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from realtime.channels import hash_tag, presence_key, replay_key, scope_channel, thread_channel
+from realtime.channels import (
+    gateway_key,
+    hash_tag,
+    presence_key,
+    replay_key,
+    scope_channel,
+    thread_channel,
+)
 from realtime.envelopes import (
     ChunkEnvelope,
     ChunkPosition,
@@ -129,7 +136,8 @@ def test_envelopes_are_frozen() -> None:
 def test_channel_names() -> None:
     assert thread_channel("th_1") == "thread:{th_1}"
     assert replay_key("th_1") == "replay:{th_1}"
-    assert presence_key("th_1") == "presence:{th_1}"
+    assert presence_key("th_1") == "presence-gw:{th_1}"
+    assert gateway_key("gw1") == "presence-alive:gw1"
     assert scope_channel("s") == "scope:{s}"
     assert CONTROL_CHANNEL == "control"
     assert thread_channel("a") != thread_channel("b")

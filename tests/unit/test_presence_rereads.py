@@ -1,11 +1,13 @@
-"""PresenceHub rereads: an idle room's periodic reread sends and aggregates nothing, yet a
-change or a dead gateway's expired entries still reach every member (two hubs in process, one
-shared in-process store and bus: two gateways)."""
+"""PresenceHub while idle: its periodic work is a beat and a liveness check per gateway (no
+room read or written, nothing aggregated or sent), yet a change or a dead gateway's members'
+leaving still reach every member, and a gateway whose beat lapsed comes back (two hubs in
+process, one shared in-process store and bus: two gateways)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 import orjson
 
@@ -16,6 +18,35 @@ from runtime.domain import Principal, Role
 from server.live.presence import PresenceHub
 
 REFRESH = 0.4
+
+
+class CountingStore(MemoryPresence):
+    """The in-process store, counting what is called of it; a gateway in `lost` does not
+    beat (its beats are dropped, as if it stalled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.beats = 0
+        self.lost: set[str] = set()
+
+    async def beat(self, gateway: str, ttl: float) -> bool:
+        if gateway in self.lost:
+            return True
+        self.beats += 1
+        return await super().beat(gateway, ttl)
+
+    async def alive(self, gateways: list[str]) -> set[str]:
+        self.calls.append("alive")
+        return await super().alive(gateways)
+
+    async def write_many(self, values: Sequence[tuple[str, str, bytes | None]]) -> None:
+        self.calls.append("write_many")
+        await super().write_many(values)
+
+    async def read_many(self, thread_ids: list[str], skip: str = "") -> dict[str, dict[str, bytes]]:
+        self.calls.append("read_many")
+        return await super().read_many(thread_ids, skip)
 
 
 def principal(subject: str) -> Principal:
@@ -48,8 +79,8 @@ class Seen:
                 await self.changed.wait()
 
 
-async def test_idle_rereads_send_nothing_and_a_dead_gateways_members_still_vanish() -> None:
-    store = MemoryPresence()
+async def test_an_idle_gateway_only_beats_and_checks_yet_a_dead_gateways_members_vanish() -> None:
+    store = CountingStore()
     async with contextlib.AsyncExitStack() as stack:
         bus = await stack.enter_async_context(MemoryBus())
         a = await stack.enter_async_context(PresenceHub(bus, store, refresh_interval=REFRESH))
@@ -60,13 +91,16 @@ async def test_idle_rereads_send_nothing_and_a_dead_gateways_members_still_vanis
         await b.join("th", principal("bob"), bob.deliver)
         await alice.until(lambda: alice.present == {"alice", "bob"}, 5)
         await bob.until(lambda: bob.present == {"alice", "bob"}, 5)
-        # Idle for several refreshes (each moves every entry's expiry): nothing is sent and
-        # the rereads skip the aggregation.
-        sent, rereads, skipped = len(alice.frames), a.rereads, a.rereads_skipped
+        # Idle for several refresh intervals: a beat and a check of the other gateway every
+        # half interval, nothing read, written or sent.
+        await asyncio.sleep(REFRESH)  # the joins' writes and rereads are over
+        sent, rereads, checks, beats = len(alice.frames), a.rereads, a.checks, store.beats
+        store.calls.clear()
         await asyncio.sleep(REFRESH * 4)
         assert len(alice.frames) == sent, alice.frames[sent:]
-        assert a.rereads >= rereads + 4  # every half interval
-        assert a.rereads_skipped - skipped == a.rereads - rereads
+        assert a.checks >= checks + 4 and store.beats >= beats + 8  # two gateways
+        assert a.rereads == rereads
+        assert set(store.calls) <= {"alive"}, store.calls
         # A change on the other gateway is still seen.
         member = next(iter(b._rooms["th"].members.values()))
         b.update(member, {"typing": True})
@@ -79,3 +113,20 @@ async def test_idle_rereads_send_nothing_and_a_dead_gateways_members_still_vanis
         # (Within two refresh intervals: tests/e2e/test_presence.py measures it on real
         # gateways; here the wait is only bounded.)
         await alice.until(lambda: alice.present == {"alice"}, 5)
+
+
+async def test_a_gateway_whose_beat_lapsed_is_seen_again_when_it_beats_again() -> None:
+    store = CountingStore()
+    async with contextlib.AsyncExitStack() as stack:
+        bus = await stack.enter_async_context(MemoryBus())
+        a = await stack.enter_async_context(PresenceHub(bus, store, refresh_interval=REFRESH))
+        b = await stack.enter_async_context(PresenceHub(bus, store, refresh_interval=REFRESH))
+        alice, bob = Seen(), Seen()
+        await a.join("th", principal("alice"), alice.deliver)
+        await b.join("th", principal("bob"), bob.deliver)
+        await alice.until(lambda: alice.present == {"alice", "bob"}, 5)
+        # b stalls past its beat's expiry (here: its beats are lost), then beats again.
+        store.lost.add(b._gateway)
+        await alice.until(lambda: alice.present == {"alice"}, 5)
+        store.lost.clear()
+        await alice.until(lambda: alice.present == {"alice", "bob"}, 5)

@@ -58,7 +58,7 @@ class SessionClosedError(RuntimeError):
     pass
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ThreadListener:
     """Hub listener of one subscribed thread: holds live frames back until `subscribed` is out.
 

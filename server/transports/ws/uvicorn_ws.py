@@ -15,6 +15,12 @@ the transport open and drops the scope), and `close()` ends it later. Everything
 Without permessage-deflate the frame is built once per message and the same bytes are written
 to every connection (a one-entry cache: the hub hands every listener the very same object).
 
+Keepalive: when the pong deadline equals the ping interval (the default, 20 s each), a
+connection keeps one timer, not two per ping: each tick either finds the previous ping
+unanswered (the peer missed its deadline: the connection fails with 1011, as uvicorn's) or
+writes the next ping frame, built here rather than through the websockets protocol object.
+So an idle connection's ping costs a timer, four random bytes and a write. Otherwise uvicorn's.
+
 Idle memory: uvicorn's receive queue (an asyncio.Queue: four deques) and its `writable` Event (a
 deque) become the small equivalents below, and the handshake's request and response are
 released once the connection is accepted; together a few KiB per open connection.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import struct
 from collections.abc import Callable, Mapping
@@ -138,6 +145,35 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self._on_writable: Callable[[], None] | None = None
         self._handed_over = False
         self._abort_timer: asyncio.TimerHandle | None = None
+
+    # -- keepalive: one timer per connection (see the module docstring) ---------------------
+
+    def _one_timer(self) -> bool:
+        return self.ping_timeout is not None and self.ping_timeout == self.ping_interval
+
+    def schedule_ping(self) -> None:
+        if not self._one_timer():
+            super().schedule_ping()
+            return
+        assert self.ping_interval is not None
+        self.ping_timer = self.loop.call_later(self.ping_interval, self.send_keepalive_ping)
+
+    def send_keepalive_ping(self) -> None:
+        if not self._one_timer():
+            super().send_keepalive_ping()
+            return
+        self.ping_timer = None
+        if self.close_sent or self.transport.is_closing() or self.conn.state is not State.OPEN:
+            return
+        if self.pending_ping_payload is not None:  # unanswered for ping_timeout
+            self.keepalive_timeout()
+            return
+        # An unmasked, final ping frame with a random 4-byte payload (`handle_pong` matches it).
+        payload = random.getrandbits(32).to_bytes(4, "big")
+        self.pending_ping_payload = payload
+        self.ping_sent_at = self.loop.time()
+        self.transport.write(b"\x89\x04" + payload)
+        self.schedule_ping()
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
