@@ -170,6 +170,9 @@ async def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=50.0)
     parser.add_argument("--postgres", help="admin DSN (a database is made)")
     parser.add_argument("--redis")
+    parser.add_argument(
+        "--profile-dir", type=Path, help="py-spy raw profiles of the gateway and the worker"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 20 runs, 10 tokens")
     args = parser.parse_args()
     if args.quick:
@@ -194,8 +197,10 @@ async def main() -> None:
                 async with httpx.AsyncClient(
                     base_url=gateway.url, headers=headers, timeout=120
                 ) as http:
-                    for count in counts:
-                        rows.append(await step(gateway, worker, http, token, count, args.tokens))
+                    with api.profiled([gateway, worker], args.profile_dir):
+                        for count in counts:
+                            row = await step(gateway, worker, http, token, count, args.tokens)
+                            rows.append(row)
     print(
         f"{'runs':>5} {'chunks':>7} {'p50 ms':>8} {'p99 ms':>8} {'peak active':>11}"
         f" {'worker MiB idle':>15} {'KiB/active run':>14} {'wall s':>7}  CPU s client/gw/worker"
