@@ -141,12 +141,13 @@ class CommandPipe:
     async def _exchange(self, batch: list[_Call]) -> None:
         if not batch:
             raise TimeoutError("no answer from Redis before the deadline")
-        pool = self._client.connection_pool
-        connection = await pool.get_connection()
-        answered = 0
-        try:
-            # The oldest command's deadline (the queue is in send order) bounds the batch.
-            async with asyncio.timeout_at(batch[0].deadline):
+        # The oldest command's deadline (the queue is in send order) bounds the batch, the
+        # connection's checkout included (a new connection's handshake may go unanswered).
+        async with asyncio.timeout_at(batch[0].deadline):
+            pool = self._client.connection_pool
+            connection = await pool.get_connection()
+            answered = 0
+            try:
                 await connection.send_packed_command([call.command for call in batch], False)
                 for call in batch:
                     try:
@@ -156,12 +157,12 @@ class CommandPipe:
                     else:
                         _answer(call.future, reply)
                     answered += 1
-        except BaseException:
-            if answered < len(batch):  # replies left unread: the connection is unusable
-                await connection.disconnect()
-            raise
-        finally:
-            await pool.release(connection)
+            except BaseException:
+                if answered < len(batch):  # replies left unread: the connection is unusable
+                    await connection.disconnect(nowait=True)
+                raise
+            finally:
+                await pool.release(connection)
         self.batches += 1
         self.commands += len(batch)
 
