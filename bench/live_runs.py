@@ -204,13 +204,16 @@ async def main() -> None:
     print(
         f"{'runs':>5} {'chunks':>7} {'p50 ms':>8} {'p99 ms':>8} {'peak active':>11}"
         f" {'worker MiB idle':>15} {'KiB/active run':>14} {'wall s':>7}  CPU s client/gw/worker"
+        "  (µs per chunk)"
     )
     for row in rows:
-        cpu = "/".join(f"{row.cpu_s[k]:.1f}" for k in ("client", "gateway", "worker"))
+        names = ("client", "gateway", "worker")
+        cpu = "/".join(f"{row.cpu_s[k]:.1f}" for k in names)
+        per_chunk = "/".join(f"{row.cpu_s[k] / max(1, row.chunks) * 1e6:.0f}" for k in names)
         print(
             f"{row.runs:5d} {row.chunks:7d} {row.p50_ms:8.2f} {row.p99_ms:8.2f}"
             f" {row.peak_active:11d} {row.rss_idle_mib:15.1f} {row.per_run_kib:14.1f}"
-            f" {row.wall_s:7.1f}  {cpu}"
+            f" {row.wall_s:7.1f}  {cpu}  ({per_chunk})"
         )
     print(
         f"({args.tokens} tokens per run, {args.interval_ms:g} ms apart; latency: model yield ->"
