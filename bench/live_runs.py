@@ -56,6 +56,7 @@ class Row:
     per_run_kib: float
     cpu_s: dict[str, float]
     wall_s: float
+    ramp_s: float  # until every run's message was answered (202)
 
 
 def active(clients: list[CountingClient], tokens: int) -> int:
@@ -136,7 +137,9 @@ async def step(
                 if answer.status_code != 202:
                     raise RuntimeError(f"send: {answer.status_code} {answer.text[:200]}")
 
+        sent_at: list[float] = []
         sending = asyncio.gather(*(send(t) for t in thread_ids))
+        sending.add_done_callback(lambda _: sent_at.append(time.perf_counter() - started))
         peak, peak_active = idle, 0
         deadline = time.monotonic() + 120 + tokens * 0.2
         while not tally.all_in.is_set() and time.monotonic() < deadline:  # bounded
@@ -160,6 +163,7 @@ async def step(
         (peak - idle) / max(1, peak_active) / 1024,
         used,
         wall,
+        sent_at[0] if sent_at else wall,
     )
 
 
@@ -170,6 +174,9 @@ async def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=50.0)
     parser.add_argument("--postgres", help="admin DSN (a database is made)")
     parser.add_argument("--redis")
+    parser.add_argument(
+        "--profile-dir", type=Path, help="py-spy raw profiles of the gateway and the worker"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 20 runs, 10 tokens")
     args = parser.parse_args()
     if args.quick:
@@ -194,18 +201,23 @@ async def main() -> None:
                 async with httpx.AsyncClient(
                     base_url=gateway.url, headers=headers, timeout=120
                 ) as http:
-                    for count in counts:
-                        rows.append(await step(gateway, worker, http, token, count, args.tokens))
+                    with api.profiled([gateway, worker], args.profile_dir):
+                        for count in counts:
+                            row = await step(gateway, worker, http, token, count, args.tokens)
+                            rows.append(row)
     print(
         f"{'runs':>5} {'chunks':>7} {'p50 ms':>8} {'p99 ms':>8} {'peak active':>11}"
-        f" {'worker MiB idle':>15} {'KiB/active run':>14} {'wall s':>7}  CPU s client/gw/worker"
+        f" {'worker MiB idle':>15} {'KiB/active run':>14} {'wall s':>7} {'sent s':>7}"
+        "  CPU s client/gw/worker  (µs per chunk)"
     )
     for row in rows:
-        cpu = "/".join(f"{row.cpu_s[k]:.1f}" for k in ("client", "gateway", "worker"))
+        names = ("client", "gateway", "worker")
+        cpu = "/".join(f"{row.cpu_s[k]:.1f}" for k in names)
+        per_chunk = "/".join(f"{row.cpu_s[k] / max(1, row.chunks) * 1e6:.0f}" for k in names)
         print(
             f"{row.runs:5d} {row.chunks:7d} {row.p50_ms:8.2f} {row.p99_ms:8.2f}"
             f" {row.peak_active:11d} {row.rss_idle_mib:15.1f} {row.per_run_kib:14.1f}"
-            f" {row.wall_s:7.1f}  {cpu}"
+            f" {row.wall_s:7.1f} {row.ramp_s:7.1f}  {cpu}  ({per_chunk})"
         )
     print(
         f"({args.tokens} tokens per run, {args.interval_ms:g} ms apart; latency: model yield ->"

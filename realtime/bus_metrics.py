@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from opentelemetry import metrics
@@ -51,3 +52,36 @@ def safe_record(histogram: Any, value: float, attributes: dict[str, Any] | None 
         histogram.record(value, attributes or {})
     except Exception:
         pass
+
+
+class DeferredCounts:
+    """Counter adds gathered per event-loop turn: `add` sums in a dict and the first add of a
+    turn schedules one `safe_add` per (counter, attribute value) for the end of it, so a
+    publisher streaming thousands of chunks a second makes a few counter calls per turn, not
+    two per chunk (each costs the SDK an attribute hash). Totals are unchanged; they reach the
+    counter a turn later. Outside a running loop, `add` adds at once."""
+
+    def __init__(self, attribute: str) -> None:
+        self._attribute = attribute
+        self._pending: dict[tuple[Any, str], float] = {}
+        self._scheduled = False
+
+    def add(self, counter: Any, amount: float, value: str) -> None:
+        key = (counter, value)
+        pending = self._pending
+        pending[key] = pending.get(key, 0) + amount
+        if self._scheduled:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self.flush)
+        except RuntimeError:  # no running loop: nothing will flush later
+            self.flush()
+            return
+        self._scheduled = True
+
+    def flush(self) -> None:
+        """Hand what was gathered to the counters now."""
+        self._scheduled = False
+        pending, self._pending = self._pending, {}
+        for (counter, value), amount in pending.items():
+            safe_add(counter, amount, {self._attribute: value})

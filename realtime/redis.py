@@ -20,8 +20,10 @@ from realtime.bus_support import BusState, check_message, check_replay_bounds, r
 from realtime.publish_options import PublishBatch, PublishOptions, publish_batch
 from realtime.redis_common import DEFAULT_REPLAY_TTL as DEFAULT_REPLAY_TTL
 from realtime.redis_common import RedisBusCommon, RedisBusOptions
+from realtime.redis_pipe import CommandPipe
 
 log = logging.getLogger(__name__)
+_OPEN = BusState.OPEN
 
 # KEYS: the replay list, its byte total. ARGV: entry, max entries, max bytes (0: none), TTL
 # (and, for a publish of one message with replay, the channel). A list of one entry is new (or
@@ -108,28 +110,6 @@ def pack_command(*args: bytes | str | int) -> bytes:
     return b"".join(parts)
 
 
-async def _round_trip(client: Redis, command: bytes) -> Any:
-    """Send a packed command on one of `client`'s pooled connections and read its reply (an
-    error reply is raised, e.g. `NoScriptError`), under the client's retry: a connection that
-    fails is dropped and the command sent again on a new one. What `execute_command` does for
-    our script calls, without its per-command work (argument encoding, redis-py's own metrics
-    and hooks), about a fifth of the CPU of a round trip."""
-    pool = client.connection_pool
-    connection = await pool.get_connection()
-
-    async def attempt() -> Any:
-        await connection.send_packed_command(command)
-        return await connection.read_response()
-
-    async def failed(error: Exception) -> None:
-        await connection.disconnect()
-
-    try:
-        return await connection.retry.call_with_retry(attempt, failed)
-    finally:
-        await pool.release(connection)
-
-
 async def _close_quietly(pubsub: PubSub) -> None:
     with suppress(Exception):
         await pubsub.aclose()
@@ -165,6 +145,7 @@ class RedisBus(RedisBusCommon[Redis]):
     ) -> None:
         super().__init__(url, prefix, **options)
         self._pubsub_client: Redis | None = None
+        self._pipe: CommandPipe | None = None  # publishes and replay appends, coalesced
         self._pubsub: PubSub | None = None
         self._remote: set[bytes] = set()  # SUBSCRIBE sent on the current connection
         self._confirmed: set[bytes] = set()  # ... and confirmed by Redis
@@ -189,6 +170,7 @@ class RedisBus(RedisBusCommon[Redis]):
             retry=Retry(NoBackoff(), 1),
             **common,
         )
+        self._pipe = CommandPipe(self._client, timeout=self._command_timeout)
         self._pubsub_client = Redis.from_url(
             self._url,
             client_name=self.pubsub_client_name,
@@ -209,6 +191,9 @@ class RedisBus(RedisBusCommon[Redis]):
         self._opened()
 
     async def _close_clients(self) -> None:
+        if self._pipe is not None:
+            await self._pipe.close()
+            self._pipe = None
         for client in (self._client, self._pubsub_client):
             if client is not None:
                 with suppress(RedisError, OSError):
@@ -221,8 +206,8 @@ class RedisBus(RedisBusCommon[Redis]):
         self, channel: str, data: bytes | Sequence[bytes], options: PublishOptions | None = None
     ) -> None:
         if options is None and isinstance(data, bytes):  # one plain message: the common case
-            async with self._command("publish to %r", channel) as client:
-                await client.publish(self.prefix + channel, data)
+            command = pack_command("PUBLISH", self.prefix + channel, data)
+            await self._pipelined(command, None, "publish to %r", channel)
             return
         batch = publish_batch(channel, data, options)
         if batch is None:
@@ -240,14 +225,10 @@ class RedisBus(RedisBusCommon[Redis]):
         check_replay_bounds(limit, max_bytes)
         # One script: append, trim by count and bytes, expire, atomically. The byte total lives
         # in a companion key (`<key>:bytes`) that expires with the list.
-        async with self._command("append to replay %r", key) as client:
-            await self._script(
-                client,
-                _APPEND_REPLAY,
-                _APPEND_REPLAY_SHA,
-                self._replay_keys(key),
-                self._append_args(data, limit, max_bytes),
-            )
+        keys = self._replay_keys(key)
+        args = self._append_args(data, limit, max_bytes)
+        command = pack_command("EVALSHA", _APPEND_REPLAY_SHA, 2, *keys, *args)
+        await self._pipelined(command, _APPEND_REPLAY, "append to replay %r", key)
 
     async def publish_all(
         self, messages: Sequence[tuple[str, bytes]], clear_key: str | None = None
@@ -257,36 +238,58 @@ class RedisBus(RedisBusCommon[Redis]):
             check_message(data)
             args += (self.prefix + channel, data)
         keys = [] if clear_key is None else [self.prefix + clear_key]
-        async with self._command("publish of %s messages", len(messages)) as client:
-            await self._script(client, _PUBLISH_ALL, _PUBLISH_ALL_SHA, keys, args)
+        command = pack_command("EVALSHA", _PUBLISH_ALL_SHA, len(keys), *keys, *args)
+        await self._pipelined(command, _PUBLISH_ALL, "publish of %s messages", len(messages))
 
-    async def _script(
-        self, client: Redis, script: str, sha: str, keys: list[str], args: list[Any]
+    async def _pipelined(
+        self, command: bytes, script: str | None, what: str, *args: object
     ) -> None:
-        command = pack_command("EVALSHA", sha, len(keys), *keys, *args)
+        """Send a packed command through the pipe (coalesced with every other command sent
+        meanwhile; its deadline, queueing included, is the pipe's), Redis failures raised as
+        `BusUnavailableError` (`what % args` names the operation: formatted only then). The
+        EVALSHA of a `script` Redis has forgotten (restarted, SCRIPT FLUSH) loads it and is
+        sent once more."""
+        pipe = self._pipe
+        if pipe is None or self._state is not _OPEN:
+            raise BusClosedError(f"RedisBus is {self._state.value}, not open")
         try:
-            await _round_trip(client, command)
-        except NoScriptError:  # a restarted (or flushed) Redis: load the script again
-            await client.script_load(script)
-            await _round_trip(client, command)
+            try:
+                await pipe.send(command)
+            except NoScriptError:
+                if script is None:
+                    raise
+                await pipe.send(pack_command("SCRIPT", "LOAD", script))
+                await pipe.send(command)
+        except (RedisError, OSError) as exc:  # TimeoutError is an OSError
+            raise BusUnavailableError(
+                f"{what % args} failed ({type(exc).__name__}: {exc})"
+            ) from exc
 
     async def _publish_replayed(self, batch: PublishBatch) -> None:
         assert batch.replay is not None
-        replay, data = batch.replay, batch.items[0]
-        args = [
-            *self._append_args(data, replay.limit, replay.max_bytes),
+        replay = batch.replay
+        full_key = self.prefix + replay.key
+        max_bytes = 0 if replay.max_bytes is None else int(replay.max_bytes)
+        # KEYS: the list and its byte total (`_replay_keys`); ARGV: `_append_args`, the channel.
+        command = pack_command(
+            "EVALSHA",
+            _PUBLISH_REPLAYED_SHA,
+            2,
+            full_key,
+            full_key + ":bytes",
+            batch.items[0],
+            int(replay.limit),
+            max_bytes,
+            self._replay_ttl,
             self.prefix + batch.channel,
-        ]
-        async with self._command(
-            "publish to %r with replay %r", batch.channel, replay.key
-        ) as client:
-            await self._script(
-                client,
-                _PUBLISH_REPLAYED,
-                _PUBLISH_REPLAYED_SHA,
-                self._replay_keys(replay.key),
-                args,
-            )
+        )
+        await self._pipelined(
+            command,
+            _PUBLISH_REPLAYED,
+            "publish to %r with replay %r",
+            batch.channel,
+            replay.key,
+        )
 
     async def _publish_replayed_many(self, batch: PublishBatch) -> None:
         assert batch.replay is not None
@@ -297,16 +300,15 @@ class RedisBus(RedisBusCommon[Redis]):
         limits = self._append_args(b"", replay.limit, replay.max_bytes)[1:]
         clear = 1 if batch.clear_key is not None else 0
         args = [*limits, self.prefix + batch.channel, len(items), clear, *items, *following]
-        async with self._command(
-            "publish of %s messages with replay %r", len(items) + len(batch.then), replay.key
-        ) as client:
-            await self._script(
-                client,
-                _PUBLISH_REPLAYED_MANY,
-                _PUBLISH_REPLAYED_MANY_SHA,
-                self._replay_keys(replay.key),
-                args,
-            )
+        keys = self._replay_keys(replay.key)
+        command = pack_command("EVALSHA", _PUBLISH_REPLAYED_MANY_SHA, 2, *keys, *args)
+        await self._pipelined(
+            command,
+            _PUBLISH_REPLAYED_MANY,
+            "publish of %s messages with replay %r",
+            len(items) + len(batch.then),
+            replay.key,
+        )
 
     # -- subscriptions ---------------------------------------------------------------------
 

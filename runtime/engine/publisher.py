@@ -12,6 +12,7 @@ from realtime.bus_metrics import (
     PUBLISH_DURATION,
     PUBLISH_ERRORS,
     PUBLISHED,
+    DeferredCounts,
     safe_add,
     safe_record,
 )
@@ -26,6 +27,8 @@ from runtime.engine.control import CONTROL_CHANNEL, encode_stop, encode_wakeup
 from runtime.engine.trace_links import current_traceparent
 
 log = logging.getLogger(__name__)
+# `threadline.realtime.published`, summed per loop turn: two adds per streamed chunk otherwise.
+_PUBLISHED = DeferredCounts("kind")
 
 
 DEFAULT_REPLAY_LIMIT = 2000
@@ -214,7 +217,7 @@ class Publisher:
             self._failing = True
             return False
         for kind, count in published:
-            safe_add(PUBLISHED, count, {"kind": kind})
+            _PUBLISHED.add(PUBLISHED, count, kind)
         safe_record(PUBLISH_DURATION, time.perf_counter() - began, {"kind": published[0][0]})
         if self._failing:
             log.info("realtime publishing works again")
