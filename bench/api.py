@@ -4,7 +4,7 @@ Prints server CPU per run, runs/s, first-token latency and refetches and round t
 asserts nothing.
 
     python bench/api.py [--runs 60] [--setups embedded,scale-out] [--postgres ADMIN_DSN]
-                        [--redis URL] [--profile-dir DIR] [--quick]
+                        [--redis URL] [--profile-dir DIR [--native]] [--quick]
 
 Per run, one after another, one client (httpx over HTTP/1.1 keep-alive, one `websockets`
 connection held for the whole bench):
@@ -24,7 +24,8 @@ for the served processes and, on Postgres, for every backend of the bench's data
 (`pg_stat_activity`) before and after the measured runs; round trips are the client's HTTP
 requests and websocket frames sent per run. First token: from sending step 3 to receiving the
 first text-delta. --profile-dir DIR runs each server under `py-spy record` (when installed) and
-writes collapsed stacks per process there (`flamegraph.pl` or speedscope read them).
+writes collapsed stacks per process there (`flamegraph.pl` or speedscope read them); with
+--native they include C frames (uvloop, the kernel's calls).
 
 Aegra (LangGraph Platform API) is not installable on this box, so its reference row is not
 measured here; docs/benchmarks.md quotes issue 35's figures for it, measured elsewhere.
@@ -190,12 +191,22 @@ async def backend_pids(dsn: str | None) -> list[int]:
     return [int(row["pid"]) for row in rows]
 
 
+def writes_of(pids: list[int]) -> int:
+    """The write-type system calls (`write`, `send`, `pwrite`: /proc's `syscw`) made so far."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(pid).io_counters().write_count
+    return total
+
+
 @dataclass
 class Row:
     setup: str
     runs: int
     wall: float
     cpu_ms: dict[str, float]  # per run, by process kind
+    writes: float  # the served processes' write system calls per run
     tally: Tally
 
     @property
@@ -214,11 +225,13 @@ async def measure(
         backends = await backend_pids(dsn)
         before = {kind: cpu_of([pid]) for kind, pid in processes.items()}
         before_pg = cpu_of(backends)
+        writes_before = writes_of(list(processes.values()))
         started = time.perf_counter()
         for n in range(runs):
             await api.run_once(n)
         wall = time.perf_counter() - started
         after = {kind: cpu_of([pid]) for kind, pid in processes.items()}
+        writes = (writes_of(list(processes.values())) - writes_before) / runs
         after_pg = cpu_of(await backend_pids(dsn))
     cpu = {
         kind: (sum(after[kind].values()) - sum(before[kind].values())) / runs * 1e3
@@ -227,7 +240,10 @@ async def measure(
     if dsn is not None:
         used = sum(t - before_pg.get(pid, 0.0) for pid, t in after_pg.items())
         cpu["postgres"] = used / runs * 1e3
-    return Row(setup, runs, wall, cpu, tally)
+    return Row(setup, runs, wall, cpu, writes, tally)
+
+
+PY_SPY_FLAGS: list[str] = []  # ["--native"] with --native
 
 
 @contextlib.contextmanager
@@ -253,6 +269,7 @@ def profiled(handles: list[harness.ServerHandle], directory: Path | None) -> Ite
                 "raw",
                 "--output",
                 str(directory / f"{h.role}-{h.port}.folded"),
+                *PY_SPY_FLAGS,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -306,7 +323,7 @@ def report(rows: list[Row]) -> None:
     print(
         f"{'setup':38} {'runs':>5} {'runs/s':>7} {'CPU ms/run':>11} {'(by process)':32}"
         f" {'first p50 ms':>12} {'first p99 ms':>12} {'refetch/run':>11} {'304/run':>8}"
-        f" {'trips/run':>9}"
+        f" {'trips/run':>9} {'writes/run':>10}"
     )
     for row in rows:
         tally = row.tally
@@ -316,11 +333,12 @@ def report(rows: list[Row]) -> None:
             f"{row.setup:38} {row.runs:5d} {row.runs / row.wall:7.1f} {row.total_ms:11.2f}"
             f" {parts:32} {common.pct(first, 0.5):12.2f} {common.pct(first, 0.99):12.2f}"
             f" {tally.refetches / row.runs:11.2f} {tally.not_modified / row.runs:8.2f}"
-            f" {(tally.requests + tally.frames) / row.runs:9.2f}"
+            f" {(tally.requests + tally.frames) / row.runs:9.2f} {row.writes:10.1f}"
         )
     print(
         "CPU: the served processes (and the database's backends) from /proc, per run;"
-        " trips: the client's HTTP requests + websocket frames sent"
+        " trips: the client's HTTP requests + websocket frames sent; writes: the served"
+        " processes' write system calls (sockets, files), per run"
     )
 
 
@@ -331,10 +349,13 @@ async def main() -> None:
     parser.add_argument("--postgres", help="admin DSN (a database is made)")
     parser.add_argument("--redis")
     parser.add_argument("--profile-dir", type=Path)
+    parser.add_argument("--native", action="store_true", help="profiles with C frames")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 5 runs each")
     args = parser.parse_args()
     if args.quick:
         args.runs = 5
+    if args.native:
+        PY_SPY_FLAGS.append("--native")
     setups = [s for s in args.setups.split(",") if s]
     rows = []
     if "embedded" in setups:
