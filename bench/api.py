@@ -4,7 +4,8 @@ Prints server CPU per run, runs/s, first-token latency and refetches and round t
 asserts nothing.
 
     python bench/api.py [--runs 60] [--setups embedded,scale-out] [--postgres ADMIN_DSN]
-                        [--redis URL] [--profile-dir DIR] [--quick]
+                        [--redis URL] [--profile-dir DIR [--native]] [--instructions]
+                        [--quick]
 
 Per run, one after another, one client (httpx over HTTP/1.1 keep-alive, one `websockets`
 connection held for the whole bench):
@@ -24,7 +25,11 @@ for the served processes and, on Postgres, for every backend of the bench's data
 (`pg_stat_activity`) before and after the measured runs; round trips are the client's HTTP
 requests and websocket frames sent per run. First token: from sending step 3 to receiving the
 first text-delta. --profile-dir DIR runs each server under `py-spy record` (when installed) and
-writes collapsed stacks per process there (`flamegraph.pl` or speedscope read them).
+writes collapsed stacks per process there (`flamegraph.pl` or speedscope read them); with
+--native they include C frames (uvloop, the kernel's calls). --instructions runs the embedded
+server under `valgrind --tool=callgrind` instead, and prints its user-space instructions per run
+(counters zeroed after the warm-up, dumped after the last run): a count that does not move with
+the box's load (system calls count as the instructions that make them, not the kernel's work).
 
 Aegra (LangGraph Platform API) is not installable on this box, so its reference row is not
 measured here; docs/benchmarks.md quotes issue 35's figures for it, measured elsewhere.
@@ -190,13 +195,24 @@ async def backend_pids(dsn: str | None) -> list[int]:
     return [int(row["pid"]) for row in rows]
 
 
+def writes_of(pids: list[int]) -> int:
+    """The write-type system calls (`write`, `send`, `pwrite`: /proc's `syscw`) made so far."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(pid).io_counters().write_count
+    return total
+
+
 @dataclass
 class Row:
     setup: str
     runs: int
     wall: float
     cpu_ms: dict[str, float]  # per run, by process kind
+    writes: float  # the served processes' write system calls per run
     tally: Tally
+    instructions: float | None = None  # per run, under callgrind (--instructions)
 
     @property
     def total_ms(self) -> float:
@@ -204,21 +220,37 @@ class Row:
 
 
 async def measure(
-    setup: str, url: str, token: str, processes: dict[str, int], dsn: str | None, runs: int
+    setup: str,
+    url: str,
+    token: str,
+    processes: dict[str, int],
+    dsn: str | None,
+    runs: int,
+    traced: Path | None = None,
 ) -> Row:
+    """The runs, measured; with `traced` (callgrind's output directory) the one served process
+    runs under callgrind and its instructions are counted too."""
     tally = Tally()
+    instructions = None
     async with client(url, token, tally) as api:
         for n in range(min(10, runs)):  # warm-up: imports, pools, caches
             await api.run_once(n)
         tally.__init__()  # type: ignore[misc]
+        if traced is not None:
+            (pid,) = processes.values()  # the embedded server only
+            callgrind_control("--zero", pid)
         backends = await backend_pids(dsn)
         before = {kind: cpu_of([pid]) for kind, pid in processes.items()}
         before_pg = cpu_of(backends)
+        writes_before = writes_of(list(processes.values()))
         started = time.perf_counter()
         for n in range(runs):
             await api.run_once(n)
         wall = time.perf_counter() - started
         after = {kind: cpu_of([pid]) for kind, pid in processes.items()}
+        writes = (writes_of(list(processes.values())) - writes_before) / runs
+        if traced is not None:
+            instructions = callgrind_dump(traced, pid) / runs
         after_pg = cpu_of(await backend_pids(dsn))
     cpu = {
         kind: (sum(after[kind].values()) - sum(before[kind].values())) / runs * 1e3
@@ -227,7 +259,45 @@ async def measure(
     if dsn is not None:
         used = sum(t - before_pg.get(pid, 0.0) for pid, t in after_pg.items())
         cpu["postgres"] = used / runs * 1e3
-    return Row(setup, runs, wall, cpu, tally)
+    return Row(setup, runs, wall, cpu, writes, tally, instructions)
+
+
+PY_SPY_FLAGS: list[str] = []  # ["--native"] with --native
+
+
+def callgrind_control(option: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", option, str(pid)], check=True, capture_output=True)
+
+
+def callgrind_dump(directory: Path, pid: int) -> int:
+    """Dump the counters of `pid` now: its instructions (Ir) since they were zeroed."""
+    before = set(directory.glob("callgrind.out.*"))
+    callgrind_control("--dump", pid)
+    for dump in sorted(set(directory.glob("callgrind.out.*")) - before):
+        for line in dump.read_text().splitlines():
+            if line.startswith(("totals:", "summary:")):
+                return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no dump with totals")
+
+
+@contextlib.contextmanager
+def under_callgrind(directory: Path | None) -> Iterator[None]:
+    """Servers started in the block run under callgrind, its dumps in `directory` (None: not)."""
+    if directory is None:
+        yield
+        return
+    command = harness.COMMAND
+    harness.COMMAND = [
+        "valgrind",
+        "--tool=callgrind",
+        "--dump-instr=no",
+        f"--callgrind-out-file={directory}/callgrind.out.%p",
+        *command,
+    ]
+    try:
+        yield
+    finally:
+        harness.COMMAND = command
 
 
 @contextlib.contextmanager
@@ -253,6 +323,7 @@ def profiled(handles: list[harness.ServerHandle], directory: Path | None) -> Ite
                 "raw",
                 "--output",
                 str(directory / f"{h.role}-{h.port}.folded"),
+                *PY_SPY_FLAGS,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -268,10 +339,15 @@ def profiled(handles: list[harness.ServerHandle], directory: Path | None) -> Ite
                 process.wait(timeout=30)
 
 
-async def embedded(runs: int, profile: Path | None) -> Row:
+async def embedded(runs: int, profile: Path | None, instructions: bool = False) -> Row:
     directory = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
     env = harness.server_env(harness.sqlite_url(directory), agent_env("api_agent"))
-    with harness.start("all", env, log_dir=directory) as server:
+    traced = directory if instructions else None
+    with under_callgrind(traced):
+        server = harness.start(
+            "all", env, log_dir=directory, timeout=600 if traced else harness.START_TIMEOUT
+        )
+    with server:
         token = server.token("bench")
         with profiled([server], profile):
             return await measure(
@@ -281,6 +357,7 @@ async def embedded(runs: int, profile: Path | None) -> Row:
                 {"server": server.process.pid},
                 None,
                 runs,
+                traced,
             )
 
 
@@ -306,21 +383,24 @@ def report(rows: list[Row]) -> None:
     print(
         f"{'setup':38} {'runs':>5} {'runs/s':>7} {'CPU ms/run':>11} {'(by process)':32}"
         f" {'first p50 ms':>12} {'first p99 ms':>12} {'refetch/run':>11} {'304/run':>8}"
-        f" {'trips/run':>9}"
+        f" {'trips/run':>9} {'writes/run':>10}"
     )
     for row in rows:
         tally = row.tally
-        first = [v * 1e3 for v in tally.first_token or [] if v == v]
+        first = [v * 1e3 for v in tally.first_token or [] if v == v] or [float("nan")]
         parts = " + ".join(f"{k} {v:.2f}" for k, v in row.cpu_ms.items())
         print(
             f"{row.setup:38} {row.runs:5d} {row.runs / row.wall:7.1f} {row.total_ms:11.2f}"
             f" {parts:32} {common.pct(first, 0.5):12.2f} {common.pct(first, 0.99):12.2f}"
             f" {tally.refetches / row.runs:11.2f} {tally.not_modified / row.runs:8.2f}"
-            f" {(tally.requests + tally.frames) / row.runs:9.2f}"
+            f" {(tally.requests + tally.frames) / row.runs:9.2f} {row.writes:10.1f}"
         )
+        if row.instructions is not None:
+            print(f"  under callgrind: {row.instructions / 1e6:.2f} M instructions per run")
     print(
         "CPU: the served processes (and the database's backends) from /proc, per run;"
-        " trips: the client's HTTP requests + websocket frames sent"
+        " trips: the client's HTTP requests + websocket frames sent; writes: the served"
+        " processes' write system calls (sockets, files), per run"
     )
 
 
@@ -331,14 +411,20 @@ async def main() -> None:
     parser.add_argument("--postgres", help="admin DSN (a database is made)")
     parser.add_argument("--redis")
     parser.add_argument("--profile-dir", type=Path)
+    parser.add_argument("--native", action="store_true", help="profiles with C frames")
+    parser.add_argument(
+        "--instructions", action="store_true", help="embedded only, under callgrind"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 5 runs each")
     args = parser.parse_args()
     if args.quick:
         args.runs = 5
+    if args.native:
+        PY_SPY_FLAGS.append("--native")
     setups = [s for s in args.setups.split(",") if s]
     rows = []
     if "embedded" in setups:
-        rows.append(await embedded(args.runs, args.profile_dir))
+        rows.append(await embedded(args.runs, args.profile_dir, args.instructions))
     if "scale-out" in setups:
         with common.servers(args.postgres, args.redis) as (postgres, redis):
             rows.append(await scale_out(args.runs, postgres, redis, args.profile_dir))

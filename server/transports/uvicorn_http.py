@@ -22,6 +22,8 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from server.transports.corked import CorkedTransport
+
 log = logging.getLogger(__name__)
 
 # Descriptors kept back from the connection limit for what else a process opens: its
@@ -73,7 +75,9 @@ class BoundedH11Protocol(H11Protocol):
         self._header_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # A response's head and body in one write; a websocket upgraded from this connection
+        # is handed the same transport, so its frames of one loop step are one write too.
+        super().connection_made(CorkedTransport(transport, self.loop))
         self._await_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
