@@ -5,6 +5,7 @@ delta never applies to a snapshot it was not made for."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -121,3 +122,16 @@ def test_a_range_outside_the_base_is_refused() -> None:
         apply(short, delta)
     with pytest.raises(DeltaMismatch):
         apply(BASE, {"from": 5, "messages": [[0, "x"]]})
+
+
+VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "deltas" / "deltas.json"
+
+
+def test_shared_vectors_are_what_diff_makes_and_apply_undoes() -> None:
+    # The TypeScript client applies the same file (clients/typescript/test/delta.test.mjs).
+    cases = orjson.loads(VECTORS.read_bytes())["cases"]
+    assert len(cases) >= 7
+    for case in cases:
+        base, new = case["base"], case["new"]
+        assert diff(base, new, base["thread"]["version"]) == case["delta"], case["name"]
+        assert normal(apply(base, case["delta"])) == normal(new), case["name"]
