@@ -66,6 +66,15 @@ async def get(http: httpx.AsyncClient, path: str, headers: dict[str, str]) -> ht
         return await http.get(path, headers=headers)
 
 
+async def patch(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> httpx.Response:
+    """A PATCH, tried once more if the server had closed the idle keep-alive connection (it was
+    not read then: a rename is the same commit either way)."""
+    try:
+        return await http.patch(path, json=body)
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        return await http.patch(path, json=body)
+
+
 @dataclass
 class Watcher:
     ws: ClientConnection
@@ -190,7 +199,7 @@ async def measure(
         tasks = [asyncio.create_task(w.follow()) for w in watchers]
         try:
             # Let the gateways' first builds (the deltas' bases) land before measuring.
-            await writer.patch(f"/v1/threads/{thread_id}", json={"title": "warm"})
+            await patch(writer, f"/v1/threads/{thread_id}", {"title": "warm"})
             await asyncio.sleep(0.5)
             converge: list[float] = []
             before = [snapshot_reads(g.url) for g in gateways]
@@ -199,7 +208,7 @@ async def measure(
                 for watcher in watchers:
                     watcher.converged.clear()
                 sent = time.perf_counter()
-                renamed = await writer.patch(f"/v1/threads/{thread_id}", json={"title": f"r{n}"})
+                renamed = await patch(writer, f"/v1/threads/{thread_id}", {"title": f"r{n}"})
                 version = renamed.json()["version"]
                 for watcher in watchers:
                     watcher.target = version
