@@ -4,7 +4,7 @@ commit, and how long the watchers take to converge, with snapshot deltas on and 
 same run. Prints; asserts nothing.
 
     python bench/watchers.py [--watchers 10,100,1000] [--commits 5] [--postgres ADMIN_DSN]
-                             [--redis URL] [--cache-off] [--quick]
+                             [--redis URL] [--processes N] [--cache-off] [--quick]
 
 A deployment of two `--role gateway` processes and one `--role worker` on Postgres + Redis
 (throwaway servers unless given). Half the watchers hold a websocket on each gateway and
@@ -21,9 +21,10 @@ when every watcher holds the new version.
 - refetches/commit: the watchers' `GET`s per commit (of them `304`); `deltas/commit`: deltas
   applied instead.
 - convergence: from sending the rename to a watcher holding the snapshot of its version, per
-  watcher and commit; p50 and p99. All watchers live in this one client process, which also
-  makes every refetch and decodes every frame, so at 1 000 the client's own event loop is part
-  of the figure.
+  watcher and commit; p50 and p99. By default all watchers live in this one client process,
+  which also makes every refetch and decodes every frame, so at 1 000 the client's own event
+  loop is part of the figure; `--processes N` spreads them over N processes of their own
+  (bench/watcher_group.py; the times are CLOCK_MONOTONIC, one clock for the box).
 
 Deltas off and on run on the same deployment, off then on for each count. With --cache-off,
 the deltas-off rows are measured once more with the snapshot cache off
@@ -37,97 +38,19 @@ import asyncio
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
-import orjson
-from websockets.asyncio.client import ClientConnection, connect
-
-from threadline_wire.snapshot_delta import DeltaMismatch, apply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import api  # bench/api.py, next to this script
 import common  # bench/common.py, next to this script
+from watcher_group import RemoteGroup, WatcherGroup, patch  # next to this script
 
 from tests.e2e import harness
 from tests.e2e.prometheus_server import snapshot_reads
-
-OPEN_CONCURRENCY = 50
-
-
-async def get(http: httpx.AsyncClient, path: str, headers: dict[str, str]) -> httpx.Response:
-    """A GET, tried once more if the server had closed the idle keep-alive connection."""
-    try:
-        return await http.get(path, headers=headers)
-    except (httpx.ReadError, httpx.RemoteProtocolError):
-        return await http.get(path, headers=headers)
-
-
-async def patch(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> httpx.Response:
-    """A PATCH, tried once more if the server had closed the idle keep-alive connection (it was
-    not read then: a rename is the same commit either way)."""
-    try:
-        return await http.patch(path, json=body)
-    except (httpx.ReadError, httpx.RemoteProtocolError):
-        return await http.patch(path, json=body)
-
-
-@dataclass
-class Watcher:
-    ws: ClientConnection
-    http: httpx.AsyncClient
-    thread_id: str
-    deltas: bool
-    held: int = 0
-    etag: str | None = None
-    wire: dict[str, Any] = field(default_factory=dict)
-    converged: asyncio.Event = field(default_factory=asyncio.Event)
-    target: int = 1 << 62
-    at: float = 0.0
-    refetches: int = 0
-    not_modified: int = 0
-    applied: int = 0
-
-    async def follow(self) -> None:
-        """On every invalidation newer than the held version: apply its delta when it starts
-        at the held version, else refetch (one in flight)."""
-        async for data in self.ws:
-            frame = orjson.loads(data)
-            if frame.get("type") not in ("invalidate", "resync"):
-                continue
-            if frame.get("version", self.held + 1) <= self.held:
-                continue
-            if not self._apply(frame):
-                await self._refetch()
-            if self.held >= self.target and not self.converged.is_set():
-                self.at = time.perf_counter()
-                self.converged.set()
-
-    def _apply(self, frame: dict[str, Any]) -> bool:
-        delta = frame.get("delta")
-        if not isinstance(delta, dict) or delta.get("from") != self.held:
-            return False
-        try:
-            self.wire = apply(self.wire, delta)
-        except DeltaMismatch:
-            return False
-        self.held, self.etag = self.wire["thread"]["version"], delta.get("etag")
-        self.applied += 1
-        return True
-
-    async def _refetch(self) -> None:
-        headers = {"If-None-Match": self.etag} if self.etag else {}
-        got = await get(self.http, f"/v1/threads/{self.thread_id}", headers)
-        self.refetches += 1
-        if got.status_code == 200:
-            self.wire = got.json()
-            self.held = self.wire["thread"]["version"]
-            self.etag = got.headers.get("etag")
-        elif got.status_code == 304:
-            self.not_modified += 1
 
 
 @dataclass
@@ -143,36 +66,7 @@ class Row:
     applied: float  # deltas applied per commit
 
 
-async def open_watchers(
-    gateways: list[harness.ServerHandle],
-    clients: list[httpx.AsyncClient],
-    token: str,
-    thread_id: str,
-    count: int,
-    deltas: bool,
-) -> list[Watcher]:
-    gate = asyncio.Semaphore(OPEN_CONCURRENCY)
-
-    async def one(n: int) -> Watcher:
-        gateway = gateways[n % len(gateways)]
-        async with gate:
-            ws = await connect(
-                gateway.ws_url,
-                subprotocols=["threadline.v1", f"bearer.{token}"],  # type: ignore[list-item]
-                open_timeout=60,
-                max_size=2**24,
-            )
-            subscribe = {"type": "subscribe", "thread_id": thread_id, "deltas": deltas}
-            await ws.send(orjson.dumps(subscribe).decode())
-            while orjson.loads(await ws.recv())["type"] != "subscribed":
-                pass
-        watcher = Watcher(ws, clients[n % len(clients)], thread_id, deltas)
-        snapshot = await get(watcher.http, f"/v1/threads/{thread_id}", {})
-        watcher.wire, watcher.etag = snapshot.json(), snapshot.headers["etag"]
-        watcher.held = watcher.wire["thread"]["version"]
-        return watcher
-
-    return list(await asyncio.gather(*(one(n) for n in range(count))))
+Group = WatcherGroup | RemoteGroup
 
 
 async def measure(
@@ -182,57 +76,53 @@ async def measure(
     commits: int,
     cache: bool,
     deltas: bool,
+    processes: int = 0,
 ) -> Row:
+    """One row; `processes` > 0: the watchers live in that many processes of their own, split
+    evenly (0: in this one, beside the writer)."""
     headers = {"Authorization": f"Bearer {token}"}
-    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    urls = [(g.url, g.ws_url) for g in gateways]
     async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(base_url=g.url, headers=headers, timeout=60, limits=limits)
-            )
-            for g in gateways
-        ]
-        writer = clients[0]
+        writer = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=gateways[0].url, headers=headers, timeout=60)
+        )
         created = await writer.post("/v1/threads", json={"title": f"watched by {count}"})
         thread_id = created.json()["thread"]["id"]
-        watchers = await open_watchers(gateways, clients, token, thread_id, count, deltas)
-        tasks = [asyncio.create_task(w.follow()) for w in watchers]
-        try:
-            # Let the gateways' first builds (the deltas' bases) land before measuring.
-            await patch(writer, f"/v1/threads/{thread_id}", {"title": "warm"})
-            await asyncio.sleep(0.5)
-            converge: list[float] = []
-            before = [snapshot_reads(g.url) for g in gateways]
-            counted = [(w.refetches, w.not_modified, w.applied) for w in watchers]
-            for n in range(commits):
-                for watcher in watchers:
-                    watcher.converged.clear()
-                sent = time.perf_counter()
-                renamed = await patch(writer, f"/v1/threads/{thread_id}", {"title": f"r{n}"})
-                version = renamed.json()["version"]
-                for watcher in watchers:
-                    watcher.target = version
-                    if watcher.held >= version:
-                        watcher.at = time.perf_counter()
-                        watcher.converged.set()
-                async with asyncio.timeout(120):
-                    await asyncio.gather(*(w.converged.wait() for w in watchers))
-                converge.extend((w.at - sent) * 1e3 for w in watchers)
-            after = [snapshot_reads(g.url) for g in gateways]
-            refetches, not_modified, applied = (
-                sum(now - then for now, then in zip(column, start, strict=True)) / commits
-                for column, start in zip(
-                    zip(*[(w.refetches, w.not_modified, w.applied) for w in watchers], strict=True),
-                    zip(*counted, strict=True),
-                    strict=True,
-                )
-            )
-        finally:
-            for task in tasks:
-                task.cancel()
-            for watcher in watchers:
-                await watcher.ws.close()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        groups: list[Group] = []
+        if processes <= 0:
+            groups.append(WatcherGroup(urls, token, thread_id, count, deltas))
+        else:
+            for n in range(processes):
+                # Watchers offset by the ones before, so each gateway still gets half.
+                share = count // processes + (n < count % processes)
+                offset = sum(count // processes + (m < count % processes) for m in range(n))
+                config = {
+                    "gateways": urls,
+                    "token": token,
+                    "thread_id": thread_id,
+                    "count": share,
+                    "deltas": deltas,
+                    "offset": offset,
+                }
+                groups.append(RemoteGroup(config))
+        for group in groups:
+            await stack.enter_async_context(group)
+        # Let the gateways' first builds (the deltas' bases) land before measuring.
+        warm = (await patch(writer, f"/v1/threads/{thread_id}", {"title": "warm"})).json()
+        counted = [(await g.target(warm["version"]))[1] for g in groups]
+        before = [snapshot_reads(g.url) for g in gateways]
+        converge: list[float] = []
+        for n in range(commits):
+            sent = time.perf_counter()
+            renamed = await patch(writer, f"/v1/threads/{thread_id}", {"title": f"r{n}"})
+            answers = await asyncio.gather(*(g.target(renamed.json()["version"]) for g in groups))
+            converge.extend((at - sent) * 1e3 for times, _ in answers for at in times)
+        after = [snapshot_reads(g.url) for g in gateways]
+        refetches, not_modified, applied = (
+            sum(end[k] - start[k] for (_, end), start in zip(answers, counted, strict=True))
+            / commits
+            for k in range(3)
+        )
     return Row(
         count,
         cache,
@@ -247,7 +137,13 @@ async def measure(
 
 
 async def deployment_rows(
-    postgres: str, redis: str, counts: list[int], commits: int, cache: bool, modes: list[bool]
+    postgres: str,
+    redis: str,
+    counts: list[int],
+    commits: int,
+    cache: bool,
+    modes: list[bool],
+    processes: int,
 ) -> list[Row]:
     extra = api.agent_env("api_agent", {"THREADLINE_SNAPSHOT_CACHE": "1024" if cache else "0"})
     async with common.own_database(postgres) as dsn:
@@ -256,11 +152,12 @@ async def deployment_rows(
             token = gateways[0].token("bench")
             # A throwaway round first: the deployment's first commits may race its start (a
             # resync makes every watcher refetch once more), which no measured row should pay.
-            await measure(gateways, token, 2, 2, cache, True)
+            await measure(gateways, token, 2, 2, cache, True, processes)
             rows = []
             for count in counts:
                 for deltas in modes:
-                    rows.append(await measure(gateways, token, count, commits, cache, deltas))
+                    row = await measure(gateways, token, count, commits, cache, deltas, processes)
+                    rows.append(row)
     return rows
 
 
@@ -276,6 +173,9 @@ async def main() -> None:
     parser.add_argument("--redis")
     parser.add_argument("--cache-off", action="store_true", help="add the cache-off rows")
     parser.add_argument(
+        "--processes", type=int, default=0, help="watcher processes (0: in this one)"
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 4 and 10, 2 commits, cache off too"
     )
     args = parser.parse_args()
@@ -283,9 +183,13 @@ async def main() -> None:
         args.watchers, args.commits, args.cache_off = "4,10", 2, True
     counts = [int(n) for n in args.watchers.split(",") if n]
     with common.servers(args.postgres, args.redis) as (postgres, redis):
-        rows = await deployment_rows(postgres, redis, counts, args.commits, True, [False, True])
+        rows = await deployment_rows(
+            postgres, redis, counts, args.commits, True, [False, True], args.processes
+        )
         if args.cache_off:
-            rows += await deployment_rows(postgres, redis, counts, args.commits, False, [False])
+            rows += await deployment_rows(
+                postgres, redis, counts, args.commits, False, [False], args.processes
+            )
     print(
         f"{'watchers':>8} {'cache':>5} {'deltas':>6} {'reads/commit gw1':>16} {'gw2':>6}"
         f" {'cached gw1':>10} {'gw2':>6} {'refetches/commit':>16} {'(304)':>6}"
@@ -306,9 +210,14 @@ async def main() -> None:
             p50 = common.pct(on.converge_ms, 0.5) / common.pct(off.converge_ms, 0.5)
             p99 = common.pct(on.converge_ms, 0.99) / common.pct(off.converge_ms, 0.99)
             print(f"{count:8d} watchers: convergence p50 x{p50:.3f}, p99 x{p99:.3f}")
+    where = (
+        f"in {args.processes} client processes of their own"
+        if args.processes > 0
+        else "all in this one client process, beside the writer"
+    )
     print(
-        f"({args.commits} commits each; watchers split evenly over the two gateways, all in"
-        " this one client process, one token: one viewer class)"
+        f"({args.commits} commits each; watchers split evenly over the two gateways, {where};"
+        " one token: one viewer class)"
     )
 
 
