@@ -85,11 +85,14 @@ class SnapshotDeltas:
         if key not in self._bases and key not in self._builds:
             self.request(thread_id, 0, principal)
 
-    def request(self, thread_id: str, version: int, principal: Principal) -> asyncio.Task[Built]:
+    def request(
+        self, thread_id: str, version: int, principal: Principal, viewer: str | None = None
+    ) -> asyncio.Task[Built]:
         """The frame telling `principal` that `thread_id` committed `version`: a delta from the
         base kept for its viewer class when there is one, the plain invalidation otherwise.
-        Never fails (a failure is the plain frame)."""
-        key = (thread_id, _viewer_key(principal))
+        Never fails (a failure is the plain frame). `viewer`: `viewer_key(principal)`, when the
+        caller keeps it (one digest per connection, not per connection and commit)."""
+        key = (thread_id, viewer if viewer is not None else _viewer_key(principal))
         last = self._builds.get(key)
         if last is not None and last[0] >= version:
             self._builds.move_to_end(key)

@@ -23,6 +23,7 @@ from server.auth import Grant, grant, token_key_of_hash
 from server.live.inbox import ActionInbox
 from server.live.presence import Member, PresenceHub
 from server.live.quotas import Limiter
+from server.live.snapshot_cache import viewer_key
 from server.live.snapshot_deltas import SnapshotDeltas
 from server.protocol.client_frames import Frame, FrameError, decode_frame
 from server.protocol.command_model import Caller
@@ -200,6 +201,7 @@ class Session:
         self.principal = principal
         # The gateway's delta builder, for subscriptions asking for deltas (None: none are sent).
         self.deltas = deltas
+        self._viewer_of: tuple[Principal, str] | None = None
         # The token the connection runs on (None: it cannot refresh), and who re-arms its expiry.
         self.grant = token
         self.on_refresh = on_refresh
@@ -216,6 +218,14 @@ class Session:
         self.presence = presence
         self._members: dict[str, Member] = {}
         self._inbox_listeners: dict[str, Callable[[bytes], None]] = {}
+
+    def _viewer(self) -> str:
+        """`viewer_key` of the connection's principal, kept while it stays the same one (an
+        `auth.refresh` may replace it)."""
+        kept = self._viewer_of
+        if kept is None or kept[0] is not self.principal:
+            kept = self._viewer_of = (self.principal, viewer_key(self.principal))
+        return kept[1]
 
     @property
     def subscriptions(self) -> list[str]:
@@ -285,7 +295,7 @@ class Session:
             builder = self.deltas
             builder.prime(thread_id, self.principal)
             listener.deltas = lambda thread, version: builder.request(
-                thread, version, self.principal
+                thread, version, self.principal, self._viewer()
             )
         self._listeners[thread_id] = listener
         try:
