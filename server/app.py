@@ -43,6 +43,7 @@ from server.live.presence import PresenceHub, open_presence
 from server.live.quotas import Limiter, admission_limits
 from server.live.revocation import TokenRevoker, listen_revocations
 from server.live.snapshot_cache import SnapshotCache
+from server.live.snapshot_deltas import SnapshotDeltas
 from server.logs import RequestIds
 from server.metrics import metrics_endpoint, metrics_server
 from server.oidc import Issuers
@@ -151,7 +152,16 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                 )
             )
             state.presence = presence
-            gateway = Gateway(settings, state.service, hub, inbox, presence, state.limiter)
+            deltas = SnapshotDeltas(
+                state.snapshots,
+                state.service,
+                settings.snapshot_delta_max_bytes,
+                capacity=max(1, settings.snapshot_cache),
+            )
+            stack.push_async_callback(deltas.close)
+            gateway = Gateway(
+                settings, state.service, hub, inbox, presence, state.limiter, deltas=deltas
+            )
             # Registered after the hub so connections close before the hub stops.
             stack.push_async_callback(gateway.close)
             state.gateway = gateway

@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     # Snapshots a gateway keeps of the threads its websockets watch, so a commit watched by
     # many tabs costs one storage read per gateway (server/live/snapshot_cache.py); 0: off.
     snapshot_cache: int = Field(default=1024, ge=0)
+    # The largest `invalidate` frame carrying a snapshot delta a gateway sends to connections
+    # that subscribed with `"deltas": true` (server/live/snapshot_deltas.py); a larger change
+    # goes out as the plain invalidation. 0: no deltas (every client refetches).
+    snapshot_delta_max_bytes: int = Field(default=16384, ge=0)
     # Seconds a gateway keeps a `tl_` token's principal (server/auth_cache.py), so a busy token
     # costs no storage read per request; revocations forget it at once on every gateway that
     # hears the broadcast (one that cannot, e.g. no Redis to the CLI: up to this long). 0: off.

@@ -230,6 +230,12 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
         body = await self.request("GET", f"/v1/threads/{thread_id}", params=params or None)
         return Snapshot.model_validate(body)
 
+    async def snapshot_with_wire(self, thread_id: str) -> tuple[Snapshot, dict[str, Any]]:
+        """The thread's default snapshot, and its body as the server wrote it: the base a
+        snapshot delta applies to (the model fills in what the wire leaves out)."""
+        body = await self.request("GET", f"/v1/threads/{thread_id}")
+        return Snapshot.model_validate(body), body
+
     async def pages(
         self, thread_id: str, *, page_size: int | None = None, include_hidden: bool = False
     ) -> AsyncIterator[Snapshot]:
@@ -300,9 +306,12 @@ class ThreadlineClient(HooksCalls, AsyncClosing):
         path = f"/v1/threads/{thread_id}/runs/{run_id}/retry"
         return RegenerateAnswer.model_validate(await self.request("POST", path, json=body))
 
-    def watch(self, thread_id: str, *, backoff: Backoff | None = None) -> ThreadWatch:
-        """A live view of one thread (see `ThreadWatch`); use with `async with`."""
-        return ThreadWatch(self, thread_id, backoff=backoff)
+    def watch(
+        self, thread_id: str, *, backoff: Backoff | None = None, deltas: bool = True
+    ) -> ThreadWatch:
+        """A live view of one thread (see `ThreadWatch`; `deltas=False`: refetch after every
+        invalidation instead of applying its snapshot delta); use with `async with`."""
+        return ThreadWatch(self, thread_id, backoff=backoff, deltas=deltas)
 
     # --- actions ---------------------------------------------------------------------------
 

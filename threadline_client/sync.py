@@ -165,6 +165,7 @@ class SyncThreadlineClient:
     create_thread = _Blocking(ThreadlineClient.create_thread)
     list_threads = _Blocking(ThreadlineClient.list_threads)
     snapshot = _Blocking(ThreadlineClient.snapshot)
+    snapshot_with_wire = _Blocking(ThreadlineClient.snapshot_with_wire)
     history = _Blocking(ThreadlineClient.history)
     send = _Blocking(ThreadlineClient.send)
     stop = _Blocking(ThreadlineClient.stop)
@@ -198,9 +199,11 @@ class SyncThreadlineClient:
         """`ThreadlineClient.request`, blocking."""
         return self._call(self._client.request(method, path, **kwargs))
 
-    def watch(self, thread_id: str, *, backoff: Backoff | None = None) -> SyncWatch[ThreadWatch]:
+    def watch(
+        self, thread_id: str, *, backoff: Backoff | None = None, deltas: bool = True
+    ) -> SyncWatch[ThreadWatch]:
         """`ThreadlineClient.watch`, blocking: use with `with`."""
-        return SyncWatch(self, self._client.watch(thread_id, backoff=backoff))
+        return SyncWatch(self, self._client.watch(thread_id, backoff=backoff, deltas=deltas))
 
     def watch_actions(
         self, *, backoff: Backoff | None = None, assigned: Literal["me"] | None = None

@@ -33,6 +33,8 @@ from threadline_wire.chunks import RunTakeoverChunk
 from threadline_wire.frames import Subscribed
 from threadline_wire.live_frames import LiveFrame, parse_frame
 from threadline_wire.presence_frames import PresenceMember
+from threadline_wire.snapshot_delta import DeltaMismatch
+from threadline_wire.snapshot_delta import apply as apply_delta
 
 if TYPE_CHECKING:
     from threadline_client.client import ThreadlineClient
@@ -344,11 +346,21 @@ class ThreadWatch(_LiveView):
     """
 
     def __init__(
-        self, client: ThreadlineClient, thread_id: str, *, backoff: Backoff | None = None
+        self,
+        client: ThreadlineClient,
+        thread_id: str,
+        *,
+        backoff: Backoff | None = None,
+        deltas: bool = True,
     ) -> None:
         super().__init__(client, backoff)
         self.thread_id = thread_id
         self.state = ThreadState(thread_id)
+        # Subscribe with `"deltas": true`: an invalidation whose delta starts at the held
+        # version is applied instead of refetched (docs/protocol.md, "Snapshot deltas").
+        self.deltas = deltas
+        self.deltas_applied = 0
+        self._wire: dict[str, Any] | None = None  # the held snapshot as the wire has it
         # Who is here, by subject (`subject`, `role`, `name`, `connections`, `typing`,
         # `reviewing`); replaced by each `presence` frame (after every (re)subscription).
         self.presence: dict[str, PresenceMember] = {}
@@ -376,7 +388,10 @@ class ThreadWatch(_LiveView):
         return (self._fetcher,)
 
     async def _on_open(self, socket: _Socket) -> None:
-        answer = await self._request(socket, {"type": "subscribe", "thread_id": self.thread_id})
+        subscribe: dict[str, Any] = {"type": "subscribe", "thread_id": self.thread_id}
+        if self.deltas:
+            subscribe["deltas"] = True
+        answer = await self._request(socket, subscribe)
         self._trigger(self.state.subscribed(Subscribed.model_validate(answer).version))
 
     def _on_frame(self, frame: dict[str, Any]) -> None:
@@ -391,7 +406,8 @@ class ThreadWatch(_LiveView):
             self._trigger(refetch)
         elif kind == "invalidate":
             self._emit("invalidate", frame, frame.get("version"))
-            self._trigger(self.state.invalidate(int(frame.get("version", 0))))
+            if not self._apply_delta(frame):
+                self._trigger(self.state.invalidate(int(frame.get("version", 0))))
         elif kind == "resync":
             self._emit("resync", frame)
             self._trigger(self.state.resync())
@@ -409,6 +425,27 @@ class ThreadWatch(_LiveView):
             self._emit("presence", frame, self.presence)
         elif kind == "error":
             self._emit("frame", frame)
+
+    def _apply_delta(self, frame: dict[str, Any]) -> bool:
+        """Hold the snapshot an invalidation's delta makes of the held one, when it starts at
+        the held version; False (refetch as usual) for any other."""
+        delta, wire = frame.get("delta"), self._wire
+        if not isinstance(delta, dict) or wire is None or delta.get("from") != self.state.version:
+            return False
+        try:
+            new = apply_delta(wire, {k: v for k, v in delta.items() if k != "etag"})
+            snapshot = Snapshot.model_validate(new)
+        except (DeltaMismatch, ValidationError) as exc:
+            log.info("delta of %s not applied (%s); refetching", self.thread_id, exc)
+            return False
+        if snapshot.thread.version != frame.get("version"):
+            return False
+        if self.state.apply_snapshot(snapshot, self.state.ordinal):
+            self._wire = new
+            self.deltas_applied += 1
+            self._emit("snapshot", None, snapshot)
+        self._changed.set()
+        return True
 
     async def set_presence(self, **changes: Any) -> None:
         """Say what this connection does in the thread: `typing=True`, `reviewing=action_id`
@@ -438,7 +475,7 @@ class ThreadWatch(_LiveView):
                 self._again, self._force = False, False
                 ordinal = self.state.ordinal
                 try:
-                    snapshot = await self.client.snapshot(self.thread_id)
+                    snapshot, wire = await self.client.snapshot_with_wire(self.thread_id)
                 except (NotFound, Unauthorized) as exc:
                     self._failure = exc
                     return
@@ -450,6 +487,7 @@ class ThreadWatch(_LiveView):
                 backoff.reset()
                 self.fetches += 1
                 if self.state.apply_snapshot(snapshot, ordinal):
+                    self._wire = wire
                     self._emit("snapshot", None, snapshot)
                 if not (self._again and (self._force or self.state.wants_more())):
                     return

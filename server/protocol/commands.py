@@ -57,6 +57,7 @@ from server.protocol.inputs import (
     SendMessage,
     SetVisibility,
     StopRun,
+    SubscribeThread,
     ThreadRef,
     ToolResult,
     UpdateMetadata,
@@ -229,11 +230,12 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     ),
     Command(
         name="subscribe",
-        input=ThreadRef,
-        call=lambda c, i: c.session().subscribe(i.thread_id, c.frame_id),
+        input=SubscribeThread,
+        call=lambda c, i: c.session().subscribe(i.thread_id, c.frame_id, i.deltas),
         answer=lambda i, r: None,  # `subscribed` goes out before the replay, from the session
         answer_doc='`{"type": "subscribed", "thread_id", "version"}`, then the replay of the '
-        "in-flight step's chunks, then live frames",
+        "in-flight step's chunks, then live frames (`deltas`: true: invalidations carry the "
+        "snapshot delta, see Snapshot deltas)",
         reply=Subscribed,
         note=WS_ONLY,
         limited=False,

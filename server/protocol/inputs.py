@@ -105,6 +105,12 @@ class ThreadRef(Input):
     thread_id: ThreadId
 
 
+class SubscribeThread(ThreadRef):
+    # True: this connection's invalidations of the thread carry the snapshot delta (additive;
+    # docs/protocol.md, "Snapshot deltas"); a client that cannot apply one leaves it out.
+    deltas: bool = False
+
+
 class CreateThread(Input):
     title: str = ""
     metadata: dict[str, Any] = Field(default_factory=dict)

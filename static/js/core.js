@@ -49,6 +49,49 @@ var COMMANDS = {
   "action.reassign": { method: "POST", path: "/v1/threads/{thread_id}/actions/{action_id}/reassign", status: 200, query: false, websocket: true }
 };
 
+// src/delta.ts
+var KNOWN = /* @__PURE__ */ new Set(["from", "etag", "thread", "messages", "set", "unset"]);
+var DeltaMismatch = class extends Error {
+};
+function applyDelta(base, delta) {
+  for (const key of Object.keys(delta)) {
+    if (!KNOWN.has(key)) throw new DeltaMismatch(`unknown delta key ${key}`);
+  }
+  const next = { ...base };
+  if (delta.thread !== void 0) {
+    if (!base.thread || typeof delta.thread !== "object") throw new DeltaMismatch("no thread to patch");
+    next.thread = { ...base.thread, ...delta.thread };
+  }
+  if (delta.messages !== void 0) {
+    const held = base.messages;
+    if (!Array.isArray(held) || !Array.isArray(delta.messages)) throw new DeltaMismatch("no messages to patch");
+    const messages = [];
+    for (const piece of delta.messages) {
+      if (Array.isArray(piece)) {
+        const [start, end] = piece;
+        if (piece.length !== 2 || !Number.isInteger(start) || !Number.isInteger(end)) {
+          throw new DeltaMismatch(`bad message range ${JSON.stringify(piece)}`);
+        }
+        if (!(start >= 0 && start < end && end <= held.length)) {
+          throw new DeltaMismatch(`message range ${JSON.stringify(piece)} outside ${held.length} messages`);
+        }
+        messages.push(...held.slice(start, end));
+      } else if (piece && typeof piece === "object") {
+        messages.push(piece);
+      } else {
+        throw new DeltaMismatch("a message piece is a range or a message");
+      }
+    }
+    next.messages = messages;
+  }
+  if (delta.set !== void 0) {
+    if (!delta.set || typeof delta.set !== "object") throw new DeltaMismatch("set must be an object");
+    Object.assign(next, delta.set);
+  }
+  for (const key of delta.unset ?? []) delete next[key];
+  return next;
+}
+
 // src/http.ts
 var ApiError = class extends Error {
   /** `status` is 0 for a network failure; `code` the server's snake_case code. */
@@ -234,6 +277,7 @@ var ThreadSocket = class {
   pingIntervalMs;
   pongTimeoutMs;
   clock;
+  deltas;
   state = "idle";
   attempt = 0;
   ws = null;
@@ -255,8 +299,10 @@ var ThreadSocket = class {
     clock = {
       setTimeout: (fn, ms) => setTimeout(fn, ms),
       clearTimeout: (id) => clearTimeout(id)
-    }
+    },
+    deltas = false
   }) {
+    this.deltas = deltas;
     this.url = url;
     this.protocols = protocols;
     this.onFrame = onFrame || (() => {
@@ -357,7 +403,9 @@ var ThreadSocket = class {
     this.standing.delete(key);
   }
   sendSubscribe(threadId) {
-    this.send({ type: "subscribe", thread_id: threadId, id: `sub-${this.nextId++}` });
+    const frame = { type: "subscribe", thread_id: threadId, id: `sub-${this.nextId++}` };
+    if (this.deltas) frame.deltas = true;
+    this.send(frame);
   }
   send(frame) {
     if (!this.ws || this.state !== "open") return false;
@@ -430,7 +478,7 @@ var ThreadSync = class {
   failures = 0;
   retryTimer = null;
   disposed = false;
-  stats = { fetches: 0, discarded: 0 };
+  stats = { fetches: 0, discarded: 0, deltas: 0 };
   constructor({ threadId, fetchSnapshot, onChange, onError, schedule, isRetryable }) {
     this.threadId = threadId;
     this.fetchSnapshot = fetchSnapshot;
@@ -463,6 +511,24 @@ var ThreadSync = class {
   }
   resync() {
     this.requestRefetch({ force: true });
+  }
+  /**
+   * An `invalidate` frame with a `delta` (docs/protocol.md, "Snapshot deltas"): applied when it
+   * starts at the held version and ends at `version`; false otherwise (refetch as for any
+   * invalidation: `invalidate(version)`).
+   */
+  applyDelta(version, delta) {
+    if (this.disposed || !this.snapshot || !delta || delta.from !== this.version) return false;
+    let next;
+    try {
+      next = applyDelta(this.snapshot, delta);
+    } catch (err) {
+      if (err instanceof DeltaMismatch) return false;
+      throw err;
+    }
+    if (!next.thread || next.thread.version !== version) return false;
+    this.stats.deltas += 1;
+    return this.applySnapshot(next, this.ordinal);
   }
   /** A `chunk` frame: {thread_id, run_id, seq, chunk}. */
   chunk(frame) {
@@ -739,7 +805,9 @@ var ThreadWatch = class extends Emitter {
         this.sync.chunk(frame);
         break;
       case "invalidate":
-        this.sync.invalidate(frame.version);
+        if (!(frame.delta && this.sync.applyDelta(frame.version, frame.delta))) {
+          this.sync.invalidate(frame.version);
+        }
         break;
       case "resync":
         this.sync.resync();
@@ -882,7 +950,8 @@ var ThreadlineClient = class {
       WebSocketImpl: options.WebSocket,
       ...options.clock ? { clock: options.clock } : {},
       onFrame: (frame) => this.onFrame(frame),
-      onStateChange: (state) => this.onSocketState(state)
+      onStateChange: (state) => this.onSocketState(state),
+      deltas: options.deltas ?? true
     });
   }
   me() {
@@ -1016,6 +1085,7 @@ export {
   CLOSE_FORBIDDEN,
   CLOSE_UNAUTHORIZED,
   COMMANDS,
+  DeltaMismatch,
   HttpClient,
   TERMINAL_RUN_STATUSES,
   ThreadSocket,
@@ -1023,6 +1093,7 @@ export {
   ThreadWatch,
   ThreadlineClient,
   activeRun,
+  applyDelta,
   applyPresence,
   backoffDelay,
   foldChunks,

@@ -124,21 +124,34 @@ def test_api_bench_quick() -> None:
 
 def test_watchers_bench_quick() -> None:
     stdout = run_bench("watchers.py")
-    rows = [line.split() for line in stdout.splitlines() if line.split()[1:2] in (["on"], ["off"])]
-    assert [(row[0], row[1]) for row in rows] == [
-        ("4", "on"),
-        ("10", "on"),
-        ("4", "off"),
-        ("10", "off"),
+    rows = [
+        line.split()
+        for line in stdout.splitlines()
+        if line.split()[:1] != [] and line.split()[0].isdigit() and "watchers:" not in line
+    ]
+    assert [tuple(row[:3]) for row in rows] == [
+        ("4", "on", "off"),
+        ("4", "on", "on"),
+        ("10", "on", "off"),
+        ("10", "on", "on"),
+        ("4", "off", "off"),
+        ("10", "off", "off"),
     ], stdout
-    for watchers, cache, *figures in rows:
+    for watchers, cache, deltas, *figures in rows:
         reads = float(figures[0]) + float(figures[1])  # both gateways, per commit
+        refetches, applied = float(figures[4]), float(figures[6])
         # Off: one read per watcher per commit. Cached: one per gateway (a read that raced a
         # resync may be made again: at most half a read more per gateway on average).
         if cache == "off":
             assert reads == int(watchers), stdout
         else:
             assert 2 <= reads <= 3, stdout
+        # Deltas: every watcher one version behind applies the delta instead of refetching.
+        if deltas == "on":
+            assert applied == int(watchers) and refetches == 0, stdout
+        else:
+            assert applied == 0 and refetches == int(watchers), stdout
+    assert "convergence p50" in stdout, stdout
 
 
 def test_live_runs_bench_quick() -> None:

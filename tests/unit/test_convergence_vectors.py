@@ -32,11 +32,12 @@ class Snapshots:
         self.calls = 0
         self.outstanding: list[asyncio.Future[Snapshot]] = []
 
-    async def snapshot(self, thread_id: str) -> Snapshot:
+    async def snapshot_with_wire(self, thread_id: str) -> tuple[Snapshot, dict[str, Any]]:
         self.calls += 1
         future: asyncio.Future[Snapshot] = asyncio.get_running_loop().create_future()
         self.outstanding.append(future)
-        return await future
+        snapshot = await future
+        return snapshot, snapshot.model_dump(mode="json", by_alias=True)
 
 
 async def settle() -> None:

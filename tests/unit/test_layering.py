@@ -60,7 +60,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     | {"runtime.demo", "runtime.engine", "runtime.service", "runtime.storage", "realtime"}
     | {"runtime.mcp"},
     "server.base": frozenset({"runtime.authoring", "runtime.service", "runtime.storage"}),
-    "server.live": frozenset({"runtime.authoring", "runtime.storage", "server.base", "realtime"}),
+    # threadline_wire: the snapshot deltas the gateway builds are the wire's (as realtime's frames).
+    "server.live": frozenset(
+        {"runtime.authoring", "runtime.storage", "server.base", "realtime", "threadline_wire"}
+    ),
     "server.protocol": frozenset(
         {"runtime.authoring", "runtime.service", "runtime.storage", "runtime.hooks"}
     )

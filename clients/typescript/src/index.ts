@@ -2,6 +2,7 @@
 // convergence core (the static page runs this core too: static/js/core.js).
 export * from './generated/protocol.js';
 export { COMMANDS, type CommandInputs, type CommandName } from './generated/commands.js';
+export { DeltaMismatch, applyDelta, type SnapshotDelta } from './delta.js';
 export { ApiError, HttpClient, route, type HttpOptions } from './http.js';
 export { applyPresence, presenceView, type PresenceMember, type PresenceMembers, type PresenceView } from './presence.js';
 export { ActionInbox, ThreadWatch, ThreadlineClient, type ClientOptions, type InboxView, type ThreadView } from './session.js';

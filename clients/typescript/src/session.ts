@@ -1,5 +1,6 @@
 // A client session: one websocket (reconnect, backoff, resubscribe), one HTTP client, and per
 // watched thread a ThreadSync that refetches snapshots when it is behind; the action inbox.
+import type { SnapshotDelta } from './delta.js';
 import type * as P from './generated/protocol.js';
 import { ApiError, HttpClient, type HttpOptions } from './http.js';
 import { applyPresence, type PresenceMembers } from './presence.js';
@@ -101,7 +102,9 @@ export class ThreadWatch extends Emitter {
         this.sync.chunk(frame as unknown as ChunkFrame);
         break;
       case 'invalidate':
-        this.sync.invalidate(frame.version as number);
+        if (!(frame.delta && this.sync.applyDelta(frame.version as number, frame.delta as SnapshotDelta))) {
+          this.sync.invalidate(frame.version as number);
+        }
         break;
       case 'resync':
         this.sync.resync();
@@ -260,6 +263,11 @@ export interface ClientOptions extends HttpOptions {
   WebSocket?: WebSocketFactory;
   /** Timers of the socket's backoff and keepalive (a fake clock in tests). */
   clock?: Clock;
+  /**
+   * Subscribe with `"deltas": true` (the default): an invalidation whose snapshot delta starts
+   * at the held version is applied instead of refetched. `false`: refetch after every one.
+   */
+  deltas?: boolean;
 }
 
 export class ThreadlineClient {
@@ -280,6 +288,7 @@ export class ThreadlineClient {
       ...(options.clock ? { clock: options.clock } : {}),
       onFrame: (frame) => this.onFrame(frame),
       onStateChange: (state) => this.onSocketState(state),
+      deltas: options.deltas ?? true,
     });
   }
 

@@ -73,6 +73,8 @@ export interface ThreadSocketOptions {
   pingIntervalMs?: number;
   pongTimeoutMs?: number;
   clock?: Clock;
+  /** Subscribe with `"deltas": true`: invalidations may carry the snapshot delta. */
+  deltas?: boolean;
 }
 
 type TimerName = 'reconnect' | 'ping' | 'pong';
@@ -86,6 +88,7 @@ export class ThreadSocket {
   pingIntervalMs: number;
   pongTimeoutMs: number;
   clock: Clock;
+  deltas: boolean;
   state: SocketState = 'idle';
   attempt = 0;
   ws: WebSocketLike | null = null;
@@ -109,7 +112,9 @@ export class ThreadSocket {
       setTimeout: (fn, ms) => setTimeout(fn, ms),
       clearTimeout: (id) => clearTimeout(id as ReturnType<typeof setTimeout>),
     },
+    deltas = false,
   }: ThreadSocketOptions) {
+    this.deltas = deltas;
     this.url = url;
     this.protocols = protocols;
     this.onFrame = onFrame || (() => {});
@@ -219,7 +224,9 @@ export class ThreadSocket {
   }
 
   sendSubscribe(threadId: string): void {
-    this.send({ type: 'subscribe', thread_id: threadId, id: `sub-${this.nextId++}` });
+    const frame: Frame = { type: 'subscribe', thread_id: threadId, id: `sub-${this.nextId++}` };
+    if (this.deltas) frame.deltas = true;
+    this.send(frame);
   }
 
   send(frame: Frame): boolean {

@@ -11,6 +11,7 @@
 // - an older snapshot never replaces a newer one.
 // No DOM, no network: `fetchSnapshot` and `schedule` are injected. The static page runs this
 // very code (static/js/core.js is its bundle).
+import { applyDelta, DeltaMismatch, type SnapshotDelta } from './delta.js';
 import type { Snapshot } from './generated/protocol.js';
 
 export const ACTIVE_RUN_STATUSES: ReadonlySet<string> = new Set(['queued', 'running', 'waiting']);
@@ -90,7 +91,7 @@ export class ThreadSync {
   failures = 0;
   retryTimer: unknown = null;
   disposed = false;
-  stats = { fetches: 0, discarded: 0 };
+  stats = { fetches: 0, discarded: 0, deltas: 0 };
 
   constructor({ threadId, fetchSnapshot, onChange, onError, schedule, isRetryable }: ThreadSyncOptions) {
     this.threadId = threadId;
@@ -129,6 +130,25 @@ export class ThreadSync {
 
   resync(): void {
     this.requestRefetch({ force: true });
+  }
+
+  /**
+   * An `invalidate` frame with a `delta` (docs/protocol.md, "Snapshot deltas"): applied when it
+   * starts at the held version and ends at `version`; false otherwise (refetch as for any
+   * invalidation: `invalidate(version)`).
+   */
+  applyDelta(version: number, delta: SnapshotDelta): boolean {
+    if (this.disposed || !this.snapshot || !delta || delta.from !== this.version) return false;
+    let next: Snapshot;
+    try {
+      next = applyDelta(this.snapshot, delta);
+    } catch (err) {
+      if (err instanceof DeltaMismatch) return false;
+      throw err;
+    }
+    if (!next.thread || next.thread.version !== version) return false;
+    this.stats.deltas += 1;
+    return this.applySnapshot(next, this.ordinal);
   }
 
   /** A `chunk` frame: {thread_id, run_id, seq, chunk}. */

@@ -29,6 +29,7 @@ from server.auth import (
 from server.live.inbox import ActionInbox
 from server.live.presence import PresenceHub
 from server.live.quotas import REFRESH_INTERVAL, ConnectionSlot, Limiter
+from server.live.snapshot_deltas import SnapshotDeltas
 from server.settings import Settings
 from server.tracing import WS_CLOSES, WS_CONNECTIONS
 from server.transports.ws.connection import Close, Connection, count
@@ -56,8 +57,10 @@ class Gateway:
         inbox: ActionInbox | None = None,
         presence: PresenceHub | None = None,
         limiter: Limiter | None = None,
+        deltas: SnapshotDeltas | None = None,
     ) -> None:
         self.settings = settings
+        self.deltas = deltas
         self.service = service
         self.hub = hub
         self.inbox = inbox
@@ -219,6 +222,7 @@ class Gateway:
             presence=self.presence,
             origin=origin.model_copy(update={"token_id": token_key_of_hash(token_hash)}),
             token=token,
+            deltas=self.deltas,
         )
         connection = Connection(wire, session, self.settings)
         # An issuer's JWT is not in storage: nothing there to recheck; it lives until `exp`.

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import orjson
 
-from realtime.envelopes import MessageKind, chunk_position
+from realtime.envelopes import MessageKind, chunk_position, encode_invalidate
 from realtime.outbox import Outbox
 from runtime.authorization import ThreadMatch
 from runtime.domain import Origin, Principal, Thread
@@ -21,6 +23,8 @@ from server.auth import Grant, grant, token_key_of_hash
 from server.live.inbox import ActionInbox
 from server.live.presence import Member, PresenceHub
 from server.live.quotas import Limiter
+from server.live.snapshot_cache import viewer_key
+from server.live.snapshot_deltas import SnapshotDeltas
 from server.protocol.client_frames import Frame, FrameError, decode_frame
 from server.protocol.command_model import Caller
 from server.protocol.commands import BY_NAME
@@ -32,6 +36,18 @@ log = logging.getLogger(__name__)
 MAX_SUBSCRIPTIONS = 256
 # Outbox kind of direct answers: not coalesced, sent in order with the chunks around them.
 ANSWER = "answer"
+
+
+@dataclass(frozen=True)
+class _Build:
+    """An invalidation waiting in a delta listener for its frame, and the version it announces."""
+
+    frame: asyncio.Future[tuple[bytes, int]]
+    version: int
+
+
+# What waits in a delta listener: a build, or a frame behind one (data, kind, version).
+_Waiting: TypeAlias = "_Build | tuple[bytes, MessageKind, int | None]"
 
 
 class ThreadReader(Protocol):
@@ -58,6 +74,10 @@ class SessionClosedError(RuntimeError):
     pass
 
 
+# Asks the gateway's delta builder for the frame announcing a version (server.live.snapshot_deltas).
+DeltaRequest: TypeAlias = Callable[[str, int], "asyncio.Future[tuple[bytes, int]]"]
+
+
 @dataclass(eq=False, slots=True)
 class ThreadListener:
     """Hub listener of one subscribed thread: holds live frames back until `subscribed` is out.
@@ -67,6 +87,10 @@ class ThreadListener:
     here. A chunk is published and appended to the replay buffer concurrently, so one the replay
     already had can arrive live before or after `open`: per run, live chunks at or before the
     replay's last (episode, seq) are dropped until the first newer one passes.
+
+    With `deltas` (the client subscribed with `"deltas": true`), an invalidation waits for the
+    gateway to build its frame with the snapshot delta, and the thread's frames after it wait
+    behind it, so the client sees them in the order the bus delivered them.
     """
 
     thread_id: str
@@ -74,6 +98,9 @@ class ThreadListener:
     floor: int | None = None
     held: list[tuple[bytes, MessageKind, int | None]] | None = field(default_factory=list)
     replayed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    deltas: DeltaRequest | None = None
+    closed: bool = False
+    _waiting: deque[_Waiting] = field(default_factory=deque, init=False, repr=False)
 
     def deliver(self, data: bytes, kind: MessageKind, version: int | None) -> None:
         if self.held is not None:
@@ -88,7 +115,39 @@ class ThreadListener:
             return
         if kind == "chunk" and self.replayed and self._replayed_already(data):
             return
-        self.outbox.put(data, kind, self.thread_id, version)
+        if kind == "invalidate" and version is not None and self.deltas is not None:
+            self._wait(_Build(self.deltas(self.thread_id, version), version))
+        elif self._waiting:
+            self._wait((data, kind, version))
+        else:
+            self.outbox.put(data, kind, self.thread_id, version)
+
+    def _wait(self, item: _Waiting) -> None:
+        self._waiting.append(item)
+        if len(self._waiting) == 1:
+            self._flush()
+
+    def _flush(self, _: object = None) -> None:
+        """Send what waits, in order, up to the first delta still being built."""
+        waiting = self._waiting
+        while waiting:
+            head = waiting[0]
+            if isinstance(head, _Build):
+                build = head.frame
+                if not build.done():
+                    build.add_done_callback(self._flush)
+                    return
+                waiting.popleft()
+                if build.cancelled() or build.exception() is not None:
+                    data, version = encode_invalidate(self.thread_id, head.version), head.version
+                else:
+                    data, version = build.result()
+                if not self.closed:
+                    self.outbox.put(data, "invalidate", self.thread_id, version)
+            else:
+                waiting.popleft()
+                if not self.closed:
+                    self.outbox.put(head[0], head[1], self.thread_id, head[2])
 
     def _replayed_already(self, data: bytes) -> bool:
         position = chunk_position(data)
@@ -137,8 +196,12 @@ class Session:
         origin: Origin | None = None,
         token: Grant | None = None,
         on_refresh: Callable[[Grant], None] | None = None,
+        deltas: SnapshotDeltas | None = None,
     ) -> None:
         self.principal = principal
+        # The gateway's delta builder, for subscriptions asking for deltas (None: none are sent).
+        self.deltas = deltas
+        self._viewer_of: tuple[Principal, str] | None = None
         # The token the connection runs on (None: it cannot refresh), and who re-arms its expiry.
         self.grant = token
         self.on_refresh = on_refresh
@@ -155,6 +218,14 @@ class Session:
         self.presence = presence
         self._members: dict[str, Member] = {}
         self._inbox_listeners: dict[str, Callable[[bytes], None]] = {}
+
+    def _viewer(self) -> str:
+        """`viewer_key` of the connection's principal, kept while it stays the same one (an
+        `auth.refresh` may replace it)."""
+        kept = self._viewer_of
+        if kept is None or kept[0] is not self.principal:
+            kept = self._viewer_of = (self.principal, viewer_key(self.principal))
+        return kept[1]
 
     @property
     def subscriptions(self) -> list[str]:
@@ -201,8 +272,9 @@ class Session:
 
     # --- subscriptions ------------------------------------------------------------------
 
-    async def subscribe(self, thread_id: str, frame_id: Any) -> None:
-        """Listen to a thread: `subscribed`, then the in-flight step's replay, then live frames."""
+    async def subscribe(self, thread_id: str, frame_id: Any, deltas: bool = False) -> None:
+        """Listen to a thread: `subscribed`, then the in-flight step's replay, then live frames
+        (with `deltas`, invalidations carry the snapshot delta when the gateway builds them)."""
         if thread_id in self._listeners:
             versions = await self.store.thread_versions([thread_id])
             version = versions.get(thread_id, 0)
@@ -219,6 +291,12 @@ class Session:
         # Scope check first (NotFound for a foreign thread): never listen to foreign channels.
         await self.store.get_thread(thread_id, self.principal.scopes)
         listener = ThreadListener(thread_id, self.outbox)
+        if deltas and self.deltas is not None and self.deltas.enabled:
+            builder = self.deltas
+            builder.prime(thread_id, self.principal)
+            listener.deltas = lambda thread, version: builder.request(
+                thread, version, self.principal, self._viewer()
+            )
         self._listeners[thread_id] = listener
         try:
             await self.hub.add(thread_id, listener)
@@ -268,6 +346,7 @@ class Session:
         listener = self._listeners.pop(thread_id, None)
         if listener is None:
             return
+        listener.closed = True
         self.outbox.discard_thread(thread_id)
         member = self._members.pop(thread_id, None)
         if member is not None and self.presence is not None:

@@ -59,7 +59,7 @@ export interface CommandInputs {
   "thread.snapshot": P.GetSnapshot;
   "thread.rename": P.RenameThread;
   "thread.update_metadata": P.UpdateMetadata;
-  "subscribe": P.ThreadRef;
+  "subscribe": P.SubscribeThread;
   "unsubscribe": P.ThreadRef;
   "message.send": P.SendMessage;
   "queue.cancel": P.CancelQueued;

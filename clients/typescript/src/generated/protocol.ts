@@ -1023,6 +1023,14 @@ export interface ToolProgressChunk {
 }
 /**
  * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
+ * via the `definition` "SubscribeThread".
+ */
+export interface SubscribeThread {
+  deltas?: boolean;
+  thread_id: string;
+}
+/**
+ * This interface was referenced by `ThreadlineProtocol`'s JSON-Schema
  * via the `definition` "Subscribed".
  */
 export interface Subscribed {
