@@ -6,7 +6,7 @@ and the ratios Threadline / Aegra per round; asserts nothing.
 
     python bench/aegra.py [--runs 60] [--rounds 1] [--setups embedded,scale-out,aegra]
                           [--postgres ADMIN_DSN] [--redis URL] [--aegra-venv DIR]
-                          [--stream-mode messages-tuple] [--quick]
+                          [--stream-mode messages-tuple[,values]] [--quick]
 
 Aegra runs in a virtualenv of its own, so its dependencies never touch the project's:
 `build/aegra-venv`, made on first use with `python3.11 -m venv` and
@@ -223,24 +223,31 @@ async def main() -> None:
     parser.add_argument("--postgres", help="admin DSN (a database is made per setup)")
     parser.add_argument("--redis")
     parser.add_argument("--aegra-venv", type=Path, default=DEFAULT_VENV)
-    parser.add_argument("--stream-mode", default="messages-tuple")
+    parser.add_argument(
+        "--stream-mode", default="messages-tuple", help="Aegra's, comma-separated (SDK names)"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 5 runs each")
     args = parser.parse_args()
     if args.quick:
         args.runs = 5
     setups = [s for s in args.setups.split(",") if s]
+    if unknown := set(setups) - {"embedded", "scale-out", "aegra"}:
+        parser.error(f"unknown setups: {', '.join(sorted(unknown))}")
     python = ensure_venv(args.aegra_venv) if "aegra" in setups else None
     with common.servers(args.postgres, args.redis) as (postgres, redis):
         for round_ in range(args.rounds):
             load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
             print(f"round {round_ + 1} of {args.rounds}, load average {load}")
-            rows = []
-            if "embedded" in setups:
-                rows.append(await api.embedded(args.runs, None))
-            if "scale-out" in setups:
-                rows.append(await api.scale_out(args.runs, postgres, redis, None))
-            if python is not None:
-                rows.append(await aegra(args.runs, postgres, python, args.stream_mode))
+            measured = {}
+            # Every other round in the reverse order, so no setup always runs first or last.
+            for setup in setups if round_ % 2 == 0 else setups[::-1]:
+                if setup == "embedded":
+                    measured[setup] = await api.embedded(args.runs, None)
+                elif setup == "scale-out":
+                    measured[setup] = await api.scale_out(args.runs, postgres, redis, None)
+                elif python is not None:
+                    measured[setup] = await aegra(args.runs, postgres, python, args.stream_mode)
+            rows = [measured[setup] for setup in setups]
             api.report(rows)
             ratios(rows)
             load = " / ".join(f"{v:.2f}" for v in os.getloadavg())

@@ -3,7 +3,7 @@ server: per run, `client.threads.create()`, then `client.runs.stream(...)` of th
 (bench/aegra_side/graph.py) read to its end. The stream carries every token and ends with the
 run, so a client needs nothing else to show the answer.
 
-    python driver.py --url URL --runs N [--warmup 10] [--stream-mode messages-tuple]
+    python driver.py --url URL --runs N [--warmup 10] [--stream-mode messages-tuple[,values]]
 
 Talks to bench/aegra.py over its pipes, so that process reads the server's CPU exactly around
 the measured runs: after the warm-up it prints `ready` and waits for a line on stdin; after the
@@ -46,7 +46,7 @@ def text_of(event: str, data: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
-async def run_once(client: Any, n: int, stream_mode: str, tokens: int, tally: Tally) -> str:
+async def run_once(client: Any, n: int, stream_mode: list[str], tokens: int, tally: Tally) -> str:
     thread = await client.threads.create()
     tally.requests += 1
     sent = time.perf_counter()
@@ -67,7 +67,7 @@ async def run_once(client: Any, n: int, stream_mode: str, tokens: int, tally: Ta
                 texts += 1
                 if first is None:
                     first = time.perf_counter() - sent
-    if stream_mode == "messages-tuple" and texts != tokens:
+    if "messages-tuple" in stream_mode and texts != tokens:
         raise RuntimeError(f"run {n}: {texts} text chunks streamed, not {tokens}")
     tally.first_token.append(first if first is not None else float("nan"))
     return str(thread["thread_id"])
@@ -93,9 +93,10 @@ async def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--runs", type=int, required=True)
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--stream-mode", default="messages-tuple")
+    parser.add_argument("--stream-mode", default="messages-tuple", help="modes, comma-separated")
     parser.add_argument("--tokens", type=int, default=15)
     args = parser.parse_args()
+    args.stream_mode = args.stream_mode.split(",")
     client = get_client(url=args.url, api_key=None)
     for n in range(args.warmup):  # imports, pools, caches
         await run_once(client, n, args.stream_mode, args.tokens, Tally())
