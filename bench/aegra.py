@@ -183,6 +183,11 @@ async def aegra(runs: int, postgres: str, python: Path, stream_mode: str) -> api
                 if driver.returncode is None:
                     driver.kill()
                     await driver.wait()
+    if result["odd_streams"]:
+        print(
+            f"Aegra: {result['odd_streams']} of {runs} runs streamed another number of tokens"
+            " than the model's 15 (its replay of stored events, then the same events live)"
+        )
     tally = api.Tally(runs=runs, requests=int(result["requests"]))
     tally.first_token = [float(v) for v in result["first_token"]]
     return api.Row("Aegra 0.6 (Postgres, one process)", runs, float(result["wall"]), cpu, tally)

@@ -7,8 +7,9 @@ run, so a client needs nothing else to show the answer.
 
 Talks to bench/aegra.py over its pipes, so that process reads the server's CPU exactly around
 the measured runs: after the warm-up it prints `ready` and waits for a line on stdin; after the
-measured runs it prints one JSON line (wall seconds, first-token seconds per run, HTTP requests
-and stream events) and waits again; then it reads the last run back (`verified ...`) and exits.
+measured runs it prints one JSON line (wall seconds, first-token seconds per run, HTTP requests,
+stream events, runs that streamed another number of text chunks than the model's) and waits
+again; then it reads the last run back (`verified ...`) and exits.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Tally:
     def __init__(self) -> None:
         self.requests = 0
         self.events = 0
+        self.odd_streams = 0  # runs that streamed another number of text chunks than sent
         self.first_token: list[float] = []
 
 
@@ -68,7 +70,9 @@ async def run_once(client: Any, n: int, stream_mode: list[str], tokens: int, tal
                 if first is None:
                     first = time.perf_counter() - sent
     if "messages-tuple" in stream_mode and texts != tokens:
-        raise RuntimeError(f"run {n}: {texts} text chunks streamed, not {tokens}")
+        # Aegra 0.6 replays a run's stored events, then sends its live ones from the first
+        # again: a stream that starts late (a loaded box) repeats tokens. Counted, not fatal.
+        tally.odd_streams += 1
     tally.first_token.append(first if first is not None else float("nan"))
     return str(thread["thread_id"])
 
@@ -113,6 +117,7 @@ async def main() -> None:
         "first_token": tally.first_token,
         "requests": tally.requests,
         "events": tally.events,
+        "odd_streams": tally.odd_streams,
     }
     print(json.dumps(result), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
