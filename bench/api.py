@@ -15,7 +15,10 @@ connection held for the whole bench):
 3. `POST /v1/threads/{id}/messages`;
 4. on every `invalidate` newer than the snapshot it holds, `GET /v1/threads/{id}` (a refetch;
    with `If-None-Match` of the snapshot it holds, so an unchanged one answers 304), until the
-   snapshot shows the run ended; the first `text-delta` chunk is the first token;
+   snapshot shows the run ended; the first `text-delta` chunk is the first token. The websocket
+   is read while a refetch is under way, as a UI reads it (until 2026-12-02 it was read only
+   between refetches: a run that ended during one had its chunks read after it, so on a loaded
+   box most runs had no first token and the figure came from the rest);
 5. `unsubscribe`, until `unsubscribed`.
 
 Setups: `embedded` is one `threadline serve` (SQLite file, in-process bus, worker inside);
@@ -31,8 +34,9 @@ server under `valgrind --tool=callgrind` instead, and prints its user-space inst
 (counters zeroed after the warm-up, dumped after the last run): a count that does not move with
 the box's load (system calls count as the instructions that make them, not the kernel's work).
 
-Aegra (LangGraph Platform API) is not installable on this box, so its reference row is not
-measured here; docs/benchmarks.md quotes issue 35's figures for it, measured elsewhere.
+Aegra (the LangGraph Platform API), the reference of issue 35, is measured beside these two in
+the same run by bench/aegra.py (`aegra-api` 0.6.0 in a virtualenv of its own, on the same
+Postgres server), which imports this module's setups and its CPU helpers.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +99,17 @@ class Tally:
         self.first_token = []
 
 
+@dataclass
+class Watch:
+    """One run as the client sees it: when its message was sent, its first token, the
+    invalidations not yet acted on."""
+
+    sent: float
+    first: float = float("nan")
+    first_seen: asyncio.Event = field(default_factory=asyncio.Event)
+    invalidations: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+
+
 class Client:
     """The careful client of the module docstring: one HTTP client, one websocket."""
 
@@ -125,39 +140,65 @@ class Client:
     async def run_once(self, n: int) -> None:
         snapshot = (await self.request("POST", "/v1/threads", json={"title": f"api {n}"})).json()
         thread_id = snapshot["thread"]["id"]
-        etag = None
         await self.send({"type": "subscribe", "thread_id": thread_id})
         await self.until("subscribed")
-        sent = time.perf_counter()
+        watch = Watch(time.perf_counter())
         admission = await self.request(
             "POST", f"/v1/threads/{thread_id}/messages", json={"text": f"look it up {n}"}
         )
-        run_id = admission.json()["run_id"]
-        held = snapshot["thread"]["version"]
-        first: float | None = None
-        async with asyncio.timeout(60):
-            while True:
-                frame = orjson.loads(await self.ws.recv())
-                kind = frame["type"]
-                if kind == "chunk" and first is None and frame["chunk"]["type"] == "text-delta":
-                    first = time.perf_counter() - sent
-                elif kind in ("invalidate", "resync") and frame.get("version", held + 1) > held:
-                    headers: dict[str, str] = {"If-None-Match": etag} if etag else {}
-                    self.tally.refetches += 1
-                    got = await self.request("GET", f"/v1/threads/{thread_id}", headers=headers)
-                    if got.status_code == 304:
-                        self.tally.not_modified += 1
-                        continue
-                    snapshot, etag = got.json(), got.headers.get("etag")
-                    held = snapshot["thread"]["version"]
-                    run = snapshot.get("run") or {}
-                    if run.get("id") == run_id and run.get("status") in TERMINAL:
-                        break
+        reader = asyncio.create_task(self.read(watch))
+        try:
+            async with asyncio.timeout(60):
+                run_id = admission.json()["run_id"]
+                await self.refetch_until_ended(thread_id, run_id, snapshot, watch)
+            # Its chunks came before the run's last commit: they are read by now, or nearly.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await watch.first_seen.wait()
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
         await self.send({"type": "unsubscribe", "thread_id": thread_id})
         await self.until("unsubscribed")
         assert self.tally.first_token is not None
-        self.tally.first_token.append(first if first is not None else float("nan"))
+        self.tally.first_token.append(watch.first)
         self.tally.runs += 1
+
+    async def read(self, watch: Watch) -> None:
+        """The websocket, read while refetches are under way (as a UI reads it): the first
+        text-delta is timed when it arrives, invalidations are queued for the refetches."""
+        while True:
+            frame = orjson.loads(await self.ws.recv())
+            kind = frame["type"]
+            if kind == "chunk" and not watch.first_seen.is_set():
+                if frame["chunk"]["type"] == "text-delta":
+                    watch.first = time.perf_counter() - watch.sent
+                    watch.first_seen.set()
+            elif kind in ("invalidate", "resync"):
+                watch.invalidations.put_nowait(frame.get("version"))
+
+    async def refetch_until_ended(
+        self, thread_id: str, run_id: str, snapshot: dict[str, Any], watch: Watch
+    ) -> None:
+        """Each invalidation newer than the snapshot held, in order: a refetch, until the
+        snapshot shows the run ended."""
+        held, etag = snapshot["thread"]["version"], None
+        while True:
+            version = await watch.invalidations.get()
+            if (version if version is not None else held + 1) <= held:
+                continue
+            headers: dict[str, str] = {"If-None-Match": etag} if etag else {}
+            self.tally.refetches += 1
+            got = await self.request("GET", f"/v1/threads/{thread_id}", headers=headers)
+            if got.status_code == 304:
+                self.tally.not_modified += 1
+                continue
+            snapshot, etag = got.json(), got.headers.get("etag")
+            held = snapshot["thread"]["version"]
+            run = snapshot.get("run") or {}
+            if run.get("id") == run_id and run.get("status") in TERMINAL:
+                return
 
 
 @contextlib.asynccontextmanager
