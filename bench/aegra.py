@@ -177,8 +177,11 @@ async def aegra(runs: int, postgres: str, python: Path, stream_mode: str) -> api
                 env={k: v for k, v in os.environ.items() if not k.startswith(TRACING)},
             )
             try:
+                writes_before = api.writes_of([pid])
                 async with asyncio.timeout(60 + 5 * runs):  # a hang guard
                     result, cpu = await drive(driver, pid, dsn, runs)
+                # Warm-up runs included: an upper bound of the measured runs' writes.
+                writes = (api.writes_of([pid]) - writes_before) / runs
             finally:
                 if driver.returncode is None:
                     driver.kill()
@@ -190,7 +193,8 @@ async def aegra(runs: int, postgres: str, python: Path, stream_mode: str) -> api
         )
     tally = api.Tally(runs=runs, requests=int(result["requests"]))
     tally.first_token = [float(v) for v in result["first_token"]]
-    return api.Row("Aegra 0.6 (Postgres, one process)", runs, float(result["wall"]), cpu, tally)
+    setup = "Aegra 0.6 (Postgres, one process)"
+    return api.Row(setup, runs, float(result["wall"]), cpu, writes, tally)
 
 
 def ratios(rows: list[api.Row]) -> None:
