@@ -118,9 +118,7 @@ def test_api_bench_quick() -> None:
         cells = row.split(")", 1)[1].split()
         runs, rate, cpu = int(cells[0]), float(cells[1]), float(cells[2])
         assert runs == 5 and rate > 0 and cpu > 0, stdout
-        first_p50, _p99, refetches, _not_modified, trips, writes = (
-            float(v) for v in cells[-6:]
-        )
+        first_p50, _p99, refetches, _not_modified, trips, writes = (float(v) for v in cells[-6:])
         assert first_p50 > 0 and refetches >= 1 and trips >= 5 and writes > 0, stdout
     assert "postgres" in rows[1], stdout  # the database's backends are counted
 
