@@ -119,7 +119,10 @@ async def revoke_token(conn: Conn, token_hash: str) -> bool:
     if revoked is None:
         return False
     # In the same transaction: a reader that sees the same total has seen no revocation since.
-    await conn.execute("UPDATE token_revocations SET total = total + 1 WHERE id = 1")
+    await conn.execute(
+        "INSERT INTO token_revocations (id, total) VALUES (1, 1)"
+        " ON CONFLICT (id) DO UPDATE SET total = token_revocations.total + 1"
+    )
     return True
 
 
