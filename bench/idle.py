@@ -317,7 +317,7 @@ async def hold(
                 monitor.reset()
             await asyncio.sleep(args.window)
             cpu = cpu_seconds(peer.pid) - cpu
-            ended = time.monotonic()
+            ended, pinged = time.monotonic(), tally.pings - pings
             elapsed = ended - started
             commands = Counter(
                 {k: v / elapsed for k, v in (monitor.counts if monitor else {}).items()}
@@ -333,7 +333,7 @@ async def hold(
             cpu * 1000 / elapsed,
             empty * 1000,
             rss,
-            (tally.pings - pings) / elapsed,
+            pinged / elapsed,
             commands,
             xacts_s,
             closed,

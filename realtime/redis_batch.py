@@ -113,6 +113,7 @@ class Batcher:
         # What was sent, for tests and benchmarks.
         self.batches = 0
         self.calls = 0
+        self.scripts = 0  # EVALSHA sent (a batch on a cluster sends one per hash slot)
         self.peak_senders = 0
 
     def operation(self, body: str) -> Operation:
@@ -263,6 +264,7 @@ class Batcher:
                 args.extend((call.operation.index, len(call.keys), len(call.args)))
                 args.extend(call.args)
             pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
+        self.scripts += len(groups)
         return list(await pipe.execute(raise_on_error=False))
 
     async def close(self) -> None:

@@ -308,6 +308,12 @@ class TokenStore(Protocol):
         token this way)."""
         ...
 
+    async def revocation_count(self) -> int:
+        """How many tokens were ever revoked: it grows by one in the transaction that revokes a
+        token and never otherwise, so a caller that reads the same count twice knows nothing
+        was revoked in between (a gateway rechecks its tokens only when it moved)."""
+        ...
+
     async def token_grant(self, token_hash: str) -> tuple[Principal, float | None] | None:
         """`principal_for_token` and the seconds the token has left by the database clock (None:
         it never expires), in one read: what a cache of principals needs to know."""

@@ -23,6 +23,10 @@ from server.tracing import QUOTA_REFUSALS
 # this long, without anyone having to clean up after it.
 CONNECTION_TTL = 60.0
 REFRESH_INTERVAL = CONNECTION_TTL / 3
+# Hash tags the connection sets are spread over. A tag per subject would make a gateway's
+# periodic refresh one script call per subject on a Redis Cluster (a call names keys of one
+# slot); a fixed set of tags bounds it at this many calls per gateway, however many subjects.
+CONNECTION_TAGS = 64
 # Seconds a client should wait after `queue_full` or `scope_runs_exceeded`: a run's length is
 # unknown, this is a polite hint, not a promise.
 ADMISSION_RETRY_AFTER = 5.0
@@ -44,6 +48,15 @@ def subject_key(principal: Principal) -> str:
     callers and never share a cap. A digest of both, unambiguous whatever the names hold."""
     named = orjson.dumps([sorted(principal.scopes), principal.subject])
     return hashlib.sha256(named).hexdigest()[:32]
+
+
+def connection_keys(principal: Principal, token_id: str) -> tuple[str, str]:
+    """The token's and the subject's connection sets. Both carry one hash tag, so the join
+    checks and adds to them in one script, which a Redis Cluster only runs on keys of one
+    slot: a token has one subject, so its tag is the subject's (one of `CONNECTION_TAGS`)."""
+    subject = subject_key(principal)
+    tag = hash_tag(f"conn{int(subject[:8], 16) % CONNECTION_TAGS}")
+    return (f"ws:token:{tag}:{token_id}", f"ws:subject:{tag}:{subject}")
 
 
 @dataclass(frozen=True)
@@ -98,11 +111,7 @@ class Limiter:
         """Take a connection slot for the token and the subject; TooManyConnections when either is
         full (a websocket is closed with 4429, an event stream answered 429)."""
         s = self.settings
-        # One hash tag for both sets: the join checks and adds to them in one script, which a
-        # Redis Cluster only runs on keys of one slot. A token has one subject and one set of
-        # scopes, so its set is still one key.
-        tag = hash_tag(subject_key(principal))
-        keys = (f"ws:token:{tag}:{token_id}", f"ws:subject:{tag}")
+        keys = connection_keys(principal, token_id)
         caps = (s.ws_max_connections_per_token, s.ws_max_connections_per_subject)
         slot = ConnectionSlot(keys, uuid.uuid4().hex)
         full = await self.counters.join(keys, caps, slot.member, CONNECTION_TTL)
@@ -129,9 +138,11 @@ class Limiter:
 
 
 __all__ = [
+    "CONNECTION_TAGS",
     "CONNECTION_TTL",
     "ConnectionSlot",
     "Limiter",
     "admission_limits",
+    "connection_keys",
     "subject_key",
 ]

@@ -39,6 +39,13 @@ class CorkedTransport(asyncio.Transport):
         if len(self._held) == 1:
             self._loop.call_soon(self.flush)
 
+    def write_now(self, data: bytes) -> None:
+        """Write `data` at once, after what is held: for a write that is alone in its step (a
+        keepalive ping from its timer), where holding it would only add a callback."""
+        self.flush()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
             self.write(data)

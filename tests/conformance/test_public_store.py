@@ -14,6 +14,7 @@ def test_the_members_are_every_part_of_the_interface() -> None:
         "create_token",
         "live_tokens",
         "principal_for_token",
+        "revocation_count",
         "revoke_token",
         "token_expires_in",
         "token_grant",

@@ -53,6 +53,7 @@ MIGRATIONS = [
     "0015_run_traceparent",
     "0016_thread_retention",
     "0017_token_groups",
+    "0018_token_revocations",
 ]
 
 

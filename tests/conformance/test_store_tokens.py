@@ -21,6 +21,24 @@ async def test_a_revoked_token_is_refused_and_revoking_twice_says_so(store: Stor
     assert await store.revoke_token("unknown") is False
 
 
+async def test_the_revocation_count_moves_exactly_when_a_token_is_revoked(store: Store) -> None:
+    start = await store.revocation_count()
+    for n in range(12):
+        await store.create_token(f"rc{n}", "carl", Role.USER, ["acme"], expires_in=0.3)
+    assert await store.revocation_count() == start  # minting revokes nothing
+    assert await store.revoke_token("rc0") is True
+    assert await store.revocation_count() == start + 1
+    assert await store.revoke_token("rc0") is False  # already revoked: no move
+    assert await store.revoke_token("unknown") is False
+    assert await store.revocation_count() == start + 1
+    # Concurrent revocations each count (one transaction each; none is lost).
+    revoked = await asyncio.gather(*(store.revoke_token(f"rc{n}") for n in range(1, 11)))
+    assert all(revoked)
+    assert await store.revocation_count() == start + 11
+    await asyncio.sleep(0.5)  # rc11 expires: expiry is not a revocation
+    assert await store.revocation_count() == start + 11
+
+
 async def test_a_token_expires_on_the_database_clock(store: Store) -> None:
     await store.create_token("h2", "bob", Role.USER, ["acme"], expires_in=1.0)
     await store.create_token("h3", "bob", Role.USER, ["acme"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from server.transports.ws.gateway import TOKEN_RECHECK_INTERVAL
 from tests.e2e import harness
 
 TIMEOUT = 10.0
@@ -115,3 +117,49 @@ def test_the_cli_revokes_by_id(server: harness.ServerHandle) -> None:
     assert again.returncode != 0 and "no such active token" in again.stderr
     both = harness.run_command(["token", "revoke", token, "--id", entry["id"]], server.env)
     assert both.returncode != 0
+
+
+def _pinged(ws: Any) -> None:
+    ws.send('{"type": "ping", "id": 1}')
+    ws.recv(timeout=TIMEOUT)
+
+
+def _closed_code(ws: Any) -> int | None:
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            ws.recv(timeout=TIMEOUT)
+    return None if closed.value.rcvd is None else closed.value.rcvd.code
+
+
+def test_a_revocation_no_message_announces_closes_its_sockets_at_the_recheck(
+    server: harness.ServerHandle,
+) -> None:
+    # The CLI against a server without Redis: no bus carries the revocation to the server, so
+    # only the gateway's periodic recheck (one row read while nothing is revoked) finds it.
+    keeper = server.token("alpha", "user", "keeper")
+    first, second, third = (server.token("alpha", "user", f"revoked-{n}") for n in (1, 2, 3))
+
+    def revoke(token: str) -> None:
+        done = harness.run_command(["token", "revoke", token], server.env)
+        assert done.returncode == 0, done.stderr
+
+    url = f"{server.ws_url}?token="
+    with (
+        connect(url + keeper, open_timeout=TIMEOUT) as kept,
+        connect(url + first, open_timeout=TIMEOUT) as one,
+        connect(url + second, open_timeout=TIMEOUT) as two,
+    ):
+        for ws in (kept, one, two):
+            _pinged(ws)
+        time.sleep(TOKEN_RECHECK_INTERVAL + 1)  # a recheck has found all three live
+        revoke(first)  # the count moves: every open token is read again
+        assert _closed_code(one) == 4403
+        _pinged(two)
+        # A connection opened since is read at the next recheck, whatever the count.
+        with connect(url + third, open_timeout=TIMEOUT) as late:
+            _pinged(late)
+            revoke(third)
+            assert _closed_code(late) == 4403
+        revoke(second)  # and the count moves again
+        assert _closed_code(two) == 4403
+        _pinged(kept)

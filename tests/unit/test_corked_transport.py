@@ -87,3 +87,18 @@ async def test_abort_drops_what_is_held_and_nothing_follows_a_close() -> None:
     corked.write(b"after")  # the transport is closing: written nowhere
     await step()
     assert inner.calls == ["abort"]
+
+
+async def test_write_now_goes_out_at_once_after_what_is_held() -> None:
+    inner = Recorder()
+    corked = CorkedTransport(inner, asyncio.get_running_loop())
+    corked.write_now(b"\x89\x04ping")  # alone in its step: no callback waits for it
+    assert inner.calls == [b"\x89\x04ping"]
+    corked.write(b"frame")
+    corked.write_now(b"\x89\x04pong")  # never ahead of a frame written before it
+    assert inner.calls[1:] == [b"frame", b"\x89\x04pong"]
+    await step()
+    assert len(inner.calls) == 3  # the scheduled flush finds nothing left
+    inner.closing = True
+    corked.write_now(b"late")  # a closing transport is not written to
+    assert len(inner.calls) == 3

@@ -55,6 +55,9 @@ class SqlTokenStore(SqlTransactions):
             return set()
         return await self._read(lambda conn: tokens_tx.live_tokens(conn, hashes))
 
+    async def revocation_count(self) -> int:
+        return await self._read_statements(tokens_tx.revocation_count)
+
     async def token_grant(self, token_hash: str) -> tuple[Principal, float | None] | None:
         # One statement too: the principal and the seconds its token has left.
         return await self._read_statements(lambda conn: tokens_tx.token_grant(conn, token_hash))

@@ -116,7 +116,19 @@ async def revoke_token(conn: Conn, token_hash: str) -> bool:
         token_hash,
         await conn.now(),
     )
-    return revoked is not None
+    if revoked is None:
+        return False
+    # In the same transaction: a reader that sees the same total has seen no revocation since.
+    await conn.execute(
+        "INSERT INTO token_revocations (id, total) VALUES (1, 1)"
+        " ON CONFLICT (id) DO UPDATE SET total = token_revocations.total + 1"
+    )
+    return True
+
+
+async def revocation_count(conn: Conn) -> int:
+    """How many tokens were ever revoked (it moves exactly when one is)."""
+    return int(await conn.fetchval("SELECT total FROM token_revocations WHERE id = 1") or 0)
 
 
 async def list_tokens(conn: Conn) -> list[TokenInfo]:

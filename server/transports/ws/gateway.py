@@ -34,6 +34,7 @@ from server.settings import Settings
 from server.tracing import WS_CLOSES, WS_CONNECTIONS
 from server.transports.ws.connection import Close, Connection, count
 from server.transports.ws.session import Session
+from server.transports.ws.token_recheck import TokenRecheck
 from server.transports.ws.wire import Wire, close_websocket, wire_for
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Gateway:
         self._over: set[Connection] = set()  # connections whose outbox is over high water
         self._keeper: asyncio.Task[None] | None = None
         self._checker: asyncio.Task[None] | None = None
+        self._rechecked = TokenRecheck()  # tokens found live at the last revocation count
         self._watchdog: asyncio.Task[None] | None = None
         self._closing = False
         # Tasks ending connections whose wire was handed over (see `serve`).
@@ -115,17 +117,21 @@ class Gateway:
                     connection.finish(Close(CloseCode.SLOW_CONSUMER, "slow consumer"))
 
     async def _recheck_tokens(self) -> None:
+        store = self.service.store
         while self._connections:
             await asyncio.sleep(TOKEN_RECHECK_INTERVAL)
             stored = {c.token_hash for c in self._connections if c.token_hash and c.stored_token}
             if not stored:
                 continue
             try:
-                # One read for every open connection's token, not one per token.
-                live = await self.service.store.live_tokens(stored)
+                # One row while nothing was revoked; then one read for every open connection's
+                # token (or the new ones'), not one per token.
+                asked = self._rechecked.to_read(await store.revocation_count(), stored)
+                live = await store.live_tokens(asked) if asked else set()
             except Exception:
                 continue  # storage down: leave connections alone, check again later
-            for token_hash in stored - live:
+            self._rechecked.found_live(live)
+            for token_hash in asked - live:
                 await self.revoke(token_key_of_hash(token_hash))
 
     @property

@@ -19,7 +19,8 @@ Keepalive: when the pong deadline equals the ping interval (the default, 20 s ea
 connection keeps one timer, not two per ping: each tick either finds the previous ping
 unanswered (the peer missed its deadline: the connection fails with 1011, as uvicorn's) or
 writes the next ping frame, built here rather than through the websockets protocol object.
-So an idle connection's ping costs a timer, four random bytes and a write. Otherwise uvicorn's.
+So an idle connection's ping costs a timer, four random bytes and a write (straight to the
+socket: `CorkedTransport.write_now`, no end-of-step callback). Otherwise uvicorn's.
 
 Idle memory: uvicorn's receive queue (an asyncio.Queue: four deques) and its `writable` Event (a
 deque) become the small equivalents below, and the handshake's request and response are
@@ -172,7 +173,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         payload = random.getrandbits(32).to_bytes(4, "big")
         self.pending_ping_payload = payload
         self.ping_sent_at = self.loop.time()
-        self.transport.write(b"\x89\x04" + payload)
+        # Alone in its step (its own timer): written at once, not held for the step's end.
+        write = getattr(self.transport, "write_now", self.transport.write)
+        write(b"\x89\x04" + payload)
         self.schedule_ping()
 
     def handle_connect(self, event: Any) -> None:
