@@ -1,14 +1,17 @@
 """Store fixtures: each store suite runs on SQLite (a file), Postgres (a database of its own) and
 a wrapper exposing only the `Store` interface (over SQLite); the SQL-only suites (`test_sql_*`)
-take `sql_store`, on SQLite and Postgres."""
+take `sql_store`, on SQLite and Postgres. Quota counter fixtures: `counters`, in-process and on
+Redis and Redis Cluster."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from realtime.counters import Counters, MemoryCounters, RedisCounters
 from runtime.storage import PostgresStore, SqliteStore, SqlStore
 from runtime.storage.store import Store
 from tests.conformance.public_store import PublicStore
@@ -16,6 +19,8 @@ from tests.services import (
     create_postgres_database_sync,
     drop_postgres_database_sync,
     empty_postgres_database,
+    require_redis,
+    require_redis_cluster,
 )
 
 StoreFactory = Callable[[], Store]
@@ -72,3 +77,23 @@ async def store(make_store: StoreFactory) -> AsyncIterator[Store]:
 async def sql_store(make_sql_store: SqlStoreFactory) -> AsyncIterator[SqlStore]:
     async with make_sql_store() as opened:
         yield opened
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ]
+)
+async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
+    """Quota counters (the counter and connection-slot suites): in-process, Redis, Cluster."""
+    if request.param == "memory":
+        yield MemoryCounters()
+        return
+    url = require_redis() if request.param == "redis" else require_redis_cluster()
+    opened = RedisCounters(url, f"test-limits-{uuid.uuid4().hex[:8]}:")
+    try:
+        yield opened
+    finally:
+        await opened.close()

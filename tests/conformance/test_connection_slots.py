@@ -6,36 +6,13 @@ number of script calls on a Redis Cluster (one per hash slot), however many subj
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-
 import pytest
 
-from realtime.counters import Counters, MemoryCounters, RedisCounters
+from realtime.counters import Counters, RedisCounters
 from runtime.domain import Principal
 from runtime.errors import TooManyConnections
 from server.live.quotas import CONNECTION_TAGS, Limiter, connection_keys
 from server.settings import Settings
-from tests.services import require_redis, require_redis_cluster
-
-
-@pytest.fixture(
-    params=[
-        "memory",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis-cluster", marks=pytest.mark.redis),
-    ]
-)
-async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
-    if request.param == "memory":
-        yield MemoryCounters()
-        return
-    url = require_redis() if request.param == "redis" else require_redis_cluster()
-    opened = RedisCounters(url, f"test-slots-{uuid.uuid4().hex[:8]}:")
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 def tag(key: str) -> str:

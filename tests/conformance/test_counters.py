@@ -3,32 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 
-import pytest
-
-from realtime.counters import Counters, MemoryCounters, RedisCounters
-from tests.services import require_redis, require_redis_cluster
-
-
-@pytest.fixture(
-    params=[
-        "memory",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis-cluster", marks=pytest.mark.redis),
-    ]
-)
-async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
-    if request.param == "memory":
-        yield MemoryCounters()
-        return
-    url = require_redis() if request.param == "redis" else require_redis_cluster()
-    opened = RedisCounters(url, f"test-limits-{uuid.uuid4().hex[:8]}:")
-    try:
-        yield opened
-    finally:
-        await opened.close()
+from realtime.counters import Counters, RedisCounters
 
 
 async def test_bucket_allows_the_burst_then_says_how_long_to_wait(counters: Counters) -> None:

@@ -127,7 +127,7 @@ class Gateway:
                 # One row while nothing was revoked; then one read for every open connection's
                 # token (or the new ones'), not one per token.
                 asked = self._rechecked.to_read(await store.revocation_count(), stored)
-                live = await store.live_tokens(asked) if asked else set()
+                live = await store.live_tokens(asked)  # none asked: no read
             except Exception:
                 continue  # storage down: leave connections alone, check again later
             self._rechecked.found_live(live)
