@@ -203,10 +203,16 @@ async def create_threads(port: int, token: str, count: int) -> list[str]:
 
 
 async def open_connections(
-    peer: compare.Peer, tally: wsclient.Tally, count: int, threads: list[str], tokens: list[str]
+    peer: compare.Peer,
+    tally: wsclient.Tally,
+    count: int,
+    threads: list[str],
+    tokens: list[str],
+    concurrency: int = OPEN_CONCURRENCY,
 ) -> list[wsclient.Client]:
-    """`count` connections, the i-th subscribed to thread i % T with token i % P."""
-    gate = asyncio.Semaphore(OPEN_CONCURRENCY)
+    """`count` connections, the i-th subscribed to thread i % T with token i % P, at most
+    `concurrency` handshakes at a time."""
+    gate = asyncio.Semaphore(concurrency)
     clients: list[wsclient.Client] = []
 
     async def one(i: int) -> None:
@@ -299,7 +305,10 @@ async def hold(
     await asyncio.sleep(args.window / 2)
     empty = (cpu_seconds(peer.pid) - empty) / (time.monotonic() - started)
     tally = wsclient.Tally()
-    clients = await open_connections(peer, tally, count, threads, tokens)
+    opening = time.monotonic()
+    clients = await open_connections(peer, tally, count, threads, tokens, args.open_concurrency)
+    # How spread the connections' keepalive timers are: pings that fire together share wake-ups.
+    print(f"  {peer.name}: {count} opened in {time.monotonic() - opening:.2f} s", file=sys.stderr)
     try:
         await asyncio.sleep(args.settle)
         await compare.settle(peer.pid)
@@ -496,6 +505,12 @@ async def main() -> None:
     parser.add_argument("--postgres", help="admin DSN to create databases (default: own server)")
     parser.add_argument("--redis", help="Redis URL (default: a redis-server of its own)")
     parser.add_argument("--quick", action="store_true", help="200 connections, 3 s + 5 s")
+    parser.add_argument(
+        "--open-concurrency",
+        type=int,
+        default=OPEN_CONCURRENCY,
+        help="handshakes in flight while opening (fewer spreads the keepalive timers)",
+    )
     parser.add_argument(
         "--server-env",
         action="append",
