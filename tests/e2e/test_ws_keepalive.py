@@ -12,7 +12,7 @@ import contextlib
 import os
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -73,6 +73,14 @@ async def port() -> AsyncIterator[int]:
         yield free
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(int(TIMEOUT / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached in time")
+
+
 async def silent_peer(port: int) -> tuple[list[int], float]:
     """A websocket client that never answers a ping: the opcodes it was sent until the server
     hung up (a close frame's code as 0x8000 + code), and how long after the first ping."""
@@ -131,11 +139,7 @@ async def test_connections_share_the_wheels_timers_and_leave_them_when_closed() 
         assert ticks.timers() <= 2, ticks.timers()  # opened within a second or two of it
         for ws in sockets[:10]:
             await ws.close()
-        async with asyncio.timeout(TIMEOUT):
-            while len(ticks) > 10:  # the server saw the closes
-                await asyncio.sleep(0.01)
+        await until(lambda: len(ticks) == 10)  # the server saw the closes
         assert all(ws.protocol.state.name == "OPEN" for ws in sockets[10:])
-    async with asyncio.timeout(TIMEOUT):
-        while len(ticks):
-            await asyncio.sleep(0.01)
+    await until(lambda: len(ticks) == 0)
     assert ticks.timers() == 0

@@ -95,15 +95,17 @@ async def test_a_connection_pinged_by_a_tick_stays_one_interval_apart() -> None:
     ticks = KeepaliveWheel(loop)
     interval = 0.02
     keys: list[tuple[int, float]] = []
+    rounds = asyncio.Event()
 
     class Again:
         def keepalive_due(self) -> None:  # as the protocol does: ping, then schedule the next
             time.sleep(0.002)  # the batch's work before the next is scheduled: two ticks
             keys.append(ticks.add(self, interval))
+            if len(keys) == 6:
+                rounds.set()
 
     keys.append(ticks.add(Again(), interval))
     async with asyncio.timeout(5):
-        while len(keys) < 6:
-            await asyncio.sleep(interval)
+        await rounds.wait()
     per_round = round(interval / KeepaliveWheel.tick_length(interval))
     assert [b[0] - a[0] for a, b in itertools.pairwise(keys)][:5] == [per_round] * 5

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 TICK_FRACTION = 1 / 20
 MAX_TICK = 1.0
 
-# A tick: its number and its length in seconds (it ends at number × length on the loop's clock).
+# A tick: its number and its length in seconds (it ends at number * length on the loop's clock).
 Tick = tuple[int, float]
 
 
