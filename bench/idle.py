@@ -20,6 +20,9 @@ then a `--window` of nothing published. Per server and N:
   (µs/s): the difference divided by N, and its ratio to the reference's ("total ratio": of the
   whole CPU ms/s, the empty process's included);
 - RSS per connection: (RSS after the settle - RSS of the fresh process) / N;
+- wake-ups/s: the server's voluntary context switches over the window (its threads going to
+  sleep and being woken: for an event loop, the timers and reads that woke it), a count that
+  does not move with the box; pings that share a loop wake-up cost less each;
 - the ratio of both to the reference, measured in the same run at the same N: the raw
   `websockets` server of bench/reference.py with its default keepalive (a ping every 20 s,
   as Threadline's gateway).
@@ -106,6 +109,7 @@ class Measured:
     closed: int = 0  # connections the server closed during the run
     # Collections per generation in the window (the server's THREADLINE_GC_LOG): count, ns
     gc: dict[int, tuple[int, int]] = field(default_factory=dict)
+    wakeups_s: float = 0.0  # the server's voluntary context switches per second
 
     @property
     def cpu_us_conn(self) -> float:
@@ -129,6 +133,20 @@ def cpu_seconds(pid: int) -> float:
                 total += int(stat.read().split()[0])
                 found = True
     return total / 1e9 if found else compare.cpu_seconds(pid)
+
+
+def wakeups(pid: int) -> int:
+    """How often the process's threads have gone to sleep and been woken so far (voluntary
+    context switches): an event loop's is one per wait that blocked, so it counts the timers and
+    reads that woke it, whatever the box's speed."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"{task.path}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+    return total
 
 
 @contextlib.asynccontextmanager
@@ -321,11 +339,11 @@ async def hold(
             postgres = database.startswith("postgres")
             xacts = await flushed_transactions(database) if postgres else 0
             pings, started = tally.pings, time.monotonic()
-            cpu = cpu_seconds(peer.pid)
+            cpu, woken = cpu_seconds(peer.pid), wakeups(peer.pid)
             if monitor is not None:
                 monitor.reset()
             await asyncio.sleep(args.window)
-            cpu = cpu_seconds(peer.pid) - cpu
+            cpu, woken = cpu_seconds(peer.pid) - cpu, wakeups(peer.pid) - woken
             ended, pinged = time.monotonic(), tally.pings - pings
             elapsed = ended - started
             commands = Counter(
@@ -347,6 +365,7 @@ async def hold(
             xacts_s,
             closed,
             gc_window(gc_log, started, ended),
+            woken / elapsed,
         )
     finally:
         wsclient.close_all(clients)
@@ -445,7 +464,7 @@ def print_tables(rows: list[Measured], args: argparse.Namespace) -> None:
     print(
         f"{'conns':>6} {'server':<36} {'CPU ms/s':>9} {'empty':>6} {'us/s/conn':>10}"
         f" {'ratio':>6} {'total ratio':>11}"
-        f" {'KiB/conn':>9} {'RSS ratio':>9} {'pings/s':>8} {'Redis cmd/s':>11}"
+        f" {'KiB/conn':>9} {'RSS ratio':>9} {'pings/s':>8} {'wakeups/s':>9} {'Redis cmd/s':>11}"
         f" {'pg xact/s':>9} {'closed':>6}"
     )
     for count in sorted({r.connections for r in rows}):
@@ -456,7 +475,7 @@ def print_tables(rows: list[Measured], args: argparse.Namespace) -> None:
                 f" {row.cpu_us_conn:>10.2f} {ratio(row.cpu_us_conn, reference.cpu_us_conn):>6}"
                 f" {ratio(row.cpu_ms_s, reference.cpu_ms_s):>11}"
                 f" {row.rss_kib:>9.2f} {ratio(row.rss_kib, reference.rss_kib):>9}"
-                f" {row.pings_s:>8.1f} {sum(row.redis.values()):>11.1f}"
+                f" {row.pings_s:>8.1f} {row.wakeups_s:>9.1f} {sum(row.redis.values()):>11.1f}"
                 f" {row.xacts_s:>9.1f} {row.closed:>6}"
             )
     print(

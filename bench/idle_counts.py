@@ -9,7 +9,8 @@ connections (as in bench/idle.py: presence on, one token per person, round robin
 gateways), and over the window the work of each periodic task is counted, for four shapes:
 N connections on T threads and one gateway; 2N on T (connections doubled); N on T/10 (threads
 cut tenfold); N on T over two gateways. Per task (keepalive pings the clients answered, Redis
-commands by the client that sent them, Postgres transactions) it prints the count per second
+commands by the client that sent them, Postgres transactions, the gateways' event-loop wake-ups)
+it prints the count per second
 in each shape, so a task that grows with connections doubles in the second column, one that
 grows with threads drops in the third, and one per gateway doubles in the fourth.
 """
@@ -36,22 +37,25 @@ import wsclient
 
 
 @contextlib.asynccontextmanager
-async def gateways(bus: idle.Bus, count: int, connections: int) -> AsyncIterator[list[int]]:
-    """`count` gateways on `bus`; their ports."""
+async def gateways(
+    bus: idle.Bus, count: int, connections: int
+) -> AsyncIterator[list[compare.Peer]]:
+    """`count` gateways on `bus`."""
     log_dir = Path(tempfile.mkdtemp(prefix="threadline-idle-"))
     async with contextlib.AsyncExitStack() as stack:
         peers = [
             await stack.enter_async_context(idle.threadline(bus, log_dir, connections))
             for _ in range(count)
         ]
-        yield [peer.port for peer in peers]
+        yield peers
 
 
 async def shape(
     bus: idle.Bus, connections: int, threads: int, gateway_count: int, args: argparse.Namespace
 ) -> dict[str, float]:
     """Per second over the window: "task" -> count."""
-    async with gateways(bus, gateway_count, connections) as ports:
+    async with gateways(bus, gateway_count, connections) as servers:
+        ports = [server.port for server in servers]
         tokens = await idle.mint(bus.database_url, min(args.people, connections))
         thread_ids = await idle.create_threads(ports[0], tokens[0], threads)
         tally = wsclient.Tally()
@@ -68,13 +72,17 @@ async def shape(
             async with idle.Monitor(bus.redis_nodes) as monitor:
                 xacts = await idle.flushed_transactions(bus.database_url)
                 pings, started = tally.pings, time.monotonic()
+                woken = sum(idle.wakeups(server.pid) for server in servers)
                 monitor.reset()
                 await asyncio.sleep(args.window)
                 elapsed = time.monotonic() - started
+                woken = sum(idle.wakeups(server.pid) for server in servers) - woken
                 counted = {k: v / elapsed for k, v in monitor.counts.items()}
             xacts = await idle.flushed_transactions(bus.database_url) - xacts
             counted["keepalive pings answered"] = float(tally.pings - pings) / elapsed
             counted["Postgres transactions"] = float(xacts) / elapsed
+            # Loop wake-ups of all the gateways (keepalive ticks, polls, reads): not per connection.
+            counted["gateway wake-ups (voluntary context switches)"] = woken / elapsed
             return counted
         finally:
             wsclient.close_all(clients)

@@ -1,7 +1,8 @@
 """Keepalive of the gateway's websocket protocol (server/transports/ws/uvicorn_ws.py) under a
 real uvicorn, in this process: with the pong deadline equal to the ping interval (the default),
-one timer per connection pings a peer that answers for as long as it stays, and drops one that
-stops answering with 1011 one interval after the ping it missed."""
+the loop's keepalive wheel pings a peer that answers for as long as it stays, drops one that
+stops answering with 1011 one interval after the ping it missed, and serves connections that
+opened together with one timer, which a closed connection leaves."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import contextlib
 import os
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 import uvicorn
 from websockets.asyncio.client import connect
 
+from server.transports.ws import keepalive
 from server.transports.ws.uvicorn_ws import WebSocketProtocol
 from tests.e2e import harness
 
@@ -35,24 +37,25 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
         pass
 
 
-@pytest.fixture
-async def port() -> AsyncIterator[int]:
+@contextlib.asynccontextmanager
+async def serving(interval: float) -> AsyncIterator[int]:
+    """uvicorn with the gateway's websocket protocol on a free port, in this process."""
     free = harness.free_port()
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
         port=free,
         ws=WebSocketProtocol,
-        ws_ping_interval=INTERVAL,
-        ws_ping_timeout=INTERVAL,
+        ws_ping_interval=interval,
+        ws_ping_timeout=interval,
         log_level="warning",
         lifespan="off",
     )
     server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve())
     try:
         for _ in range(int(TIMEOUT / 0.02)):  # uvicorn sets a flag, it has no event
-            if server.started or serving.done():
+            if server.started or task.done():
                 break
             await asyncio.sleep(0.02)
         assert server.started, "uvicorn did not start"
@@ -61,7 +64,21 @@ async def port() -> AsyncIterator[int]:
         server.should_exit = True
         with contextlib.suppress(Exception):
             async with asyncio.timeout(TIMEOUT):
-                await serving
+                await task
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    async with serving(INTERVAL) as free:
+        yield free
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(int(TIMEOUT / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached in time")
 
 
 async def silent_peer(port: int) -> tuple[list[int], float]:
@@ -108,3 +125,21 @@ async def test_a_peer_that_answers_pings_stays(port: int) -> None:
         # The connection is still served: a ping of our own is answered.
         async with asyncio.timeout(TIMEOUT):
             await (await ws.ping())
+
+
+async def test_connections_share_the_wheels_timers_and_leave_them_when_closed() -> None:
+    ticks = keepalive.wheel(asyncio.get_running_loop())  # uvicorn runs on this very loop
+    # An interval no test outlives: only closing can take a connection off the wheel.
+    async with serving(3600.0) as port, contextlib.AsyncExitStack() as stack:
+        sockets = [
+            await stack.enter_async_context(connect(f"ws://127.0.0.1:{port}/", ping_interval=None))
+            for _ in range(20)
+        ]
+        assert len(ticks) == 20
+        assert ticks.timers() <= 2, ticks.timers()  # opened within a second or two of it
+        for ws in sockets[:10]:
+            await ws.close()
+        await until(lambda: len(ticks) == 10)  # the server saw the closes
+        assert all(ws.protocol.state.name == "OPEN" for ws in sockets[10:])
+    await until(lambda: len(ticks) == 0)
+    assert ticks.timers() == 0

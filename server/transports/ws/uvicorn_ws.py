@@ -16,11 +16,13 @@ Without permessage-deflate the frame is built once per message and the same byte
 to every connection (a one-entry cache: the hub hands every listener the very same object).
 
 Keepalive: when the pong deadline equals the ping interval (the default, 20 s each), a
-connection keeps one timer, not two per ping: each tick either finds the previous ping
-unanswered (the peer missed its deadline: the connection fails with 1011, as uvicorn's) or
-writes the next ping frame, built here rather than through the websockets protocol object.
-So an idle connection's ping costs a timer, four random bytes and a write (straight to the
-socket: `CorkedTransport.write_now`, no end-of-step callback). Otherwise uvicorn's.
+connection keeps no timer of its own: it waits in the loop's keepalive wheel
+(`server.transports.ws.keepalive`), where one timer per tick serves every connection due in it.
+Each tick either finds a connection's previous ping unanswered (the peer missed its deadline:
+the connection fails with 1011, as uvicorn's) or writes its next ping frame, built here rather
+than through the websockets protocol object. So an idle connection's ping costs a share of one
+loop wake-up, four random bytes and a write (straight to the socket:
+`CorkedTransport.write_now`, no end-of-step callback). Otherwise uvicorn's.
 
 Idle memory: uvicorn's receive queue (an asyncio.Queue: four deques) and its `writable` Event (a
 deque) become the small equivalents below, and the handshake's request and response are
@@ -41,6 +43,8 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 from websockets.protocol import State
+
+from server.transports.ws import keepalive
 
 # The scope extension's key; its value is the protocol (a `server.transports.ws.wire.Wire`).
 WIRE = "threadline.wire"
@@ -146,8 +150,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         self._on_writable: Callable[[], None] | None = None
         self._handed_over = False
         self._abort_timer: asyncio.TimerHandle | None = None
+        self._ping_tick: keepalive.Tick | None = None
 
-    # -- keepalive: one timer per connection (see the module docstring) ---------------------
+    # -- keepalive: one shared timer per tick (see the module docstring) ---------------------
 
     def _one_timer(self) -> bool:
         return self.ping_timeout is not None and self.ping_timeout == self.ping_interval
@@ -157,13 +162,17 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             super().schedule_ping()
             return
         assert self.ping_interval is not None
-        self.ping_timer = self.loop.call_later(self.ping_interval, self.send_keepalive_ping)
+        self._ping_tick = keepalive.wheel(self.loop).add(self, self.ping_interval)
 
-    def send_keepalive_ping(self) -> None:
-        if not self._one_timer():
-            super().send_keepalive_ping()
-            return
-        self.ping_timer = None
+    def stop_keepalive(self) -> None:
+        if self._ping_tick is not None:
+            keepalive.wheel(self.loop).discard(self, self._ping_tick)
+            self._ping_tick = None
+        super().stop_keepalive()
+
+    def keepalive_due(self) -> None:
+        """The wheel's tick: drop the peer if the last ping went unanswered, else ping it."""
+        self._ping_tick = None
         if self.close_sent or self.transport.is_closing() or self.conn.state is not State.OPEN:
             return
         if self.pending_ping_payload is not None:  # unanswered for ping_timeout
@@ -173,7 +182,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         payload = random.getrandbits(32).to_bytes(4, "big")
         self.pending_ping_payload = payload
         self.ping_sent_at = self.loop.time()
-        # Alone in its step (its own timer): written at once, not held for the step's end.
+        # Written at once, not held for the step's end: the tick's timer is its own step.
         write = getattr(self.transport, "write_now", self.transport.write)
         write(b"\x89\x04" + payload)
         self.schedule_ping()
