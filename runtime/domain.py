@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from runtime.approvals import ApprovalDecision, ApprovalState, ExpiryOutcome
 from runtime.errors import IllegalTransition
@@ -33,6 +34,23 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# Distinct scope and group sets of principals, shared: a thousand people with the same scopes
+# hold one frozenset, not a thousand (about 200 bytes each). Bounded; past it, sets are not shared.
+_SHARED_SETS: dict[frozenset[str], frozenset[str]] = {}
+_MAX_SHARED_SETS = 4096
+
+
+def shared_set(items: Iterable[str]) -> frozenset[str]:
+    """`frozenset(items)`, the same object for equal sets (up to a bound)."""
+    made = frozenset(items)
+    found = _SHARED_SETS.get(made)
+    if found is not None:
+        return found
+    if len(_SHARED_SETS) < _MAX_SHARED_SETS:
+        _SHARED_SETS[made] = made
+    return made
+
+
 class Principal(_Frozen):
     subject: str
     role: Role
@@ -43,6 +61,11 @@ class Principal(_Frozen):
     # A JWT's verified claims, for authorization hooks that decide by them (a department, a
     # tenant); empty for `tl_` tokens. Never serialised: not part of any answer or record.
     claims: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @field_validator("scopes", "groups")
+    @classmethod
+    def _shared(cls, value: frozenset[str]) -> frozenset[str]:
+        return shared_set(value)
 
     @property
     def name(self) -> str:

@@ -13,6 +13,7 @@ from realtime.closecodes import CloseCode
 from server.auth import Grant
 from server.settings import Settings
 from server.tracing import WS_FRAMES_IN
+from server.transports.ws.deadlines import Deadline, deadlines
 from server.transports.ws.session import Session
 from server.transports.ws.wire import Wire
 
@@ -74,7 +75,7 @@ class Connection:
         self.token_hash = ""
         self.stored_token = True  # a `tl_` token, which storage can revoke
         self.expires_at: float | None = None
-        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry: Deadline | None = None
         # Frames received and not yet fed; the task feeding them, while there are any.
         self._pending: list[str | bytes | None] | None = None
         self._feeder: asyncio.Task[None] | None = None
@@ -93,14 +94,19 @@ class Connection:
         self._arm()
 
     def _arm(self) -> None:
+        timers = deadlines(asyncio.get_running_loop())
         if self._expiry is not None:
-            self._expiry.cancel()
+            timers.cancel(self._expiry)
             self._expiry = None
         if self.expires_at is not None:
-            # A timer, not a task: the token's last second is its last, not the next check.
-            self._expiry = asyncio.get_running_loop().call_at(
-                self.expires_at, self.finish, Close(CloseCode.TOKEN_REVOKED, "token expired")
-            )
+            # A deadline, not a task: the token's last second is its last, not the next check.
+            # One heap entry; the loop's one timer is for the earliest of all connections'.
+            self._expiry = timers.at(self.expires_at, self)
+
+    def expired(self) -> None:
+        """The token's expiry came (`deadlines`)."""
+        self._expiry = None
+        self.finish(Close(CloseCode.TOKEN_REVOKED, "token expired"))
 
     def follow(self, token: Grant) -> None:
         """Run on a refreshed token (`auth.refresh`): its revocation and expiry close the
@@ -124,7 +130,8 @@ class Connection:
         """Release everything the connection holds; how it is to be closed (None: the peer
         left, or the wire is gone)."""
         if self._expiry is not None:
-            self._expiry.cancel()
+            deadlines(asyncio.get_running_loop()).cancel(self._expiry)
+            self._expiry = None
         self.wire.detach()
         self.outbox.direct = None
         try:
