@@ -13,8 +13,9 @@ import asyncio
 import heapq
 import itertools
 import logging
-import weakref
 from typing import Protocol
+
+from server.transports.ws.per_loop import PerLoop
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class Deadline:
 
 
 class Deadlines:
-    __slots__ = ("__weakref__", "_cancelled", "_heap", "_loop", "_sequence", "_timer")
+    __slots__ = ("_cancelled", "_heap", "_loop", "_sequence", "_timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -99,14 +100,5 @@ class Deadlines:
         self._schedule()
 
 
-_deadlines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def deadlines(loop: asyncio.AbstractEventLoop) -> Deadlines:
-    """The deadlines of `loop`, made on first use."""
-    found = _deadlines.get(loop)
-    if found is None:
-        _deadlines[loop] = found = Deadlines(loop)
-    return found
+# The deadlines of each loop.
+deadlines = PerLoop(Deadlines)

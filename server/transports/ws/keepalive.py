@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import weakref
 from typing import Protocol
+
+from server.transports.ws.per_loop import PerLoop
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class Pinger(Protocol):
 class KeepaliveWheel:
     """The ticks of one event loop: tick number → the connections due in it, and its timer."""
 
-    __slots__ = ("__weakref__", "_due", "_firing", "_loop", "_timers")
+    __slots__ = ("_due", "_firing", "_loop", "_timers")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -95,14 +96,5 @@ class KeepaliveWheel:
             self._firing = None
 
 
-_wheels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, KeepaliveWheel] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def wheel(loop: asyncio.AbstractEventLoop) -> KeepaliveWheel:
-    """The wheel of `loop`, made on first use."""
-    found = _wheels.get(loop)
-    if found is None:
-        _wheels[loop] = found = KeepaliveWheel(loop)
-    return found
+# The wheel of each loop.
+wheel = PerLoop(KeepaliveWheel)
