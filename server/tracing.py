@@ -17,6 +17,8 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
 from starlette.routing import BaseRoute, Match
 
+from runtime.instruments import summed_counter
+
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_TIMEOUT = 5.0
@@ -153,18 +155,21 @@ def _metric_exporter(name: str) -> tuple[str, Any] | None:
 
 tracer = trace.get_tracer("threadline.server")
 meter = metrics.get_meter("threadline.server")
-HTTP_REQUESTS = meter.create_counter("threadline.http.requests", description="by route, status")
+HTTP_REQUESTS = summed_counter(meter, "threadline.http.requests", description="by route, status")
 HTTP_DURATION = meter.create_histogram("threadline.http.duration", unit="s")
 WS_CONNECTIONS = meter.create_up_down_counter("threadline.ws.connections")
-WS_FRAMES_IN = meter.create_counter("threadline.ws.frames_in", description="by frame type")
-WS_CLOSES = meter.create_counter("threadline.ws.closes", description="by close code")
+WS_FRAMES_IN = summed_counter(meter, "threadline.ws.frames_in", description="by frame type")
+WS_CLOSES = summed_counter(meter, "threadline.ws.closes", description="by close code")
 SSE_STREAMS = meter.create_up_down_counter(
     "threadline.sse.streams", description="open event streams (AG-UI, AI SDK, thread SSE)"
 )
-QUOTA_REFUSALS = meter.create_counter(
-    "threadline.quota.refusals", description="commands and connections refused by a limit, by code"
+QUOTA_REFUSALS = summed_counter(
+    meter,
+    "threadline.quota.refusals",
+    description="commands and connections refused by a limit, by code",
 )
-SNAPSHOT_READS = meter.create_counter(
+SNAPSHOT_READS = summed_counter(
+    meter,
     "threadline.snapshot.reads",
     description="snapshots answered, by source: storage (a read) or cache (the gateway's)",
 )
