@@ -3,9 +3,9 @@ through the public API of real `threadline serve` processes, the way a careful c
 Prints server CPU per run, runs/s, first-token latency and refetches and round trips per run;
 asserts nothing.
 
-    python bench/api.py [--runs 60] [--setups embedded,scale-out] [--postgres ADMIN_DSN]
-                        [--redis URL] [--profile-dir DIR [--native]] [--instructions]
-                        [--quick]
+    python bench/api.py [--runs 60] [--setups embedded,scale-out] [--deltas off,on]
+                        [--postgres ADMIN_DSN] [--redis URL] [--profile-dir DIR [--native]]
+                        [--instructions] [--quick]
 
 Per run, one after another, one client (httpx over HTTP/1.1 keep-alive, one `websockets`
 connection held for the whole bench):
@@ -61,6 +61,8 @@ import orjson
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
+from threadline_wire.snapshot_delta import DeltaMismatch, apply
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import common  # bench/common.py, next to this script
@@ -93,6 +95,7 @@ class Tally:
     frames: int = 0  # websocket frames sent
     refetches: int = 0  # snapshot reads after an invalidation
     not_modified: int = 0  # of them answered 304
+    applied: int = 0  # invalidations whose delta was applied instead of a refetch
     first_token: list[float] | None = None
 
     def __post_init__(self) -> None:
@@ -107,16 +110,21 @@ class Watch:
     sent: float
     first: float = float("nan")
     first_seen: asyncio.Event = field(default_factory=asyncio.Event)
-    invalidations: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+    invalidations: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
 
 
 class Client:
-    """The careful client of the module docstring: one HTTP client, one websocket."""
+    """The careful client of the module docstring: one HTTP client, one websocket; with
+    `deltas` it subscribes with `"deltas": true` and applies an invalidation's delta that starts
+    at the snapshot it holds instead of refetching (as the Python and TypeScript clients do)."""
 
-    def __init__(self, http: httpx.AsyncClient, ws: ClientConnection, tally: Tally) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, ws: ClientConnection, tally: Tally, deltas: bool
+    ) -> None:
         self.http = http
         self.ws = ws
         self.tally = tally
+        self.deltas = deltas
 
     async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         self.tally.requests += 1
@@ -140,7 +148,7 @@ class Client:
     async def run_once(self, n: int) -> None:
         snapshot = (await self.request("POST", "/v1/threads", json={"title": f"api {n}"})).json()
         thread_id = snapshot["thread"]["id"]
-        await self.send({"type": "subscribe", "thread_id": thread_id})
+        await self.send({"type": "subscribe", "thread_id": thread_id, "deltas": self.deltas})
         await self.until("subscribed")
         watch = Watch(time.perf_counter())
         admission = await self.request(
@@ -176,18 +184,30 @@ class Client:
                     watch.first = time.perf_counter() - watch.sent
                     watch.first_seen.set()
             elif kind in ("invalidate", "resync"):
-                watch.invalidations.put_nowait(frame.get("version"))
+                watch.invalidations.put_nowait(frame)
 
     async def refetch_until_ended(
         self, thread_id: str, run_id: str, snapshot: dict[str, Any], watch: Watch
     ) -> None:
-        """Each invalidation newer than the snapshot held, in order: a refetch, until the
-        snapshot shows the run ended."""
+        """Each invalidation newer than the snapshot held, in order: its delta applied when
+        it starts at the held version, else a refetch, until the snapshot shows the run ended."""
         held, etag = snapshot["thread"]["version"], None
         while True:
-            version = await watch.invalidations.get()
-            if (version if version is not None else held + 1) <= held:
+            frame = await watch.invalidations.get()
+            if frame.get("version", held + 1) <= held:
                 continue
+            delta = frame.get("delta")
+            if isinstance(delta, dict) and delta.get("from") == held:
+                try:
+                    snapshot = apply(snapshot, {k: v for k, v in delta.items() if k != "etag"})
+                except DeltaMismatch:
+                    pass
+                else:
+                    self.tally.applied += 1
+                    held, etag = snapshot["thread"]["version"], delta.get("etag")
+                    if ended(snapshot, run_id):
+                        return
+                    continue
             headers: dict[str, str] = {"If-None-Match": etag} if etag else {}
             self.tally.refetches += 1
             got = await self.request("GET", f"/v1/threads/{thread_id}", headers=headers)
@@ -196,20 +216,24 @@ class Client:
                 continue
             snapshot, etag = got.json(), got.headers.get("etag")
             held = snapshot["thread"]["version"]
-            run = snapshot.get("run") or {}
-            if run.get("id") == run_id and run.get("status") in TERMINAL:
+            if ended(snapshot, run_id):
                 return
 
 
+def ended(snapshot: dict[str, Any], run_id: str) -> bool:
+    run = snapshot.get("run") or {}
+    return run.get("id") == run_id and run.get("status") in TERMINAL
+
+
 @contextlib.asynccontextmanager
-async def client(url: str, token: str, tally: Tally) -> Any:
+async def client(url: str, token: str, tally: Tally, deltas: bool = False) -> Any:
     headers = {"Authorization": f"Bearer {token}"}
     ws_url = url.replace("http://", "ws://") + "/v1/ws"
     async with (
         httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http,
         connect(ws_url, subprotocols=["threadline.v1", f"bearer.{token}"]) as ws,  # type: ignore[list-item]
     ):
-        yield Client(http, ws, tally)
+        yield Client(http, ws, tally, deltas)
 
 
 def cpu_of(pids: list[int]) -> dict[int, float]:
@@ -268,12 +292,15 @@ async def measure(
     dsn: str | None,
     runs: int,
     traced: Path | None = None,
+    deltas: bool = False,
 ) -> Row:
     """The runs, measured; with `traced` (callgrind's output directory) the one served process
     runs under callgrind and its instructions are counted too."""
     tally = Tally()
     instructions = None
-    async with client(url, token, tally) as api:
+    if deltas:
+        setup += ", deltas"
+    async with client(url, token, tally, deltas) as api:
         for n in range(min(10, runs)):  # warm-up: imports, pools, caches
             await api.run_once(n)
         tally.__init__()  # type: ignore[misc]
@@ -380,7 +407,9 @@ def profiled(handles: list[harness.ServerHandle], directory: Path | None) -> Ite
                 process.wait(timeout=30)
 
 
-async def embedded(runs: int, profile: Path | None, instructions: bool = False) -> Row:
+async def embedded(
+    runs: int, profile: Path | None, instructions: bool = False, deltas: bool = False
+) -> Row:
     directory = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
     env = harness.server_env(harness.sqlite_url(directory), agent_env("api_agent"))
     traced = directory if instructions else None
@@ -399,10 +428,13 @@ async def embedded(runs: int, profile: Path | None, instructions: bool = False) 
                 None,
                 runs,
                 traced,
+                deltas,
             )
 
 
-async def scale_out(runs: int, postgres: str, redis: str, profile: Path | None) -> Row:
+async def scale_out(
+    runs: int, postgres: str, redis: str, profile: Path | None, deltas: bool = False
+) -> Row:
     async with common.own_database(postgres) as dsn:
         with common.deployment(dsn, redis, ["gateway", "worker"], agent_env("api_agent")) as (
             gateway,
@@ -417,13 +449,15 @@ async def scale_out(runs: int, postgres: str, redis: str, profile: Path | None) 
                     {"gateway": gateway.process.pid, "worker": worker.process.pid},
                     dsn,
                     runs,
+                    deltas=deltas,
                 )
 
 
 def report(rows: list[Row]) -> None:
     print(
         f"{'setup':38} {'runs':>5} {'runs/s':>7} {'CPU ms/run':>11} {'(by process)':32}"
-        f" {'first p50 ms':>12} {'first p99 ms':>12} {'refetch/run':>11} {'304/run':>8}"
+        f" {'first p50 ms':>12} {'first p99 ms':>12} {'refetch/run':>11} {'delta/run':>9}"
+        f" {'304/run':>8}"
         f" {'trips/run':>9} {'writes/run':>10}"
     )
     for row in rows:
@@ -433,7 +467,8 @@ def report(rows: list[Row]) -> None:
         print(
             f"{row.setup:38} {row.runs:5d} {row.runs / row.wall:7.1f} {row.total_ms:11.2f}"
             f" {parts:32} {common.pct(first, 0.5):12.2f} {common.pct(first, 0.99):12.2f}"
-            f" {tally.refetches / row.runs:11.2f} {tally.not_modified / row.runs:8.2f}"
+            f" {tally.refetches / row.runs:11.2f} {tally.applied / row.runs:9.2f}"
+            f" {tally.not_modified / row.runs:8.2f}"
             f" {(tally.requests + tally.frames) / row.runs:9.2f} {row.writes:10.1f}"
         )
         if row.instructions is not None:
@@ -456,6 +491,11 @@ async def main() -> None:
     parser.add_argument(
         "--instructions", action="store_true", help="embedded only, under callgrind"
     )
+    parser.add_argument(
+        "--deltas",
+        default="off,on",
+        help="off: refetch on every newer invalidation; on: subscribe with deltas (both: off,on)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 5 runs each")
     args = parser.parse_args()
     if args.quick:
@@ -463,13 +503,25 @@ async def main() -> None:
     if args.native:
         PY_SPY_FLAGS.append("--native")
     setups = [s for s in args.setups.split(",") if s]
+    modes = [{"off": False, "on": True}[m] for m in args.deltas.split(",") if m]
     rows = []
     if "embedded" in setups:
-        rows.append(await embedded(args.runs, args.profile_dir, args.instructions))
+        for deltas in modes:
+            rows.append(await embedded(args.runs, args.profile_dir, args.instructions, deltas))
     if "scale-out" in setups:
         with common.servers(args.postgres, args.redis) as (postgres, redis):
-            rows.append(await scale_out(args.runs, postgres, redis, args.profile_dir))
+            for deltas in modes:
+                row = await scale_out(args.runs, postgres, redis, args.profile_dir, deltas)
+                rows.append(row)
     report(rows)
+    off = {r.setup: r for r in rows if not r.setup.endswith(", deltas")}
+    for row in rows:
+        if row.setup.endswith(", deltas") and row.setup.removesuffix(", deltas") in off:
+            base = off[row.setup.removesuffix(", deltas")]
+            print(
+                f"{row.setup}: CPU per run {row.total_ms / base.total_ms:.2f}x and runs/s"
+                f" {(row.runs / row.wall) / (base.runs / base.wall):.2f}x the refetching client's"
+            )
 
 
 if __name__ == "__main__":

@@ -7,22 +7,30 @@ from typing import Any
 
 from opentelemetry import metrics
 
+from realtime.summed_counter import summed_counter
+
 meter = metrics.get_meter("threadline.realtime")
 
-PUBLISHED = meter.create_counter(
-    "threadline.realtime.published", description="bus publishes by envelope kind"
+PUBLISHED = summed_counter(
+    meter, "threadline.realtime.published", description="bus publishes by envelope kind"
 )
-PUBLISH_ERRORS = meter.create_counter(
-    "threadline.realtime.publish_errors", description="failed best-effort bus operations by kind"
+PUBLISH_ERRORS = summed_counter(
+    meter,
+    "threadline.realtime.publish_errors",
+    description="failed best-effort bus operations by kind",
 )
-DROPPED = meter.create_counter(
-    "threadline.realtime.dropped", description="messages dropped for subscribers that fell behind"
+DROPPED = summed_counter(
+    meter,
+    "threadline.realtime.dropped",
+    description="messages dropped for subscribers that fell behind",
 )
-RECONNECTS = meter.create_counter(
-    "threadline.realtime.reconnects", description="bus connections re-established after a loss"
+RECONNECTS = summed_counter(
+    meter,
+    "threadline.realtime.reconnects",
+    description="bus connections re-established after a loss",
 )
-SLOW_CONSUMERS = meter.create_counter(
-    "threadline.realtime.slow_consumers", description="connection outboxes that overflowed"
+SLOW_CONSUMERS = summed_counter(
+    meter, "threadline.realtime.slow_consumers", description="connection outboxes that overflowed"
 )
 PUBLISH_DURATION = meter.create_histogram(
     "threadline.realtime.publish.duration",
@@ -30,7 +38,8 @@ PUBLISH_DURATION = meter.create_histogram(
     description="one bus operation of the publisher (a batch is one), by first envelope kind",
 )
 
-LIMITER_FALLBACKS = meter.create_counter(
+LIMITER_FALLBACKS = summed_counter(
+    meter,
     "threadline.realtime.limiter_fallbacks",
     description="quota counter calls counted by this process because Redis failed, by error",
 )

@@ -12,23 +12,25 @@ from opentelemetry import metrics, propagate, trace
 # One definition for both layers (runtime may use realtime, never the reverse).
 from realtime.bus_metrics import safe_add as safe_add
 from realtime.bus_metrics import safe_record as safe_record
+from realtime.summed_counter import summed_counter as summed_counter
 
 tracer = trace.get_tracer("threadline.runtime")
 meter = metrics.get_meter("threadline.runtime")
 
-RUNS = meter.create_counter("threadline.runs", description="run events by outcome")
+RUNS = summed_counter(meter, "threadline.runs", description="run events by outcome")
 MODEL_CALL_DURATION = meter.create_histogram(
     "threadline.model_call.duration", unit="s", description="model call wall time"
 )
-TOKENS = meter.create_counter("threadline.tokens", description="model token usage by kind")
+TOKENS = summed_counter(meter, "threadline.tokens", description="model token usage by kind")
 TOOL_CALL_DURATION = meter.create_histogram(
     "threadline.tool_call.duration", unit="s", description="tool execution wall time"
 )
-TOOL_ERRORS = meter.create_counter("threadline.tool_call.errors")
-QUEUE_EVENTS = meter.create_counter("threadline.queue.events", description="admissions etc.")
-LEASE_EVENTS = meter.create_counter("threadline.lease.events", description="acquire/lost/...")
-STORAGE_RETRIES = meter.create_counter("threadline.storage.retries")
-HISTORY_REWRITTEN_FAILURES = meter.create_counter(
+TOOL_ERRORS = summed_counter(meter, "threadline.tool_call.errors")
+QUEUE_EVENTS = summed_counter(meter, "threadline.queue.events", description="admissions etc.")
+LEASE_EVENTS = summed_counter(meter, "threadline.lease.events", description="acquire/lost/...")
+STORAGE_RETRIES = summed_counter(meter, "threadline.storage.retries")
+HISTORY_REWRITTEN_FAILURES = summed_counter(
+    meter,
     "threadline.history_rewritten.failures",
     description="history_rewritten observer failures after a committed rewrite",
 )
@@ -39,7 +41,7 @@ GEN_AI_TOKEN_USAGE = meter.create_histogram(
 GEN_AI_OPERATION_DURATION = meter.create_histogram(
     "gen_ai.client.operation.duration", unit="s", description="time spent waiting on the model"
 )
-PROVIDER_FAILURES = meter.create_counter("threadline.provider.failures")
+PROVIDER_FAILURES = summed_counter(meter, "threadline.provider.failures")
 # Latencies an operator alerts on (docs/operations.md, "Metrics"): labels are outcomes only.
 RUN_DURATION = meter.create_histogram(
     "threadline.run.duration", unit="s", description="from a run's creation to its end, by outcome"
@@ -50,8 +52,8 @@ STEP_DURATION = meter.create_histogram(
 # Webhook delivery attempts (runtime/hooks/delivery.py), labelled by `outcome` only: delivered,
 # retried (failed, tried again later), dead (failed, dead-lettered), taken_over (the claim was
 # lost before the attempt was logged: another worker posts it again).
-WEBHOOK_ATTEMPTS = meter.create_counter(
-    "threadline.webhook.attempts", description="webhook delivery attempts by outcome"
+WEBHOOK_ATTEMPTS = summed_counter(
+    meter, "threadline.webhook.attempts", description="webhook delivery attempts by outcome"
 )
 WEBHOOK_ATTEMPT_DURATION = meter.create_histogram(
     "threadline.webhook.attempt.duration",

@@ -49,7 +49,7 @@ from server.metrics import metrics_endpoint, metrics_server
 from server.oidc import Issuers
 from server.protocol.wire_errors import handle_error
 from server.settings import Settings
-from server.tracing import RequestTelemetry, configure_telemetry, server_spans
+from server.tracing import HttpTelemetry, configure_telemetry
 from server.transports.http_routes import api_routes, health_routes, static_routes
 from server.transports.openapi import openapi_endpoint
 from server.transports.sse.agui import agui_routes
@@ -280,12 +280,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
         # Body size is enforced while reading (routes.read_body) to answer in JSON. The
         # websocket route (/v1/ws) is served by WebSocketDispatch, ahead of the router.
         middleware=[
-            # Outermost: the SERVER span is current for everything below, log lines included.
-            Middleware(server_spans, routes=routes),
+            # Outermost: the SERVER span (or the caller's trace) is current for everything
+            # below, log lines included; the request metrics time the whole stack.
+            Middleware(HttpTelemetry, routes=routes),
             Middleware(RequestIds),
             *cors_middleware(settings),
             *([Middleware(WebSocketDispatch, route=websocket)] if settings.runs_gateway else []),
-            Middleware(RequestTelemetry),
         ],
     )
     app.state.settings = settings

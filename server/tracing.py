@@ -12,8 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import metrics, trace
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
 from starlette.routing import BaseRoute, Match
+
+from runtime.instruments import summed_counter
 
 log = logging.getLogger(__name__)
 
@@ -151,18 +155,21 @@ def _metric_exporter(name: str) -> tuple[str, Any] | None:
 
 tracer = trace.get_tracer("threadline.server")
 meter = metrics.get_meter("threadline.server")
-HTTP_REQUESTS = meter.create_counter("threadline.http.requests", description="by route, status")
+HTTP_REQUESTS = summed_counter(meter, "threadline.http.requests", description="by route, status")
 HTTP_DURATION = meter.create_histogram("threadline.http.duration", unit="s")
 WS_CONNECTIONS = meter.create_up_down_counter("threadline.ws.connections")
-WS_FRAMES_IN = meter.create_counter("threadline.ws.frames_in", description="by frame type")
-WS_CLOSES = meter.create_counter("threadline.ws.closes", description="by close code")
+WS_FRAMES_IN = summed_counter(meter, "threadline.ws.frames_in", description="by frame type")
+WS_CLOSES = summed_counter(meter, "threadline.ws.closes", description="by close code")
 SSE_STREAMS = meter.create_up_down_counter(
     "threadline.sse.streams", description="open event streams (AG-UI, AI SDK, thread SSE)"
 )
-QUOTA_REFUSALS = meter.create_counter(
-    "threadline.quota.refusals", description="commands and connections refused by a limit, by code"
+QUOTA_REFUSALS = summed_counter(
+    meter,
+    "threadline.quota.refusals",
+    description="commands and connections refused by a limit, by code",
 )
-SNAPSHOT_READS = meter.create_counter(
+SNAPSHOT_READS = summed_counter(
+    meter,
     "threadline.snapshot.reads",
     description="snapshots answered, by source: storage (a read) or cache (the gateway's)",
 )
@@ -174,50 +181,60 @@ SNAPSHOT_READS = meter.create_counter(
 SEMCONV_OPT_IN = ("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
 
 
-def server_spans(app: Any, routes: Sequence[BaseRoute]) -> Any:
-    """`app` wrapped in OpenTelemetry's ASGI middleware: a SERVER span per HTTP request and
-    websocket, named `{method} {route template}`, its parent the caller's `traceparent`."""
-    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+class HttpTelemetry:
+    """Outermost ASGI middleware: the SERVER span of every HTTP request and websocket, and the
+    two request metrics (`threadline.http.requests`, `threadline.http.duration`).
 
-    os.environ.setdefault(*SEMCONV_OPT_IN)
-
-    def details(scope: Any) -> tuple[str, dict[str, Any]]:
-        template = route_template(routes, scope)
-        method = "WebSocket" if scope["type"] == "websocket" else scope.get("method", "HTTP")
-        if template is None:
-            return method, {}
-        return f"{method} {template}", {"http.route": template}
-
-    # One span per request, not one more per ASGI message of a stream or websocket.
-    return OpenTelemetryMiddleware(
-        app, default_span_details=details, exclude_spans=["receive", "send"]
-    )
-
-
-def route_template(routes: Sequence[BaseRoute], scope: Any) -> str | None:
-    """The template of the route `scope` goes to (`/v1/threads/{thread_id}`), before routing."""
-    for route in routes:
-        match, _ = route.matches(scope)
-        if match is Match.FULL:
-            return str(getattr(route, "path", None) or "") or None
-    return None
-
-
-class RequestTelemetry:
-    """ASGI middleware: two metrics per HTTP request, labelled by route template (the span is
-    the ASGI instrumentation's, `server_spans`).
-
-    Route templates (not paths) keep metric cardinality bounded; failures of the telemetry
-    pipeline are swallowed so they can never fail a request.
+    With a tracer provider installed, the span is OpenTelemetry's ASGI middleware's: named
+    `{method} {route template}`, its parent the caller's `traceparent`. With none (tracing off,
+    the default), a span would not be recorded, so the instrumentation is skipped and only what
+    it would have left behind is kept: the caller's propagated context (trace and baggage)
+    becomes the current one, so log lines and the runs a request enqueues still carry the
+    caller's trace. That is most of the middleware stack's cost per request (docs/benchmarks.md).
+    The instrumentation's own `http.server.*` metrics are not recorded (the two above are the
+    documented ones). Route templates, not paths, keep the metrics' cardinality bounded, and a
+    failure of the telemetry pipeline never fails a request.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, routes: Sequence[BaseRoute]) -> None:
+        os.environ.setdefault(*SEMCONV_OPT_IN)
         self.app = app
 
+        def details(scope: Any) -> tuple[str, dict[str, Any]]:
+            template = route_template(routes, scope)
+            method = "WebSocket" if scope["type"] == "websocket" else scope.get("method", "HTTP")
+            if template is None:
+                return method, {}
+            return f"{method} {template}", {"http.route": template}
+
+        # One span per request, not one more per ASGI message of a stream or websocket.
+        self.traced = OpenTelemetryMiddleware(
+            app,
+            default_span_details=details,
+            exclude_spans=["receive", "send"],
+            meter_provider=metrics.NoOpMeterProvider(),
+        )
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        kind = scope["type"]
+        if kind == "http":
+            await self._measured(scope, receive, send)
+        elif kind == "websocket":
+            await self._spanned(scope, receive, send)
+        else:
             await self.app(scope, receive, send)
+
+    async def _spanned(self, scope: Any, receive: Any, send: Any) -> None:
+        if tracing_on():
+            await self.traced(scope, receive, send)
             return
+        token = otel_context.attach(propagate.extract(scope, getter=asgi_getter))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            otel_context.detach(token)
+
+    async def _measured(self, scope: Any, receive: Any, send: Any) -> None:
         status = 500
 
         async def send_wrapper(message: Any) -> None:
@@ -228,7 +245,7 @@ class RequestTelemetry:
 
         start = time.perf_counter()
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self._spanned(scope, receive, send_wrapper)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             attributes = {
@@ -239,3 +256,21 @@ class RequestTelemetry:
             with contextlib.suppress(Exception):
                 HTTP_REQUESTS.add(1, attributes)
                 HTTP_DURATION.record(time.perf_counter() - start, attributes)
+
+
+def tracing_on() -> bool:
+    """Whether spans are recorded: a tracer provider was installed (by `configure_telemetry`
+    or by the embedding application), not the API's no-op default."""
+    return not isinstance(trace.get_tracer_provider(), _NO_TRACING)
+
+
+_NO_TRACING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
+def route_template(routes: Sequence[BaseRoute], scope: Any) -> str | None:
+    """The template of the route `scope` goes to (`/v1/threads/{thread_id}`), before routing."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return str(getattr(route, "path", None) or "") or None
+    return None

@@ -1,14 +1,20 @@
-"""The gateway's websocket protocol helpers: the shared text frame, Signal and Inbox."""
+"""The gateway's websocket protocol helpers: the shared text frame, Signal and Inbox; and an
+accepted connection keeps its attributes in slots, with no instance dictionary."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
+from typing import Any
 
 import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
 from websockets.frames import Frame
 from websockets.streams import StreamReader
 
-from server.transports.ws.uvicorn_ws import Inbox, Signal, text_frame
+from server.transports.ws.uvicorn_ws import Inbox, Signal, WebSocketProtocol, text_frame
 
 
 def parse(frame: bytes) -> Frame:
@@ -83,3 +89,58 @@ def test_inbox_forwards_what_was_queued_then_everything_after() -> None:
     inbox.forward_to(None)  # detached: items queue again
     inbox.put_nowait(4)
     assert seen == [1, 2, 3] and not inbox.empty()
+
+
+class _Transport(asyncio.Transport):
+    """What uvicorn's protocol uses of a socket transport, writes kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: Any) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def test_an_accepted_connection_has_no_instance_dictionary() -> None:
+    """uvicorn's protocol sets more attributes than CPython shares dictionary keys for, so
+    without slots every connection carried a dictionary of its own (about 1.2 KiB)."""
+    accepted = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        accepted.set()
+        await receive()  # the disconnect
+
+    config = Config(app=app, ws=WebSocketProtocol, lifespan="off", log_level="warning")
+    config.load()
+    protocol = WebSocketProtocol(config, ServerState(), {})
+    transport = _Transport()
+    protocol.connection_made(transport)
+    key = base64.b64encode(os.urandom(16)).decode()
+    protocol.data_received(
+        "GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    await asyncio.wait_for(accepted.wait(), 5)
+    assert b"".join(transport.written).startswith(b"HTTP/1.1 101")
+    assert vars(protocol) == {}
+    protocol.connection_lost(None)
+    await asyncio.sleep(0)

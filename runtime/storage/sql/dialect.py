@@ -83,6 +83,10 @@ class Dialect:
     # returns what that attempt computed (`SqlTransactions._run`). False: keys (Postgres,
     # where a connection can drop while COMMIT is in flight).
     commit_outcome_known: bool = False
+    # Whether a table's rows can be selected as values (`SELECT m FROM messages m`: Postgres
+    # composite types), so that a bounded snapshot is one statement and needs no transaction
+    # (`snapshot_statement`); SQLite reads it statement by statement in its local transaction.
+    composite_rows: bool = False
     # SQL (with its arguments, numbered from the int) keeping the threads whose public
     # metadata has every key of the mapping at that string value.
     metadata_match: Callable[[Mapping[str, str], int], tuple[str, list[Any]]] = _json_each_match

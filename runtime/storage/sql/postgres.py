@@ -146,6 +146,7 @@ POSTGRES = Dialect(
     # collision between scopes only makes them wait for each other.
     scope_lock=f"SELECT pg_advisory_xact_lock({_SCOPE_LOCK_CLASS}, hashtext($1))",
     writing_ctes=True,
+    composite_rows=True,
     run_lease_function="threadline_acquire_run_lease",
     metadata_match=_contains,
     start_run_function="threadline_start_run",

@@ -176,9 +176,14 @@ async def _check_scope_runs(conn: Conn, scope: str, limits: AdmissionLimits) -> 
         return
     if conn.dialect.scope_lock is not None:
         await conn.execute(conn.dialect.scope_lock, scope)
+    # Counted from the active runs (the partial indexes' condition, spelled as they are, so
+    # SQLite may use them; CROSS JOIN keeps runs first there), not from the scope's threads:
+    # a scope's threads only grow, its active runs are capped. Planned from the scope's
+    # threads, every admission read all of them (docs/benchmarks.md, eighth pass).
     active = await conn.fetchval(
-        "SELECT COUNT(*) FROM runs r JOIN threads t ON t.id = r.thread_id"
-        " WHERE t.scope = $1 AND r.status IN ('queued', 'running')",
+        "SELECT COUNT(*) FROM runs r CROSS JOIN threads t WHERE t.id = r.thread_id"
+        " AND r.status IN ('queued', 'running', 'waiting') AND r.status <> 'waiting'"
+        " AND t.scope = $1",
         scope,
     )
     if int(active) >= cap:

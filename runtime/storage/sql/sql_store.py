@@ -40,6 +40,7 @@ from runtime.storage.sql import (
     queue_tx,
     rewrites_tx,
     runs_tx,
+    snapshot_statement,
     threads_tx,
 )
 from runtime.storage.sql.core import (
@@ -186,6 +187,13 @@ class SqlStore(SqlTokenStore):
         message_limit: int | None = None,
         before: int | None = None,
     ) -> Snapshot:
+        if message_limit is not None and self.dialect.composite_rows:
+            limit = message_limit
+            return await self._read_statements(
+                lambda conn: snapshot_statement.bounded_snapshot(
+                    conn, thread_id, scopes, include_hidden, limit, before
+                )
+            )
         return await self._read(
             lambda conn: threads_tx.snapshot(
                 conn, thread_id, scopes, include_hidden, message_limit, before

@@ -230,16 +230,36 @@ async def _bounded_snapshot(
         " ORDER BY position DESC LIMIT $2",
         *args,
     )
-    page = [message_from_row(row) for row in reversed(rows[:limit])]
-    tail = await tail_row(conn, thread.id)
+    return page_snapshot(
+        thread,
+        rows,
+        await tail_row(conn, thread.id),
+        await latest_run(conn, thread.id),
+        await queued_items(conn, thread.id),
+        limit,
+    )
+
+
+def page_snapshot(
+    thread: Thread,
+    newest_first: Sequence[Row],
+    tail: Row | None,
+    run: Run | None,
+    queue: list[QueuedItem],
+    limit: int,
+) -> Snapshot:
+    """A bounded snapshot from its rows: up to `limit + 1` messages newest first (one more
+    than the page says there are older ones), the thread's last message of any visibility,
+    its latest run and queued items."""
+    page = [message_from_row(row) for row in reversed(newest_first[:limit])]
     built = build_snapshot(
         thread,
         page,
-        await latest_run(conn, thread.id),
-        await queued_items(conn, thread.id),
+        run,
+        queue,
         include_hidden=True,  # filtered by the query already
     )
-    cursor = page[0].position if len(rows) > limit and page else None
+    cursor = page[0].position if len(newest_first) > limit and page else None
     tail_message = message_from_row(tail) if tail is not None else None
     actions = tuple(pending_actions_of(tail_message)) if tail_message is not None else ()
     return built.model_copy(

@@ -26,7 +26,10 @@ loop wake-up, four random bytes and a write (straight to the socket:
 
 Idle memory: uvicorn's receive queue (an asyncio.Queue: four deques) and its `writable` Event (a
 deque) become the small equivalents below, and the handshake's request and response are
-released once the connection is accepted; together a few KiB per open connection.
+released once the connection is accepted; together a few KiB per open connection. And every
+attribute of a connection is a slot (`_SLOTS`): uvicorn's protocol sets 37, more than a
+CPython instance dictionary shares its keys for (30), so each connection held a dictionary of
+its own (about 1.2 KiB); slots are 8 bytes each, and no dictionary is made.
 """
 
 from __future__ import annotations
@@ -139,8 +142,55 @@ class Inbox(Generic[T]):
         return self._items.pop(0)
 
 
+# uvicorn 0.3x's WebSocketsSansIOProtocol sets these on every connection (its base class keeps
+# a `__dict__`, so an attribute a later uvicorn adds still works, in a dictionary again:
+# tests/unit/test_ws_protocol_slots.py notices).
+_UVICORN_ATTRIBUTES = (
+    "app",
+    "app_state",
+    "asgi_version",
+    "client",
+    "close_sent",
+    "close_timeout",
+    "close_timer",
+    "config",
+    "conn",
+    "connections",
+    "curr_msg_data_type",
+    "default_headers",
+    "disconnected",
+    "frames",
+    "handshake_complete",
+    "handshake_initiated",
+    "initial_response",
+    "last_ping_rtt",
+    "logger",
+    "loop",
+    "pending_ping_payload",
+    "ping_interval",
+    "ping_sent_at",
+    "ping_timeout",
+    "ping_timer",
+    "pong_timer",
+    "queue",
+    "read_paused",
+    "request",
+    "response",
+    "root_path",
+    "scheme",
+    "scope",
+    "server",
+    "tasks",
+    "transport",
+    "writable",
+)
+_SLOTS = (*_UVICORN_ATTRIBUTES, "_on_writable", "_handed_over", "_abort_timer", "_ping_tick")
+
+
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O websockets protocol plus the `WIRE` scope extension."""
+
+    __slots__ = _SLOTS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
