@@ -110,17 +110,28 @@ def test_instructions_bench_quick() -> None:
 
 def test_api_bench_quick() -> None:
     stdout = run_bench("api.py")
-    rows = [line for line in stdout.splitlines() if line.startswith(("embedded", "Postgres"))]
-    assert len(rows) == 2, stdout
+    lines = stdout.splitlines()
+    ratios = [line for line in lines if "the refetching client's" in line]
+    rows = [
+        line for line in lines if line.startswith(("embedded", "Postgres")) and line not in ratios
+    ]
+    assert len(rows) == 4 and len(ratios) == 2, stdout  # each setup refetching, then deltas
     for row in rows:
-        # runs, runs/s, CPU ms per run, ..., first p50, first p99, refetches, 304s, round trips,
-        # write system calls
-        cells = row.split(")", 1)[1].split()
+        deltas = row.split(")", 1)[1].startswith(", deltas")
+        # runs, runs/s, CPU ms per run, (by process), first p50, first p99, refetches, deltas
+        # applied, 304s, round trips, write system calls
+        cells = row.split(")", 1)[1].removeprefix(", deltas").split()
         runs, rate, cpu = int(cells[0]), float(cells[1]), float(cells[2])
         assert runs == 5 and rate > 0 and cpu > 0, stdout
-        first_p50, _p99, refetches, _not_modified, trips, writes = (float(v) for v in cells[-6:])
-        assert first_p50 > 0 and refetches >= 1 and trips >= 5 and writes > 0, stdout
-    assert "postgres" in rows[1], stdout  # the database's backends are counted
+        first_p50, _p99, refetches, applied, _not_modified, trips, writes = (
+            float(v) for v in cells[-7:]
+        )
+        assert first_p50 > 0 and trips >= 4 and writes > 0, stdout
+        if deltas:  # the invalidations' deltas replace the refetches
+            assert applied >= 1, stdout
+        else:
+            assert refetches >= 1 and applied == 0, stdout
+    assert "postgres" in rows[2] and "postgres" in rows[3], stdout  # the database's backends
 
 
 def test_watchers_bench_quick() -> None:
