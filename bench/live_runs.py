@@ -4,7 +4,7 @@ chunk latency from the model to the tab, and the worker's memory per active run.
 asserts nothing.
 
     python bench/live_runs.py [--runs 100,500,2000] [--tokens 100] [--interval-ms 50]
-                              [--postgres ADMIN_DSN] [--redis URL] [--quick]
+                              [--scopes 1] [--postgres ADMIN_DSN] [--redis URL] [--quick]
 
 A `--role gateway` and a `--role worker` process (uvloop, as served) on Postgres + Redis
 (throwaway servers unless given), the worker allowed as many concurrent runs as asked for.
@@ -15,7 +15,9 @@ bench/scripted_agent.py's `paced_agent`. Every token's text ends with the worker
 chunk's latency (model -> worker -> Redis -> gateway -> websocket -> this process; one
 system-wide clock). While the runs stream, the worker's RSS is sampled every 0.25 s: memory per
 active run is (its peak - its RSS before the step) / the most runs active at once (a run is
-active from its first to its last token received).
+active from its first to its last token received). With `--scopes N` the threads are spread
+over N scopes (tenants), one token holding them all: admissions of one scope are serialised by
+the per-scope run cap's lock, so one scope admits its runs one transaction at a time.
 
 The client is one process reading every chunk (N x 20 per second): compare its CPU with the
 servers' before reading the latencies as theirs.
@@ -109,12 +111,14 @@ async def step(
     token: str,
     runs: int,
     tokens: int,
+    scopes: list[str],
 ) -> Row:
     gate = asyncio.Semaphore(50)
 
     async def create(n: int) -> str:
         async with gate:
-            answer = await http.post("/v1/threads", json={"title": f"live {n}"})
+            body = {"title": f"live {n}", "scope": scopes[n % len(scopes)]}
+            answer = await http.post("/v1/threads", json=body)
             return str(answer.json()["thread"]["id"])
 
     thread_ids = list(await asyncio.gather(*(create(n) for n in range(runs))))
@@ -172,6 +176,7 @@ async def main() -> None:
     parser.add_argument("--runs", default="100,500,2000")
     parser.add_argument("--tokens", type=int, default=100, help="tokens per run")
     parser.add_argument("--interval-ms", type=float, default=50.0)
+    parser.add_argument("--scopes", type=int, default=1, help="tenants the threads spread over")
     parser.add_argument("--postgres", help="admin DSN (a database is made)")
     parser.add_argument("--redis")
     parser.add_argument(
@@ -196,14 +201,17 @@ async def main() -> None:
     with common.servers(args.postgres, args.redis) as (postgres, redis):
         async with common.own_database(postgres) as dsn:
             with common.deployment(dsn, redis, ["gateway", "worker"], extra) as (gateway, worker):
-                token = gateway.token("bench")
+                scopes = [f"bench{n}" for n in range(max(1, args.scopes))]
+                token = gateway.token(scopes)
                 headers = {"Authorization": f"Bearer {token}"}
                 async with httpx.AsyncClient(
                     base_url=gateway.url, headers=headers, timeout=120
                 ) as http:
                     with api.profiled([gateway, worker], args.profile_dir):
                         for count in counts:
-                            row = await step(gateway, worker, http, token, count, args.tokens)
+                            row = await step(
+                                gateway, worker, http, token, count, args.tokens, scopes
+                            )
                             rows.append(row)
     print(
         f"{'runs':>5} {'chunks':>7} {'p50 ms':>8} {'p99 ms':>8} {'peak active':>11}"
@@ -220,8 +228,8 @@ async def main() -> None:
             f" {row.wall_s:7.1f} {row.ramp_s:7.1f}  {cpu}  ({per_chunk})"
         )
     print(
-        f"({args.tokens} tokens per run, {args.interval_ms:g} ms apart; latency: model yield ->"
-        " this client's receipt)"
+        f"({args.tokens} tokens per run, {args.interval_ms:g} ms apart, {len(scopes)} scope(s);"
+        " latency: model yield -> this client's receipt)"
     )
 
 

@@ -275,7 +275,8 @@ class SqlStore(SqlTokenStore):
         return await self._read_statements(lambda conn: runs_tx.get_run(conn, run_id))
 
     async def active_run(self, thread_id: str) -> Run | None:
-        return await self._read(lambda conn: runs_tx.active_run(conn, thread_id))
+        # One statement: consistent on its own, no transaction around it.
+        return await self._read_statements(lambda conn: runs_tx.active_run(conn, thread_id))
 
     async def find_runnable_runs(self, limit: int = 10) -> list[Run]:
         if limit <= 0:
@@ -453,7 +454,8 @@ class SqlStore(SqlTokenStore):
         ids = list(dict.fromkeys(thread_ids))[:500]
         if not ids:
             return {}
-        return await self._read(lambda conn: inbox_tx.thread_scopes(conn, ids))
+        # One statement (a thread's scope never changes): no transaction around it.
+        return await self._read_statements(lambda conn: inbox_tx.thread_scopes(conn, ids))
 
     async def rewrite_history(
         self,
