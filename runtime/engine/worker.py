@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 from realtime.bus import Bus
 from runtime.agent import Agent
 from runtime.compose import compose_lifecycle
-from runtime.domain import RunStatus
 from runtime.engine.control import CONTROL_CHANNEL, StopEnvelope, WakeupEnvelope, decode_control
 from runtime.engine.episode import Episode
 from runtime.engine.message_cache import HistoryCache
 from runtime.engine.publisher import DEFAULT_REPLAY_MAX_BYTES, Publisher
-from runtime.errors import LeaseLost, NotFound
+from runtime.engine.renewals import LeaseRenewals, beat_delay
+from runtime.errors import NotFound
 from runtime.mcp.config import MCPHttp, MCPStdio
 from runtime.storage.scope_cache import ScopeCache
 from runtime.storage.store import EngineStore, RunStart
@@ -62,6 +62,8 @@ class Worker:
         self.lifecycle = compose_lifecycle(agent.lifecycle)
         self.owner = owner or f"worker-{uuid.uuid4().hex[:10]}"
         self.lease_ttl = lease_ttl
+        # Every episode's renewals, batched into one storage call per beat (renewals.py).
+        self._renewals = LeaseRenewals(store, lease_ttl)
         self.poll_interval = poll_interval
         self.max_concurrent_runs = max_concurrent_runs
         self.episodes: dict[str, Episode] = {}
@@ -123,6 +125,7 @@ class Worker:
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._renewals.close()
         if self.mcp is not None:
             await self.mcp.aclose()  # after the episodes: none is left calling a tool
 
@@ -301,10 +304,12 @@ class Worker:
         return min(self.lease_ttl * 0.1, 1.0)
 
     def _next_beat(self, deadline: float) -> float:
-        """Seconds until the next renewal: a third of the TTL, or sooner when the lease could
-        expire (minus the margin) before that."""
+        """Seconds until the next renewal: the next beat of the worker's grid (every third of
+        the TTL, shared by all its runs so their renewals go out together: `beat_delay`), or
+        sooner when the lease could expire (minus the margin) before that."""
         now = asyncio.get_running_loop().time()
-        return min(max(self.lease_ttl / 3, 0.05), max(deadline - self._margin() - now, 0))
+        beat = beat_delay(now, max(self.lease_ttl / 3, 0.05))
+        return min(beat, max(deadline - self._margin() - now, 0))
 
     async def _heartbeat(self, episode: Episode, deadline: float) -> None:
         """Renew the lease, now (`_run_episode` starts this when the first renewal is due) and
@@ -324,15 +329,9 @@ class Worker:
             first = False
             sent = loop.time()
             try:
-                episode.lease = await asyncio.wait_for(
-                    self.store.renew_lease(episode.lease, self.lease_ttl),
-                    max(deadline - margin - sent, 0.001),
+                renewal = await asyncio.wait_for(
+                    self._renewals.renew(episode.lease), max(deadline - margin - sent, 0.001)
                 )
-                deadline = sent + self.lease_ttl
-                run = await self.store.get_run(episode.run_id)
-            except LeaseLost:
-                episode.lose_lease()
-                return
             except Exception:
                 if loop.time() >= deadline - margin:
                     log.warning("run %s: lease could have expired; stopping", episode.run_id)
@@ -340,5 +339,10 @@ class Worker:
                     return
                 log.warning("lease renewal of run %s failed", episode.run_id, exc_info=True)
                 continue
-            if run.stop_requested or run.status is RunStatus.CANCELLED:
+            if renewal.lease is None:  # expired or taken over
+                episode.lose_lease()
+                return
+            episode.lease = renewal.lease
+            deadline = sent + self.lease_ttl
+            if renewal.stop:  # asked to stop or cancelled: a stop the bus may have lost
                 episode.stop_requested.set()

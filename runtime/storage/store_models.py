@@ -132,6 +132,16 @@ class CommitResult:
     released: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class RunLeaseRenewal:
+    """One run lease's part of `renew_run_leases`: the renewed lease, or None when it expired
+    or was taken over (the holder must stop at once); and whether the run was asked to stop
+    or cancelled meanwhile (a stop signal the bus may have lost)."""
+
+    lease: Lease | None
+    stop: bool
+
+
 class HistoryRead(BaseModel):
     """Messages of a thread from a position on, with the thread's history epoch: +1 on every
     history rewrite, so messages before the tail read earlier are still current while it stays

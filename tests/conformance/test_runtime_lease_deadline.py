@@ -4,7 +4,7 @@ own clock, before another worker can take the run over."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from runtime.agent import Agent
@@ -12,7 +12,7 @@ from runtime.domain import Lease, RunStatus
 from runtime.engine.worker import Worker
 from runtime.providers.model_api import ModelDelta, ModelRequest
 from runtime.providers.scripted import FunctionModel, text_response
-from runtime.storage.store import Store
+from runtime.storage.store import RunLeaseRenewal, Store
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, first_text, settled
 
@@ -28,9 +28,9 @@ class HangingRenewals:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+    async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
         await asyncio.sleep(3600)
-        return lease
+        return [RunLeaseRenewal(lease, False) for lease in leases]
 
 
 async def test_stale_worker_stops_streaming_at_its_local_deadline(

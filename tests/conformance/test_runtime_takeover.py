@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -19,7 +19,7 @@ from runtime.providers.scripted import (
     text_response,
     tool_call_response,
 )
-from runtime.storage.store import CommitResult, StepCommit, Store
+from runtime.storage.store import CommitResult, RunLeaseRenewal, StepCommit, Store
 from runtime.tools import SuspendStep, ToolContext, tool
 from tests.conformance.runtime_fixtures import RuntimeFactory
 from tests.conformance.runtime_harness import ALICE, Runtime, first_text, run_of, settled
@@ -34,8 +34,8 @@ class FrozenHeartbeat:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
-        return lease
+    async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
+        return [RunLeaseRenewal(lease, False) for lease in leases]
 
 
 async def test_stalled_worker_is_taken_over_without_loss_or_duplicates(
@@ -98,10 +98,10 @@ class StallsBeforeToolsStart:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
+    async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
         if self.stalled.is_set():
-            return lease
-        result: Lease = await self._store.renew_lease(lease, ttl)
+            return [RunLeaseRenewal(lease, False) for lease in leases]
+        result: list[RunLeaseRenewal] = await self._store.renew_run_leases(leases, ttl)
         return result
 
     async def commit(self, lease: Lease, change: StepCommit) -> CommitResult:

@@ -53,10 +53,14 @@ async def test_a_scope_at_its_run_cap_cannot_start_another_run(store: Store) -> 
             thread.id, SCOPES, text="go", submitted_by="a", limits=limits
         )
         assert admission.run_id is not None
+    before = await store.snapshot(threads[2].id, SCOPES)
     with pytest.raises(ScopeRunsExceeded) as refused:
         await store.submit_input(threads[2].id, SCOPES, text="go", submitted_by="a", limits=limits)
     assert refused.value.details["limit"] == 2
+    # The refusal changed nothing: no run, no message, no version bump.
     assert await store.active_run(threads[2].id) is None
+    after = await store.snapshot(threads[2].id, SCOPES)
+    assert after.thread.version == before.thread.version and after.messages == before.messages
     # Another scope is not affected by this one's runs.
     other = await new_thread(store, scope="globex")
     admission = await store.submit_input(

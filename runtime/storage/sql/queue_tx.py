@@ -69,8 +69,6 @@ async def submit_input(
         instruments.safe_add(instruments.QUEUE_EVENTS, 1, {"event": "rejected"})
         raise RunActive(f"thread {thread_id} has an active run", run_id=active_id)
     if action is AdmissionAction.START_RUN:
-        if limits is not None:
-            await _check_scope_runs(conn, str(thread["scope"]), limits)
         appended = await append_message(
             conn,
             thread_id,
@@ -89,13 +87,12 @@ async def submit_input(
             client_tools_json=tools_json,
             traceparent=instruments.current_traceparent(),
         )
+        version = await bump(conn, thread_id)
+        if limits is not None:
+            # Last, so the scope's lock is held from here to COMMIT only (two round trips).
+            await _check_scope_runs(conn, str(thread["scope"]), limits, run_id)
         _queue_event(conn, "admitted")
-        return Admission(
-            thread_id=thread_id,
-            version=await bump(conn, thread_id),
-            run_id=run_id,
-            message_id=message_id,
-        )
+        return Admission(thread_id=thread_id, version=version, run_id=run_id, message_id=message_id)
     assert active_id is not None
     if limits is not None:
         await _check_queue(conn, thread_id, text, limits)
@@ -164,12 +161,16 @@ async def _check_queue(conn: Conn, thread_id: str, text: str, limits: AdmissionL
         )
 
 
-async def _check_scope_runs(conn: Conn, scope: str, limits: AdmissionLimits) -> None:
-    """Refuse a new run while the scope has its maximum of queued or running runs.
+async def _check_scope_runs(conn: Conn, scope: str, limits: AdmissionLimits, run_id: str) -> None:
+    """Refuse the new run `run_id` (written by this transaction, which the refusal rolls back)
+    when the scope already had its maximum of queued or running runs without it.
 
     Exact under concurrency: the thread lock orders starts in one thread, and the dialect's
-    scope lock (held to COMMIT) orders starts in different threads of the scope, so each count
-    sees every run admitted before it (SQLite's write transaction serialises everything).
+    scope lock (held to COMMIT) orders starts in different threads of the scope; the count is
+    a statement after the lock, so it sees every run committed before the lock was granted
+    (SQLite's write transaction serialises everything). The check is the admission's last
+    statement: the lock, shared by every admission of the scope, is held for the count and the
+    COMMIT, not for the admission's writes (docs/benchmarks.md, ninth pass).
     """
     cap = limits.scope_max_active_runs
     if cap is None:
@@ -183,8 +184,9 @@ async def _check_scope_runs(conn: Conn, scope: str, limits: AdmissionLimits) -> 
     active = await conn.fetchval(
         "SELECT COUNT(*) FROM runs r CROSS JOIN threads t WHERE t.id = r.thread_id"
         " AND r.status IN ('queued', 'running', 'waiting') AND r.status <> 'waiting'"
-        " AND t.scope = $1",
+        " AND t.scope = $1 AND r.id <> $2",
         scope,
+        run_id,
     )
     if int(active) >= cap:
         instruments.safe_add(instruments.QUEUE_EVENTS, 1, {"event": "scope_runs_full"})

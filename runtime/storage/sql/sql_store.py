@@ -71,6 +71,7 @@ from runtime.storage.store import (
     RetryRun,
     RewriteOp,
     RewriteResult,
+    RunLeaseRenewal,
     RunStart,
     SetVisibility,
     StepCommit,
@@ -376,6 +377,12 @@ class SqlStore(SqlTokenStore):
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
         ttl = check_ttl(ttl)
         return await self._write(lambda conn: leases_tx.renew_lease(conn, lease, ttl))
+
+    async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
+        ttl = check_ttl(ttl)
+        if not leases:
+            return []
+        return await self._write(lambda conn: leases_tx.renew_run_leases(conn, leases, ttl))
 
     async def release_lease(self, lease: Lease) -> None:
         # One DELETE of this token's row: a retry after it went through deletes nothing.
