@@ -31,9 +31,7 @@ class Recording:
         self.lost = set(lost)
         self.fail = fail
 
-    async def renew_run_leases(
-        self, leases: Sequence[Lease], ttl: float
-    ) -> list[RunLeaseRenewal]:
+    async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
         self.calls.append([item.resource_id for item in leases])
         await asyncio.sleep(0)
         if self.fail:
