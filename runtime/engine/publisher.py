@@ -52,6 +52,7 @@ class Publisher:
         *,
         replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
         scope_of: Callable[[str], Awaitable[str | None]] | None = None,
+        remember_scope: Callable[[str, str], None] | None = None,
     ) -> None:
         if replay_limit < 1:
             raise ValueError("replay_limit must be at least 1")
@@ -61,10 +62,18 @@ class Publisher:
         # With `scope_of`, every invalidation is also announced on its scope's channel, for the
         # scope-wide action inbox (one more publish per commit, never per chunk).
         self._scope_of = scope_of
+        # Where `scope_of` caches (`ScopeCache.remember`): told the scopes callers know anyway.
+        self._remember_scope = remember_scope
         self._replay_limit = replay_limit
         self._replay_max_bytes = replay_max_bytes
         self._failing = False
         self._observers: list[Callable[[str, int], None]] = []
+
+    def known_scope(self, thread_id: str, scope: str) -> None:
+        """The caller read or wrote `thread_id` and knows its scope: its announcements need no
+        scope read (`ScopeCache.remember`)."""
+        if self._remember_scope is not None:
+            self._remember_scope(thread_id, scope)
 
     def observe(self, observer: Callable[[str, int], None]) -> None:
         """Call `observer(thread_id, version)` for every invalidation this publisher sends,
