@@ -102,6 +102,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.bus = bus
         scopes = ScopeCache(state.store)
         state.publisher = Publisher(bus, scope_of=scopes.scope_of, remember_scope=scopes.remember)
+        stack.push_async_callback(state.publisher.close)
 
         agent = apply_policies(load_agent(settings.agent), settings.policy_overrides)
         state.agent = agent

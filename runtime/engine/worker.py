@@ -131,6 +131,7 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._renewals.close()
+        await self.publisher.close()
         if self.mcp is not None:
             await self.mcp.aclose()  # after the episodes: none is left calling a tool
 
