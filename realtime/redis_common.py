@@ -43,6 +43,17 @@ COMMANDS_IN_FLIGHT = 64
 ClientT = TypeVar("ClientT", Redis, RedisCluster)
 
 
+class _Probe:
+    """What a pub/sub reader and its PING watchdog share: when the reader last got anything,
+    and why the watchdog failed it."""
+
+    __slots__ = ("failure", "seen")
+
+    def __init__(self, seen: float) -> None:
+        self.seen = seen
+        self.failure: BaseException | None = None
+
+
 class RedisBusOptions(TypedDict, total=False):
     """The keyword options of both Redis buses (defaults: `RedisBusCommon.__init__`)."""
 
@@ -296,19 +307,56 @@ class RedisBusCommon(AsyncResource, Generic[ClientT]):
         self, pubsub: PubSub, handle: Callable[[dict[str, Any]], None], unanswered: str
     ) -> None:
         """Dispatch `pubsub`'s messages to `handle` until the connection fails; a PING probes a
-        silent connection, and one unanswered for `ping_interval` raises `unanswered`."""
+        connection silent for `ping_interval`, and one unanswered for `ping_interval` more
+        raises `unanswered`.
+
+        The reads block with no deadline of their own: a deadline per read (redis-py's
+        `asyncio.timeout` around each `get_message`) cost about a seventh of a gateway's time
+        per delivered chunk (docs/benchmarks.md, ninth pass). The probe is a watchdog task
+        beside them, woken every half interval; when the PING goes unanswered (or cannot be
+        sent) it cancels this reader, which raises `unanswered` instead of the cancellation."""
         loop = asyncio.get_running_loop()
-        last_seen = loop.time()
+        reader = asyncio.current_task()
+        assert reader is not None
+        probe = _Probe(loop.time())
+        watchdog = asyncio.create_task(
+            self._watch(pubsub, probe, reader), name=f"{self.name}-ping-watchdog"
+        )
+        try:
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                probe.seen = loop.time()
+                if message is not None:
+                    handle(message)
+        except asyncio.CancelledError:
+            # Only the watchdog's own cancellation becomes the failure; any other (the bus
+            # closing) stays a cancellation.
+            if probe.failure is not None and reader.cancelling() == 1:
+                reader.uncancel()
+                raise TimeoutError(unanswered) from probe.failure
+            raise
+        finally:
+            await cancel_and_wait(watchdog)
+
+    async def _watch(self, pubsub: PubSub, probe: _Probe, reader: asyncio.Task[Any]) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._ping_interval
         ping_sent: float | None = None
         while True:
-            message = await pubsub.get_message(timeout=self._ping_interval)
+            await asyncio.sleep(interval / 2)
             now = loop.time()
-            if message is not None:
-                last_seen, ping_sent = now, None
-                handle(message)
-            elif ping_sent is not None:
-                if now - ping_sent >= self._ping_interval:
-                    raise TimeoutError(unanswered)
-            elif now - last_seen >= self._ping_interval:
-                await pubsub.ping()
-                ping_sent = now
+            if ping_sent is not None and probe.seen >= ping_sent:
+                ping_sent = None  # answered (or anything else arrived since)
+            if ping_sent is not None:
+                if now - ping_sent >= interval:
+                    probe.failure = TimeoutError(f"no answer to PING in {interval:g} s")
+                    reader.cancel()
+                    return
+            elif now - probe.seen >= interval:
+                ping_sent = loop.time()
+                try:
+                    await pubsub.ping()
+                except Exception as exc:  # a dead connection: the reader fails now
+                    probe.failure = exc
+                    reader.cancel()
+                    return

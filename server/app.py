@@ -100,7 +100,9 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await connect_bus(bus, timeout=settings.bus_connect_timeout)
         stack.push_async_callback(bus.close)
         state.bus = bus
-        state.publisher = Publisher(bus, scope_of=ScopeCache(state.store).scope_of)
+        scopes = ScopeCache(state.store)
+        state.publisher = Publisher(bus, scope_of=scopes.scope_of, remember_scope=scopes.remember)
+        stack.push_async_callback(state.publisher.close)
 
         agent = apply_policies(load_agent(settings.agent), settings.policy_overrides)
         state.agent = agent

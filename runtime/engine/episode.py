@@ -226,6 +226,7 @@ class Episode:
     async def _start(self, started: EpisodeStart) -> EpisodeState:
         """start_episode: fenced, +1 episode, queued -> running (+1 version when it changed)."""
         deps, before, run, version = self.deps, started.before, started.run, started.version
+        deps.publisher.known_scope(self.thread_id, started.thread.scope)
         sink = ChunkSink(deps.publisher, self.thread_id, self.run_id, run.next_seq, run.episode)
         # The messages `_begin` took into the worker's cache are current (None: a rewrite since
         # the cache was filled; `_body` reads them).

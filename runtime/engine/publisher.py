@@ -24,6 +24,7 @@ from realtime.envelopes import (
 )
 from realtime.publish_options import PublishOptions, Replay
 from runtime.engine.control import CONTROL_CHANNEL, encode_stop, encode_wakeup
+from runtime.engine.reannounce import Reannouncer
 from runtime.engine.trace_links import current_traceparent
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Publisher:
         *,
         replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
         scope_of: Callable[[str], Awaitable[str | None]] | None = None,
+        remember_scope: Callable[[str, str], None] | None = None,
     ) -> None:
         if replay_limit < 1:
             raise ValueError("replay_limit must be at least 1")
@@ -61,10 +63,20 @@ class Publisher:
         # With `scope_of`, every invalidation is also announced on its scope's channel, for the
         # scope-wide action inbox (one more publish per commit, never per chunk).
         self._scope_of = scope_of
+        # Where `scope_of` caches (`ScopeCache.remember`): told the scopes callers know anyway.
+        self._remember_scope = remember_scope
         self._replay_limit = replay_limit
         self._replay_max_bytes = replay_max_bytes
         self._failing = False
         self._observers: list[Callable[[str, int], None]] = []
+        # Invalidations the bus refused, published again until it takes them.
+        self._reannounce = Reannouncer(self._republish)
+
+    def known_scope(self, thread_id: str, scope: str) -> None:
+        """The caller read or wrote `thread_id` and knows its scope: its announcements need no
+        scope read (`ScopeCache.remember`)."""
+        if self._remember_scope is not None:
+            self._remember_scope(thread_id, scope)
 
     def observe(self, observer: Callable[[str, int], None]) -> None:
         """Call `observer(thread_id, version)` for every invalidation this publisher sends,
@@ -128,7 +140,32 @@ class Publisher:
             operation = self._bus.publish(*messages[0])
         else:
             operation = self._bus.publish_all(messages)
-        return await self._attempt(operation, kinds) and known
+        sent = await self._attempt(operation, kinds)
+        self._settle(thread_id, version, sent)
+        return sent and known
+
+    def _settle(self, thread_id: str, version: int, sent: bool) -> None:
+        """Whether the invalidation of `thread_id` at `version` went out: owed until it does
+        (`Reannouncer`)."""
+        if sent:
+            self._reannounce.done(thread_id, version)
+        else:
+            self._reannounce.add(thread_id, version)
+
+    async def _republish(self, pending: dict[str, int]) -> bool:
+        """The invalidations owed (thread id -> newest version), in one bus operation."""
+        messages: list[tuple[str, bytes]] = []
+        kinds: dict[str, int] = {}
+        for thread_id, version in pending.items():
+            more, counts, _ = await self._invalidation(thread_id, version)
+            messages += more
+            for kind, count in counts:
+                kinds[kind] = kinds.get(kind, 0) + count
+        return await self._attempt(self._bus.publish_all(messages), list(kinds.items()))
+
+    async def close(self) -> None:
+        """Stop publishing owed invalidations again (the process is stopping)."""
+        await self._reannounce.close()
 
     async def _invalidation(
         self, thread_id: str, version: int
@@ -165,7 +202,9 @@ class Publisher:
             operation = self._bus.publish_all(messages, replay.key)
             failed = None
         kinds.append(("clear_replay", 1))
-        return await self._attempt(operation, kinds, failed) and known
+        sent = await self._attempt(operation, kinds, failed)
+        self._settle(thread_id, version, sent)
+        return sent and known
 
     def _replay(self, thread_id: str) -> Replay:
         return Replay(replay_key(thread_id), self._replay_limit, self._replay_max_bytes)

@@ -56,8 +56,13 @@ class Worker:
         self.store = store
         self.bus = bus
         # Announce commits per scope too (the action inbox).
-        scope_of = ScopeCache(store).scope_of
-        self.publisher = Publisher(bus, replay_max_bytes=replay_max_bytes, scope_of=scope_of)
+        scopes = ScopeCache(store)
+        self.publisher = Publisher(
+            bus,
+            replay_max_bytes=replay_max_bytes,
+            scope_of=scopes.scope_of,
+            remember_scope=scopes.remember,
+        )
         self.agent = agent
         self.lifecycle = compose_lifecycle(agent.lifecycle)
         self.owner = owner or f"worker-{uuid.uuid4().hex[:10]}"
@@ -126,6 +131,7 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._renewals.close()
+        await self.publisher.close()
         if self.mcp is not None:
             await self.mcp.aclose()  # after the episodes: none is left calling a tool
 

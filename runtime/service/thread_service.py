@@ -125,6 +125,7 @@ class ThreadService(RewriteCommands):
         thread = await self.store.create_thread(
             target, title, dict(metadata or {}), owner=principal.subject
         )
+        self.publisher.known_scope(thread.id, thread.scope)
         # Nobody knows its id yet, so nothing else is in it: its first snapshot needs no read.
         committed = Snapshot.of_new_thread(thread, self.snapshot_messages)
         return await self.view_snapshot(principal, committed)

@@ -22,6 +22,14 @@ class ScopeCache:
         self._max = max_cached
         self._scopes: OrderedDict[str, str] = OrderedDict()
 
+    def remember(self, thread_id: str, scope: str) -> None:
+        """A scope learnt from a read or a write made anyway (a thread created, an episode
+        started): the first announcement of that thread needs no read of its own."""
+        self._scopes[thread_id] = scope
+        self._scopes.move_to_end(thread_id)
+        if len(self._scopes) > self._max:
+            self._scopes.popitem(last=False)
+
     async def scope_of(self, thread_id: str) -> str | None:
         scope = self._scopes.get(thread_id)
         if scope is not None:
@@ -29,7 +37,5 @@ class ScopeCache:
             return scope
         scope = (await self._source.thread_scopes([thread_id])).get(thread_id)
         if scope is not None:
-            self._scopes[thread_id] = scope
-            if len(self._scopes) > self._max:
-                self._scopes.popitem(last=False)
+            self.remember(thread_id, scope)
         return scope

@@ -4,14 +4,17 @@ Every subscribed connection is present in the thread as its principal. A gateway
 thread, one value in a `PresenceStore` (Redis shared by every gateway, or in process) holding
 all of its members there, written (and announced on the thread's presence channel, so other
 gateways reread at once) when they change, at most every `MIN_WRITE_INTERVAL` per thread. Every
-half `refresh_interval` the gateway beats (its values count only while its beat, expiring
-after 1.5 intervals, lasts) and checks the beats of the other gateways whose members it shows:
-one round trip per gateway per half interval, whatever its connections and threads. A gateway
-that dies stops beating, so its members vanish from every other gateway's view within 2
-refresh intervals. Every `FULL_PASS` seconds a gateway rewrites its values and rereads every
-room (one pipeline each way), which also keeps the store's keys from expiring. Subscribers get
-the whole set after `subscribed`, then `presence.join`, `presence.update` and `presence.leave`
-frames; one person with several tabs is one member with a connection count.
+half `refresh_interval` the gateway beats (its values count only while its beat, expiring after
+1.5 intervals, lasts) and checks the beats of the other gateways whose members it shows: one
+round trip per gateway per half interval, whatever its connections and threads. A gateway that
+dies stops beating, so its members vanish from every other gateway's view within 2 refresh
+intervals. A change of this gateway's own members (a join, an update, a leave) is aggregated
+with the other gateways' values as last read, without a store read; another gateway's
+announcement is what makes the room's next reread read the store. Every `FULL_PASS` seconds a
+gateway rewrites its values and rereads every room (one pipeline each way), which also keeps the
+store's keys from expiring. Subscribers get the whole set after `subscribed`, then
+`presence.join`, `presence.update` and `presence.leave` frames; one person with several tabs is
+one member with a connection count.
 """
 
 from __future__ import annotations
@@ -158,6 +161,10 @@ class _Room:
     # What the last applied read found (other gateways' values) and the local version it was
     # aggregated with: a reread that finds both unchanged aggregates and sends nothing.
     remote_seen: dict[str, bytes] | None = None
+    # Whether other gateways' values may have changed since that read (an announcement, a
+    # failed full pass): only then does a reread read the store; a change of this gateway's
+    # own members is aggregated with the values last read.
+    remote_stale: bool = True
     local_seen: int = -1
     applied: int = -1  # the sequence number of the last read applied
 
@@ -217,7 +224,7 @@ class PresenceHub:
         room = await self._room(thread_id)
         async with room.lock:
             if not room.primed:
-                await self._reread(room)
+                await self._read_remote(room)
                 room.primed = True
             room.members[member.id] = member
             frame = {
@@ -299,6 +306,7 @@ class PresenceHub:
                 room.ready.set()
                 async for data in subscription:
                     if data != self._announcement:  # this gateway's own: nothing to reread
+                        room.remote_stale = True
                         room.dirty.set()
         except asyncio.CancelledError:
             raise
@@ -312,10 +320,23 @@ class PresenceHub:
             room.dirty.clear()
             try:
                 async with room.lock:
-                    await self._reread(room)
+                    if room.remote_stale or room.remote_seen is None:
+                        await self._read_remote(room)
+                    else:  # only this gateway's members changed: no store read
+                        self._apply(room, room.remote_seen, room.applied)
             except Exception as exc:
                 log.warning("presence reread of %s failed: %s", room.thread_id, exc)
             await asyncio.sleep(MIN_REREAD_INTERVAL)
+
+    async def _read_remote(self, room: _Room) -> None:
+        """Reread the room; an announcement arriving meanwhile marks it stale again, and a
+        failed read leaves it stale."""
+        room.remote_stale = False
+        try:
+            await self._reread(room)
+        except BaseException:
+            room.remote_stale = True
+            raise
 
     async def _reread(self, room: _Room) -> None:
         # This gateway's own value is taken from its members below, not read.
@@ -335,6 +356,7 @@ class PresenceHub:
             found = {}
         for room in rooms:
             if room.thread_id not in found:
+                room.remote_stale = True
                 room.dirty.set()
             elif self._rooms.get(room.thread_id) is room:
                 async with room.lock:

@@ -27,6 +27,7 @@ class CountingStore(MemoryPresence):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[str] = []
+        self.readers: list[str] = []  # the gateway of each read_many (the one it skips)
         self.beats = 0
         self.lost: set[str] = set()
 
@@ -46,6 +47,7 @@ class CountingStore(MemoryPresence):
 
     async def read_many(self, thread_ids: list[str], skip: str = "") -> dict[str, dict[str, bytes]]:
         self.calls.append("read_many")
+        self.readers.append(skip)
         return await super().read_many(thread_ids, skip)
 
 
@@ -130,3 +132,37 @@ async def test_a_gateway_whose_beat_lapsed_is_seen_again_when_it_beats_again() -
         await alice.until(lambda: alice.present == {"alice"}, 5)
         store.lost.clear()
         await alice.until(lambda: alice.present == {"alice", "bob"}, 5)
+
+
+async def test_this_gateways_own_changes_are_aggregated_without_a_store_read() -> None:
+    store = CountingStore()
+    async with contextlib.AsyncExitStack() as stack:
+        bus = await stack.enter_async_context(MemoryBus())
+        a = await stack.enter_async_context(PresenceHub(bus, store, refresh_interval=5.0))
+        b = await stack.enter_async_context(PresenceHub(bus, store, refresh_interval=5.0))
+        bob = Seen()
+        await b.join("th", principal("bob"), bob.deliver)
+        alice = Seen()
+        await a.join("th", principal("alice"), alice.deliver)  # a room new to a: one read
+        await alice.until(lambda: alice.present == {"alice", "bob"}, 5)
+        # More tabs join, type and leave on gateway a: their frames reach a's members, read
+        # from a's own members and the values a last read, not from the store.
+        carol = Seen()
+        tab = await a.join("th", principal("carol"), carol.deliver)
+        await alice.until(lambda: alice.present == {"alice", "bob", "carol"}, 5)
+        a.update(tab, {"typing": True})
+        await alice.until(lambda: any(f.get("type") == "presence.update" for f in alice.frames), 5)
+        await a.leave(tab)
+        await alice.until(lambda: alice.present == {"alice", "bob"}, 5)
+        assert store.readers.count(a._gateway) == 1, store.calls
+        # A change on the other gateway is announced: a reads the store for it.
+        member = next(iter(b._rooms["th"].members.values()))
+        b.update(member, {"typing": True})
+        await alice.until(
+            lambda: any(
+                f.get("type") == "presence.update" and f["member"]["subject"] == "bob"  # type: ignore[index]
+                for f in alice.frames
+            ),
+            5,
+        )
+        assert store.readers.count(a._gateway) == 2, store.calls

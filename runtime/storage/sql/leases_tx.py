@@ -18,7 +18,7 @@ from runtime.storage.decisions import (
     lease_holds,
     run_leasable,
 )
-from runtime.storage.sql.core import NOW_COLUMN, Conn, lock_thread, placeholders, prelocked
+from runtime.storage.sql.core import NOW_COLUMN, Conn, lock_thread, prelocked
 from runtime.storage.sql.rows import (
     Row,
     lease_from_row,
@@ -197,50 +197,56 @@ async def renew_lease(conn: Conn, lease: Lease, ttl: float) -> Lease:
 RENEWALS_PER_STATEMENT = 500
 
 
-async def renew_run_leases(
-    conn: Conn, leases: Sequence[Lease], ttl: float
-) -> list[RunLeaseRenewal]:
-    """`renew_lease` for many run leases in one transaction: one conditional UPDATE per
-    `RENEWALS_PER_STATEMENT` leases (each row matched by its own token, so a takeover's lease
-    is never extended), then one read of which of the renewed runs were asked to stop."""
+def check_run_leases(leases: Sequence[Lease]) -> None:
     for lease in leases:
         if lease.kind is not LeaseKind.RUN:
             raise InvalidInput(f"not a run lease: {lease.kind} on {lease.resource_id}")
-    now = await conn.now()
-    renewed: dict[tuple[str, int], Lease] = {}
-    for start in range(0, len(leases), RENEWALS_PER_STATEMENT):
-        chunk = leases[start : start + RENEWALS_PER_STATEMENT]
-        matches = " OR ".join(
-            f"(resource_id = ${3 + 2 * i} AND token = ${4 + 2 * i})" for i in range(len(chunk))
-        )
-        rows = await conn.fetch(
-            f"UPDATE leases SET expires_at = $2 WHERE kind = 'run' AND expires_at > $1"
-            f" AND ({matches}) RETURNING *",
-            now,
-            now + ttl,
-            *[value for lease in chunk for value in (lease.resource_id, lease.token)],
-        )
-        for row in rows:
-            lease = lease_from_row(row)
-            renewed[(lease.resource_id, lease.token)] = lease
-    stopping: set[str] = set()
-    ids = sorted({resource_id for resource_id, _ in renewed})
-    for start in range(0, len(ids), RENEWALS_PER_STATEMENT):
-        some = ids[start : start + RENEWALS_PER_STATEMENT]
-        rows = await conn.fetch(
-            f"SELECT id FROM runs WHERE id IN ({placeholders(1, len(some))})"
-            " AND (stop_requested = TRUE OR status = 'cancelled')",
-            *some,
-        )
-        stopping.update(str(row["id"]) for row in rows)
+
+
+async def renew_run_leases(
+    conn: Conn, leases: Sequence[Lease], ttl: float
+) -> dict[tuple[str, int], tuple[Lease, bool]]:
+    """`renew_lease` for up to `RENEWALS_PER_STATEMENT` run leases in one statement on the
+    database clock, each row matched by its own token (a takeover's lease is never extended),
+    returning with each renewed lease whether its run was asked to stop or cancelled.
+
+    One statement, run in autocommit (`SqlStore.renew_run_leases`): its row locks last only
+    while it executes, so a worker frozen (SIGSTOP, a GC pause) mid-renewal never holds a lease
+    row that a takeover must wait for, as a transaction open across round trips would."""
+    now = conn.dialect.now_sql
+    matches = " OR ".join(
+        f"(resource_id = ${2 + 2 * i} AND token = ${3 + 2 * i})" for i in range(len(leases))
+    )
+    rows = await conn.fetch(
+        f"UPDATE leases SET expires_at = {now} + $1 WHERE kind = 'run' AND expires_at > {now}"
+        f" AND ({matches}) RETURNING *, (SELECT CASE WHEN r.stop_requested = TRUE"
+        " OR r.status = 'cancelled' THEN 1 ELSE 0 END FROM runs r"
+        " WHERE r.id = leases.resource_id) AS stop_",
+        ttl,
+        *[value for lease in leases for value in (lease.resource_id, lease.token)],
+    )
+    renewed: dict[tuple[str, int], tuple[Lease, bool]] = {}
+    for row in rows:
+        lease = lease_from_row(row)
+        renewed[(lease.resource_id, lease.token)] = (lease, bool(row["stop_"]))
+    count = len(renewed)
+    conn.on_commit(lambda: lease_event("renewed", LeaseKind.RUN, count))
+    return renewed
+
+
+def renewal_answers(
+    leases: Sequence[Lease], renewed: dict[tuple[str, int], tuple[Lease, bool]]
+) -> list[RunLeaseRenewal]:
+    """`renew_run_leases`' rows as the answers in the leases' order (a lease not among them was
+    lost: expired, released or taken over)."""
     answers: list[RunLeaseRenewal] = []
     for lease in leases:
         held = renewed.get((lease.resource_id, lease.token))
         if held is None:
             lease_event("lost", lease.kind)
-        answers.append(RunLeaseRenewal(held, held is not None and lease.resource_id in stopping))
-    count = len(renewed)
-    conn.on_commit(lambda: lease_event("renewed", LeaseKind.RUN, count))
+            answers.append(RunLeaseRenewal(None, False))
+        else:
+            answers.append(RunLeaseRenewal(*held))
     return answers
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
@@ -380,9 +381,13 @@ class SqlStore(SqlTokenStore):
 
     async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
         ttl = check_ttl(ttl)
-        if not leases:
-            return []
-        return await self._write(lambda conn: leases_tx.renew_run_leases(conn, leases, ttl))
+        leases_tx.check_run_leases(leases)
+        renewed: dict[tuple[str, int], tuple[Lease, bool]] = {}
+        step = leases_tx.RENEWALS_PER_STATEMENT
+        for start in range(0, len(leases), step):
+            renew = functools.partial(_renew_chunk, leases=leases[start : start + step], ttl=ttl)
+            renewed.update(await self._write_statement(renew))
+        return leases_tx.renewal_answers(leases, renewed)
 
     async def release_lease(self, lease: Lease) -> None:
         # One DELETE of this token's row: a retry after it went through deletes nothing.
@@ -478,6 +483,12 @@ class SqlStore(SqlTokenStore):
         return await self._write(
             lambda conn: rewrites_tx.rewrite_history(conn, lease, op, public, private)
         )
+
+
+async def _renew_chunk(
+    conn: Conn, *, leases: Sequence[Lease], ttl: float
+) -> dict[tuple[str, int], tuple[Lease, bool]]:
+    return await leases_tx.renew_run_leases(conn, leases, ttl)
 
 
 __all__ = ["SqlStore"]
