@@ -45,7 +45,6 @@ class Reannouncer:
         self._max_threads = max_threads
         self._pending: OrderedDict[str, int] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
-        self.resent = 0  # invalidations published again (for tests and benches)
 
     @property
     def pending(self) -> dict[str, int]:
@@ -77,7 +76,6 @@ class Reannouncer:
             if not sent:
                 delay = min(delay * 2, self._max)
                 continue
-            self.resent += len(batch)
             for thread_id, version in batch.items():
                 self.done(thread_id, version)
             delay = self._first

@@ -1,9 +1,9 @@
-"""One worker's run-lease renewals, batched: a heartbeat per worker, not a transaction per run.
+"""One worker's run-lease renewals, batched: a heartbeat per worker, not a renewal per run.
 
 Each episode's heartbeat still asks for its own renewal, with its own deadline and timeout
 (`Worker._heartbeat`); the asks that arrive within `window` of the first one go to storage
-together, as one `renew_run_leases` call (one transaction, a statement per 500 leases, and one
-read of the runs asked to stop). The heartbeats are aligned on a grid of the loop's clock
+together, as one `renew_run_leases` call (an autocommit statement per 500 leases, which also
+says which of the runs were asked to stop). The heartbeats are aligned on a grid of the loop's clock
 (`beat_delay`), so a worker holding 2 000 streaming runs renews them all in one call every
 period instead of 2 000 renewals and 2 000 run reads (docs/architecture.md, "Leases").
 

@@ -188,8 +188,8 @@ class LeaseStore(Protocol):
     async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None: ...
     async def renew_lease(self, lease: Lease, ttl: float) -> Lease: ...
     async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
-        """Renew many run leases at once (a worker's heartbeat: one transaction, whatever the
-        number of its runs), each as `renew_lease` would; the answers in the leases' order,
+        """Renew many run leases at once (a worker's heartbeat: one call, whatever the number
+        of its runs), each as `renew_lease` would; the answers in the leases' order,
         each with whether its run was asked to stop or cancelled. A lost lease is an answer
         (`lease` None), not an error."""
         ...

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from runtime import instruments
 from runtime.domain import Lease, LeaseKind, RunStatus
-from runtime.errors import InvalidInput, LeaseLost, NotFound
+from runtime.errors import LeaseLost, NotFound
 from runtime.storage.decisions import (
     StoredLease,
     check_lease_kind,
@@ -195,12 +195,6 @@ async def renew_lease(conn: Conn, lease: Lease, ttl: float) -> Lease:
 
 # Leases per renewal statement: two parameters each, far below either backend's bound.
 RENEWALS_PER_STATEMENT = 500
-
-
-def check_run_leases(leases: Sequence[Lease]) -> None:
-    for lease in leases:
-        if lease.kind is not LeaseKind.RUN:
-            raise InvalidInput(f"not a run lease: {lease.kind} on {lease.resource_id}")
 
 
 async def renew_run_leases(

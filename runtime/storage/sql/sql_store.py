@@ -23,6 +23,7 @@ from runtime.domain import (
     Thread,
 )
 from runtime.errors import InvalidInput
+from runtime.storage.decisions import check_lease_kind
 from runtime.storage.input_checks import (
     check_owner,
     check_patch,
@@ -381,11 +382,14 @@ class SqlStore(SqlTokenStore):
 
     async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
         ttl = check_ttl(ttl)
-        leases_tx.check_run_leases(leases)
+        for lease in leases:
+            check_lease_kind(lease, LeaseKind.RUN)
         renewed: dict[tuple[str, int], tuple[Lease, bool]] = {}
         step = leases_tx.RENEWALS_PER_STATEMENT
         for start in range(0, len(leases), step):
-            renew = functools.partial(_renew_chunk, leases=leases[start : start + step], ttl=ttl)
+            renew = functools.partial(
+                leases_tx.renew_run_leases, leases=leases[start : start + step], ttl=ttl
+            )
             renewed.update(await self._write_statement(renew))
         return leases_tx.renewal_answers(leases, renewed)
 
@@ -483,12 +487,6 @@ class SqlStore(SqlTokenStore):
         return await self._write(
             lambda conn: rewrites_tx.rewrite_history(conn, lease, op, public, private)
         )
-
-
-async def _renew_chunk(
-    conn: Conn, *, leases: Sequence[Lease], ttl: float
-) -> dict[tuple[str, int], tuple[Lease, bool]]:
-    return await leases_tx.renew_run_leases(conn, leases, ttl)
 
 
 __all__ = ["SqlStore"]
