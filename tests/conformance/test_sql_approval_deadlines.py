@@ -209,8 +209,11 @@ async def test_racing_timer_loops_fire_each_stage_once(
     loops = [TimerLoop(hooks, publisher, lease_ttl=5.0, owner=f"loop{n}") for n in range(3)]
     audit = SqlAuditLog(sql_store)
     due: float | None = first.approval.due_at
-    for _ in range(2):  # each stage's deadline, then rounds of all loops at once
-        assert due is not None
+    # Each stage's deadline, then rounds of all loops at once. On a slow box the rounds after
+    # the escalation can outlast the next stage, which then fires in them: that is still once.
+    for _ in range(2):
+        if due is None:
+            break
         await until_due(sql_store, due)
         for _ in range(3):
             await asyncio.gather(*(loop.run_due() for loop in loops))
