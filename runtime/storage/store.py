@@ -103,6 +103,11 @@ class ThreadStore(ThreadIndex, Protocol):
         ...
 
     async def get_thread(self, thread_id: str, scopes: Scopes) -> Thread: ...
+    async def thread_version(self, thread_id: str, scopes: Scopes) -> int:
+        """The thread's version: what `get_thread` would say of it, in one indexed read;
+        `NotFound` outside `scopes` exactly as for an unknown id."""
+        ...
+
     async def rename_thread(self, thread_id: str, scopes: Scopes, title: str) -> Thread:
         """Set the thread's title: a change like any other, so one version more (the thread
         returned has it); `InvalidInput`/`TooLarge` for a title creation would refuse."""

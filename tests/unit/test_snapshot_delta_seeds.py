@@ -111,4 +111,3 @@ async def test_an_older_seed_never_replaces_a_newer_base() -> None:
     source.threads["thr_1"] = snapshot("thr_1", 4, title="renamed")
     got = frame(await deltas.request("thr_1", 4, ALICE))
     assert got["delta"]["from"] == 3
-

@@ -162,6 +162,11 @@ class SqlStore(SqlTokenStore):
             lambda conn: threads_tx.get_thread(conn, thread_id, scopes)
         )
 
+    async def thread_version(self, thread_id: str, scopes: Collection[str]) -> int:
+        return await self._read_statements(
+            lambda conn: threads_tx.thread_version(conn, thread_id, scopes)
+        )
+
     async def update_metadata(
         self, thread_id: str, scopes: Collection[str], patch: dict[str, Any]
     ) -> Thread:

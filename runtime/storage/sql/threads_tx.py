@@ -81,6 +81,16 @@ async def get_thread(conn: Conn, thread_id: str, scopes: Collection[str]) -> Thr
     return thread_from_row(await thread_row(conn, thread_id, scopes))
 
 
+async def thread_version(conn: Conn, thread_id: str, scopes: Collection[str]) -> int:
+    clause, values = scope_clause("scope", scopes, 2)
+    row = await conn.fetchrow(
+        f"SELECT version FROM threads WHERE id = $1 AND {clause}", thread_id, *values
+    )
+    if row is None:
+        raise NotFound(f"thread {thread_id} not found")
+    return int(row["version"])
+
+
 async def update_metadata(
     conn: Conn, thread_id: str, scopes: Collection[str], patch: dict[str, Any]
 ) -> Thread:
