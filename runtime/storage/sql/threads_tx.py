@@ -23,6 +23,7 @@ from runtime.domain import (
 )
 from runtime.errors import Conflict, NotFound
 from runtime.storage.sql.core import Conn, bump, lock_thread, placeholders, scope_clause, thread_row
+from runtime.storage.sql.decoded_messages import SNAPSHOT_MESSAGES
 from runtime.storage.sql.rows import (
     Row,
     encode_metadata,
@@ -261,7 +262,8 @@ def page_snapshot(
     """A bounded snapshot from its rows: up to `limit + 1` messages newest first (one more
     than the page says there are older ones), the thread's last message of any visibility,
     its latest run and queued items."""
-    page = [message_from_row(row) for row in reversed(newest_first[:limit])]
+    decoded = SNAPSHOT_MESSAGES.message
+    page = [decoded(row) for row in reversed(newest_first[:limit])]
     built = build_snapshot(
         thread,
         page,
@@ -270,7 +272,7 @@ def page_snapshot(
         include_hidden=True,  # filtered by the query already
     )
     cursor = page[0].position if len(newest_first) > limit and page else None
-    tail_message = message_from_row(tail) if tail is not None else None
+    tail_message = decoded(tail) if tail is not None else None
     actions = tuple(pending_actions_of(tail_message)) if tail_message is not None else ()
     return built.model_copy(
         update={"pending_actions": actions, "page": {"limit": limit, "before": cursor}}
