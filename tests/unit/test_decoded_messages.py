@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from runtime.storage.sql.decoded_messages import DecodedMessages
+from runtime.storage.sql.decoded_messages import DecodedMessages, message_view
 from runtime.storage.sql.rows import message_from_row
 
 
@@ -79,3 +79,15 @@ def test_a_large_message_or_an_unhashable_row_is_decoded_and_never_kept() -> Non
     odd = {**row(), "extra": ["a list"]}
     assert decoded.message(odd).id == "msg_1"
     assert len(decoded) == 0
+
+
+def test_a_kept_messages_view_is_kept_with_it_and_any_other_is_projected() -> None:
+    decoded = DecodedMessages(max_entries=1)
+    first = decoded.message(row())
+    view = decoded.view(first)
+    assert view == message_view(first)
+    assert decoded.view(decoded.message(row())) is view  # read again: the same view
+    decoded.message(row(id="msg_2"))  # pushes the first out
+    assert decoded.view(first) is not view and decoded.view(first) == view
+    unkept = message_from_row(row("never kept"))
+    assert decoded.view(unkept) == message_view(unkept)

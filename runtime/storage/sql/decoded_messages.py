@@ -6,7 +6,9 @@ JSON validated into models, a `Message` built per row, though all but the newest
 rows as the read before. Here a message is kept by its row, every column's name and value: a
 row that changed in any column (parts, visibility, `updated_at`) is another key, so what is
 served is what decoding that very row gives. Bounded by entries and by the parts' characters,
-least recently used out first; a message larger than a 64th of the bound is never kept.
+least recently used out first; a message larger than a 64th of the bound is never kept. A kept
+message's `MessageView` (what a snapshot shows of it) is kept with it, found by the message
+object's identity while the message is kept (`view`).
 
 Messages and their parts are frozen models; a snapshot's readers (views, the wire encoding,
 the snapshot cache that shares one read between viewers) only read them.
@@ -17,11 +19,22 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from runtime.domain import Message
+from runtime.domain import Message, MessageView
 from runtime.storage.sql.rows import Row, message_from_row
 
 MAX_ENTRIES = 8192
 MAX_CHARS = 32 * 1024 * 1024
+
+
+def message_view(message: Message) -> MessageView:
+    """What a snapshot shows of `message`."""
+    return MessageView(
+        id=message.id,
+        role=message.role,
+        visibility=message.visibility,
+        parts=message.parts,
+        run_id=message.run_id,
+    )
 
 
 class DecodedMessages:
@@ -31,6 +44,8 @@ class DecodedMessages:
         self.max_entries = max_entries
         self.max_chars = max_chars
         self._entries: OrderedDict[tuple[tuple[str, Any], ...], tuple[Message, int]] = OrderedDict()
+        # id(message) -> its view, for the messages kept (each kept alive by its entry).
+        self._views: dict[int, MessageView] = {}
         self._chars = 0
         self.hits = 0
         self.misses = 0
@@ -53,11 +68,18 @@ class DecodedMessages:
         size = len(row["parts"])
         if size <= self.max_chars // 64:
             self._entries[key] = (message, size)
+            self._views[id(message)] = message_view(message)
             self._chars += size
             while len(self._entries) > self.max_entries or self._chars > self.max_chars:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self._chars -= dropped
+                _, (dropped, chars) = self._entries.popitem(last=False)
+                del self._views[id(dropped)]
+                self._chars -= chars
         return message
+
+    def view(self, message: Message) -> MessageView:
+        """`message_view(message)`, the one kept when `message` is a message kept here."""
+        kept = self._views.get(id(message))
+        return kept if kept is not None else message_view(message)
 
 
 # The process's: rows of every store share it (a row's columns include its ids).

@@ -10,7 +10,6 @@ from typing import Any
 from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Message,
-    MessageView,
     QueuedItem,
     QueuedItemView,
     Run,
@@ -466,6 +465,7 @@ def build_snapshot(
     """Project committed rows: public metadata only, visible messages (hidden ones too when
     asked, marked by their visibility), tail pending actions."""
     tail = messages[-1] if messages else None
+    view = SNAPSHOT_MESSAGES.view
     return Snapshot(
         thread=ThreadView(
             id=thread.id,
@@ -476,13 +476,7 @@ def build_snapshot(
             owner=thread.owner,
         ),
         messages=tuple(
-            MessageView(
-                id=message.id,
-                role=message.role,
-                visibility=message.visibility,
-                parts=message.parts,
-                run_id=message.run_id,
-            )
+            view(message)
             for message in messages
             if include_hidden or message.visibility is Visibility.VISIBLE
         ),
