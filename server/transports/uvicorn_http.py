@@ -9,8 +9,8 @@ waits for a request's headers (the connection opened, or the previous response c
 no pipelined request already parsed) and closes the connection if they are not complete
 `header_timeout` seconds later, however slowly they trickle in. uvicorn's httptools parser
 bounds nothing of a request's head either: here a request line and headers of more than
-`MAX_HEAD_BYTES` get `431` and the connection closes (the bound h11 applied before 2026-12-04,
-when this protocol parsed with h11: httptools costs a third of its CPU per request). And uvicorn
+`MAX_HEAD_BYTES` get `431` and the connection closes (h11's own bound, which applied until
+2026-12-04, when this protocol parsed with h11: docs/benchmarks.md, tenth pass). And uvicorn
 checks the limit for plain requests only: a websocket upgrade beyond it gets the same 503 here
 instead of one more open socket.
 
