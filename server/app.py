@@ -133,6 +133,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
         state.hub = None
         state.snapshots = None
+        state.deltas = None
         state.gateway = None
         if settings.runs_gateway:
             hub = Hub(
@@ -161,6 +162,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                 capacity=max(1, settings.snapshot_cache),
             )
             stack.push_async_callback(deltas.close)
+            state.deltas = deltas
             gateway = Gateway(
                 settings, state.service, hub, inbox, presence, state.limiter, deltas=deltas
             )

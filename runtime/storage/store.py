@@ -103,6 +103,11 @@ class ThreadStore(ThreadIndex, Protocol):
         ...
 
     async def get_thread(self, thread_id: str, scopes: Scopes) -> Thread: ...
+    async def thread_version(self, thread_id: str, scopes: Scopes) -> int:
+        """The thread's version: what `get_thread` would say of it, in one indexed read;
+        `NotFound` outside `scopes` exactly as for an unknown id."""
+        ...
+
     async def rename_thread(self, thread_id: str, scopes: Scopes, title: str) -> Thread:
         """Set the thread's title: a change like any other, so one version more (the thread
         returned has it); `InvalidInput`/`TooLarge` for a title creation would refuse."""
@@ -210,8 +215,9 @@ class EpisodeStore(LeaseStore, Protocol):
         thread_id: str | None = None,
         history_from: int = 0,
     ) -> RunStart | None:
-        """`acquire_run_lease`, and `start_episode` with it where the backend does both in one
-        round trip (Postgres: `RunStart.started`); None when no lease was granted. Where
+        """`acquire_run_lease`, and `start_episode` with it where the backend does both at once
+        (`RunStart.started`: Postgres in one statement, SQLite in one transaction); None when
+        no lease was granted. Where
         `started` is None, the episode is still to be started (`begin_episode`). With
         `thread_id` (the run's thread, as the caller believes), such a start also reads the
         thread's messages from `history_from` on, after it (`RunStart.history`; None when the

@@ -39,6 +39,8 @@ READ_TIMEOUT = 2.0
 
 # What a listener gets for an invalidation: the frame's bytes and the version it announces.
 Built = tuple[bytes, int]
+# (thread, viewer class) -> (version, wire snapshot), least recently kept first.
+Bases = OrderedDict[tuple[str, str], tuple[int, dict[str, Any]]]
 
 
 class SnapshotSource(Protocol):
@@ -68,7 +70,10 @@ class SnapshotDeltas:
         self._capacity = capacity
         self._read_timeout = read_timeout
         # (thread, viewer) -> (version, wire snapshot): the newest snapshot built for the class.
-        self._bases: OrderedDict[tuple[str, str], tuple[int, dict[str, Any]]] = OrderedDict()
+        self._bases: Bases = OrderedDict()
+        # (thread, viewer) -> (version, wire snapshot) answered without a read (`seed`): kept
+        # apart, so threads created in bulk never push out the bases of watched ones.
+        self._seeds: Bases = OrderedDict()
         # (thread, viewer) -> (version asked, its build): later asks of that version share it.
         self._builds: OrderedDict[tuple[str, str], tuple[int, asyncio.Task[Built]]] = OrderedDict()
         self._running: set[asyncio.Task[Built]] = set()
@@ -79,9 +84,22 @@ class SnapshotDeltas:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
+    def seed(self, principal: Principal, snapshot: Snapshot) -> None:
+        """`snapshot` is what this gateway answered `principal` without reading it (a new
+        thread's, `POST /v1/threads`): the base its viewer class starts from, so the delta
+        subscription that usually follows needs no read to prime."""
+        if not self.enabled:
+            return
+        _keep(self._seeds, (snapshot.thread.id, _viewer_key(principal)), snapshot, self._capacity)
+
     def prime(self, thread_id: str, principal: Principal) -> None:
-        """A delta subscriber of `thread_id` arrived: read its base now, unless one is kept."""
+        """A delta subscriber of `thread_id` arrived: read its base now, unless one is kept
+        (or was seeded: the seed becomes the base)."""
         key = (thread_id, _viewer_key(principal))
+        seeded = self._seeds.pop(key, None)
+        if seeded is not None and key not in self._bases:
+            self._bases[key] = seeded
+            _bound(self._bases, self._capacity)
         if key not in self._bases and key not in self._builds:
             self.request(thread_id, 0, principal)
 
@@ -131,8 +149,7 @@ class SnapshotDeltas:
         if base is None or base[0] < now:
             self._bases[key] = (now, wire)
             self._bases.move_to_end(key)
-            while len(self._bases) > self._capacity:
-                self._bases.popitem(last=False)
+            _bound(self._bases, self._capacity)
         if base is None or base[0] >= now or now < version:
             self.plain += 1
             return plain
@@ -166,3 +183,18 @@ class SnapshotDeltas:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _keep(bases: Bases, key: tuple[str, str], snapshot: Snapshot, capacity: int) -> None:
+    """Keep `snapshot` under `key` unless a newer one is kept, the oldest out past `capacity`."""
+    kept = bases.get(key)
+    version = snapshot.thread.version
+    if kept is None or kept[0] < version:
+        bases[key] = (version, snapshot.to_wire())
+        bases.move_to_end(key)
+        _bound(bases, capacity)
+
+
+def _bound(bases: Bases, capacity: int) -> None:
+    while len(bases) > capacity:
+        bases.popitem(last=False)

@@ -20,6 +20,7 @@ from server.auth import Grant
 from server.live.quotas import Limiter
 from server.live.revocation import TokenRevoker
 from server.live.snapshot_cache import SnapshotCache
+from server.live.snapshot_deltas import SnapshotDeltas
 from server.protocol.authorizer import Authorizer
 from server.protocol.inputs import Input
 from server.tracing import QUOTA_REFUSALS
@@ -66,6 +67,8 @@ class Caller:
     narrow: tuple[ThreadMatch, ...] | None = None
     # The gateway's snapshot cache (None: every snapshot is read from storage).
     snapshots: SnapshotCache | None = None
+    # The gateway's delta builder: told of the snapshots it answers without a read.
+    deltas: SnapshotDeltas | None = None
 
     def tokens(self) -> TokenRevoker:
         if self.revoker is None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from runtime.authorization import ThreadMatch
-from runtime.domain import Principal, WaitKind
+from runtime.domain import Principal, Snapshot, WaitKind
 from runtime.errors import InvalidInput
 from runtime.service.acts import ActPart, InputPart, ResolvePart, StopPart
 from runtime.service.client_threads import open_client_thread
@@ -164,6 +164,15 @@ def _result_part(kind: WaitKind) -> Callable[[ToolResult], ActPart]:
     return part
 
 
+async def _create_thread(c: Caller, i: CreateThread) -> Snapshot:
+    snapshot = await c.service.create_thread(
+        c.principal, title=i.title, metadata=i.metadata, scope=i.scope
+    )
+    if c.deltas is not None:  # the creator's delta subscription starts from this answer
+        c.deltas.seed(c.principal, snapshot)
+    return snapshot
+
+
 SNAPSHOT = "snapshot"
 THREAD_VERSION = '`{"thread_id", "version"}`'
 WS_ONLY = "acts on the websocket connection itself"
@@ -174,9 +183,7 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
         name="thread.create",
         input=CreateThread,
-        call=lambda c, i: c.service.create_thread(
-            c.principal, title=i.title, metadata=i.metadata, scope=i.scope
-        ),
+        call=_create_thread,
         answer=lambda i, snapshot: snapshot.to_wire(),
         answer_doc=SNAPSHOT,
         reply=None,

@@ -62,6 +62,7 @@ async def request_caller(request: Request) -> Caller:
         token_id=key,
         revoker=getattr(state, "revoker", None),
         snapshots=getattr(state, "snapshots", None),
+        deltas=getattr(state, "deltas", None),
         origin=Origin(
             # The scope's path is what `request.url.path` parses out of a whole URL.
             transport=_transport_of(request.scope["path"]),

@@ -1,13 +1,18 @@
-"""uvicorn's h11 HTTP protocol with a header-read deadline and the connection limit on upgrades.
+"""uvicorn's HTTP protocol (httptools) with a header-read deadline, a bound on a request's head
+and the connection limit on upgrades.
 
 uvicorn bounds an idle keep-alive connection (`timeout_keep_alive`) and answers 503 to a
 request beyond `limit_concurrency`, but a connection that sends nothing, or a request line and
 headers a byte at a time, is held forever: uvicorn arms no timer before the first request, and
 every byte received cancels the keep-alive timer. This protocol arms one more timer whenever it
-waits for a request's headers (the connection opened, or the previous response completed) and
-closes the connection if they are not complete `header_timeout` seconds later, however slowly
-they trickle in. And uvicorn checks the limit for plain requests only: a websocket upgrade
-beyond it gets the same 503 here instead of one more open socket.
+waits for a request's headers (the connection opened, or the previous response completed with
+no pipelined request already parsed) and closes the connection if they are not complete
+`header_timeout` seconds later, however slowly they trickle in. uvicorn's httptools parser
+bounds nothing of a request's head either: here a request line and headers of more than
+`MAX_HEAD_BYTES` get `431` and the connection closes (h11's own bound, which applied until
+2026-12-04, when this protocol parsed with h11: docs/benchmarks.md, tenth pass). And uvicorn
+checks the limit for plain requests only: a websocket upgrade beyond it gets the same 503 here
+instead of one more open socket.
 
 docs/operations.md, "Connections and timeouts", gives the settings and the reverse-proxy advice.
 """
@@ -19,8 +24,7 @@ import logging
 import resource
 from typing import Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.transports.corked import CorkedTransport
 
@@ -29,6 +33,17 @@ log = logging.getLogger(__name__)
 # Descriptors kept back from the connection limit for what else a process opens: its
 # Postgres pool, Redis connections, the SQLite files, logs and the listening socket.
 RESERVED_DESCRIPTORS = 128
+
+# A request line and headers beyond this (name and value bytes) get 431: h11's default bound.
+MAX_HEAD_BYTES = 16 * 1024
+
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 31\r\n"
+    b"connection: close\r\n\r\n"
+    b"Request Header Fields Too Large"
+)
 
 _UNAVAILABLE = (
     b"HTTP/1.1 503 Service Unavailable\r\n"
@@ -55,24 +70,26 @@ def connection_limit(wanted: int) -> int:
     return allowed
 
 
-def http_protocol(header_timeout: float) -> type[BoundedH11Protocol]:
+def http_protocol(header_timeout: float) -> type[BoundedHttpProtocol]:
     """The protocol class for uvicorn's `http=` with this header-read deadline (seconds)."""
 
-    class HttpProtocol(BoundedH11Protocol):
+    class HttpProtocol(BoundedHttpProtocol):
         pass
 
     HttpProtocol.header_timeout = header_timeout
     return HttpProtocol
 
 
-class BoundedH11Protocol(H11Protocol):
-    """H11Protocol plus a header-read deadline and the connection limit on upgrades."""
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol plus a header-read deadline, a bound on the request's head and the
+    connection limit on upgrades."""
 
     header_timeout = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         # A response's head and body in one write; a websocket upgraded from this connection
@@ -84,20 +101,39 @@ class BoundedH11Protocol(H11Protocol):
         self._headers_received()
         super().connection_lost(exc)
 
-    def handle_events(self) -> None:
-        super().handle_events()
-        # h11 leaves IDLE once a request's line and headers are complete (it is then the app's
-        # turn); anything else means they are still being waited for.
-        if self.conn.their_state is not h11.IDLE:
-            self._headers_received()
+    def on_message_begin(self) -> None:
+        self._head_bytes = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._headers_received()
+        super().on_headers_complete()
 
     def on_response_complete(self) -> None:
-        # Armed before uvicorn starts the next cycle: a pipelined request already buffered is
-        # parsed in there, and disarms it again at once.
-        self._await_headers()
+        # A pipelined request already parsed has its headers (uvicorn starts it in there);
+        # otherwise the next request's are waited for.
+        waiting = not self.pipeline
         super().on_response_complete()
+        if waiting:
+            self._await_headers()
 
-    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+    def send_400_response(self, msg: str) -> None:
+        if self._head_bytes > MAX_HEAD_BYTES:  # the parser stopped at `_count_head`'s raise
+            self.logger.warning("Request head over %d bytes.", MAX_HEAD_BYTES)
+            self.transport.write(_TOO_LARGE)
+            self.transport.close()
+            return
+        super().send_400_response(msg)
+
+    def handle_websocket_upgrade(self) -> None:
         self._headers_received()
         limit = self.limit_concurrency
         if limit is not None and len(self.connections) >= limit:
@@ -106,7 +142,14 @@ class BoundedH11Protocol(H11Protocol):
             self.transport.write(_UNAVAILABLE)
             self.transport.close()
             return
-        super().handle_websocket_upgrade(event)
+        super().handle_websocket_upgrade()
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            # Raised inside a parser callback: the parser stops and uvicorn answers its 400,
+            # which `send_400_response` turns into the 431 it is.
+            raise ValueError("request head too large")
 
     def _await_headers(self) -> None:
         self._headers_received()

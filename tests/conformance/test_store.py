@@ -141,6 +141,10 @@ async def test_create_and_get_thread(store: Store) -> None:
     assert await store.get_thread(thread.id, SCOPES) == thread
     assert await store.thread_versions([thread.id, "th_missing"]) == {thread.id: 1}
     assert await store.thread_versions([]) == {}
+    assert await store.thread_version(thread.id, SCOPES) == 1
+    for thread_id, scopes in ((thread.id, ["other"]), (thread.id, []), ("th_missing", SCOPES)):
+        with pytest.raises(NotFound, match="not found"):
+            await store.thread_version(thread_id, scopes)
 
 
 async def test_create_thread_validates_input(store: Store) -> None:
@@ -170,6 +174,7 @@ async def test_rename_is_one_version_and_every_read_sees_it(store: Store) -> Non
     assert (await store.snapshot(thread.id, SCOPES)).thread.title == "after"
     assert [t.title for t in await store.list_threads(SCOPES)] == ["after"]
     assert await store.thread_versions([thread.id]) == {thread.id: renamed.version}
+    assert await store.thread_version(thread.id, SCOPES) == renamed.version
     cleared = await store.rename_thread(thread.id, SCOPES, "")  # creation allows "" too
     assert (cleared.title, cleared.version) == ("", renamed.version + 1)
     refused = [

@@ -1,5 +1,5 @@
-"""Store conformance: `start_run`, the run lease with the episode's start where the backend
-makes both in one round trip (Postgres), the lease alone where it does not (SQLite)."""
+"""Store conformance: `start_run`, the run lease with the episode's start: in one statement
+(Postgres' database function) or in one transaction (SQLite)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ async def test_start_run_leases_and_starts_a_queued_run(store: Store) -> None:
         thread_id,
         "w1",
     )
-    # A backend may start the episode with the lease (Postgres) or leave it to begin_episode.
+    # The store may leave the start to begin_episode (`started` None); these both start it.
+    assert start.started is not None
     began = await started(store, start)
     assert (began.before.status, began.before.episode) == (RunStatus.QUEUED, 0)
     assert (began.run.status, began.run.episode) == (RunStatus.RUNNING, 1)
@@ -115,8 +116,7 @@ async def test_start_run_reads_the_named_threads_messages_with_the_start(
 ) -> None:
     """With the run's thread named, a start made with the lease (Postgres) reads the thread's
     messages from the given position, as `read_history` reads them after it; a wrong thread
-    or none named reads nothing. Where the start is left to `begin_episode` (SQLite), so is
-    the read."""
+    or none named reads nothing. Where the start is left to `begin_episode`, so is the read."""
     thread = await new_thread(store)
     _, lease = await start_run(store, thread.id, text="one")
     await finish(store, lease)
@@ -127,8 +127,8 @@ async def test_start_run_reads_the_named_threads_messages_with_the_start(
         start = await store.start_run(
             run.id, "w1", 10.0, thread_id=thread_id, history_from=history_from
         )
-        assert start is not None
-        if start.started is None or thread_id != thread.id:
+        assert start is not None and start.started is not None
+        if thread_id != thread.id:
             assert start.history is None
         else:
             assert start.history == await store.read_history(thread.id, history_from)

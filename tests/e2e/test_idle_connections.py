@@ -145,3 +145,58 @@ async def test_beyond_the_connection_limit_requests_and_upgrades_get_503(
                 break
             await asyncio.sleep(0.1)
         assert answer.startswith(b"HTTP/1.1 200"), answer
+
+
+async def test_a_pipelined_request_parsed_early_is_not_cut_by_the_header_deadline(
+    bounded: harness.ServerHandle,
+) -> None:
+    token = bounded.token("limits", subject="piper")
+    body = b'{"title": "pipelined"}'
+    create = (
+        b"POST /v1/threads HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + token.encode() + b"\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
+    async with connection(bounded.port) as (reader, writer):
+        # The second request's headers arrive with the first: they are parsed while the first
+        # is served, so when it completes no header deadline may be armed for the second,
+        # whose body then takes longer than the deadline to come.
+        writer.write(REQUEST + create + body[:1])
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await asyncio.wait_for(reader.readexactly(length), 10.0)
+        for byte in body[1:]:
+            await asyncio.sleep(2 * HEADER_TIMEOUT / len(body))
+            writer.write(bytes([byte]))
+            await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+        assert head.startswith(b"HTTP/1.1 201"), head
+
+
+@pytest.mark.parametrize("where", ["url", "header", "many headers"])
+async def test_a_request_head_over_the_bound_gets_431_and_a_close(
+    bounded: harness.ServerHandle, where: str
+) -> None:
+    big = 17 * 1024  # over MAX_HEAD_BYTES (16 KiB)
+    if where == "url":
+        request = b"GET /healthz?pad=" + b"a" * big + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    elif where == "header":
+        request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * big + b"\r\n\r\n"
+    else:
+        pads = b"".join(b"X-Pad-%d: %s\r\n" % (n, b"a" * 100) for n in range(170))
+        request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + pads + b"\r\n"
+    async with connection(bounded.port) as (reader, writer):
+        writer.write(request)
+        with contextlib.suppress(OSError):  # it may close before reading all of it
+            await writer.drain()
+        answer = await until_closed(reader, 10.0)
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+    # A head just under the bound is served, and the server is still there.
+    async with connection(bounded.port) as (reader, writer):
+        pad = b"a" * (15 * 1024)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + pad + b"\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+        assert head.startswith(b"HTTP/1.1 200"), head

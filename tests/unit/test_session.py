@@ -10,7 +10,7 @@ import pytest
 
 from realtime.envelopes import ChunkEnvelope, InvalidateEnvelope, MessageKind, encode
 from realtime.outbox import Outbox
-from runtime.domain import Admission, InputPolicy, Origin, Principal, Role, Thread, WaitKind
+from runtime.domain import Admission, InputPolicy, Origin, Principal, Role, WaitKind
 from runtime.errors import ActionConflict, NotFound
 from runtime.service.thread_service import ThreadService
 from runtime.storage.store import ResolveResult, RewriteResult
@@ -29,20 +29,11 @@ class FakeStore:
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the session must not call store.{name}")
 
-    async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread:
+    async def thread_version(self, thread_id: str, scopes: Collection[str]) -> int:
         found = self.threads.get(thread_id)
         if found is None or found[0] not in scopes:
             raise NotFound(f"thread {thread_id} not found")
-        return Thread(
-            id=thread_id,
-            scope=found[0],
-            title="",
-            version=found[1],
-            metadata={},
-            private_metadata={},
-            created_at=0.0,
-            updated_at=0.0,
-        )
+        return found[1]
 
     async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]:
         return {t: self.threads[t][1] for t in thread_ids if t in self.threads}
@@ -74,7 +65,7 @@ class FakeCommands(ThreadService):
         self.calls.append(("send_message", (thread_id, text, kwargs)))
         if self.fail_with is not None:
             raise self.fail_with
-        await self.store.get_thread(thread_id, principal.scopes)
+        await self.store.thread_version(thread_id, principal.scopes)
         return Admission(thread_id=thread_id, version=5, run_id="r1", message_id="m1")
 
     async def resume_action(
@@ -103,7 +94,7 @@ class FakeCommands(ThreadService):
         raise RuntimeError("boom")
 
     async def cancel_queued(self, principal: Principal, thread_id: str, item_id: str) -> int:
-        await self.store.get_thread(thread_id, principal.scopes)
+        await self.store.thread_version(thread_id, principal.scopes)
         return 6
 
 

@@ -30,7 +30,13 @@ from runtime.storage.decisions import (
 from runtime.storage.sql.actions_tx import index_actions
 from runtime.storage.sql.core import Conn, bump, lock_thread
 from runtime.storage.sql.deadlines_tx import arm_deadlines
-from runtime.storage.sql.leases_tx import Fenced, fence, live_lease, release_with_commit
+from runtime.storage.sql.leases_tx import (
+    Fenced,
+    acquire_run_lease,
+    fence,
+    live_lease,
+    release_with_commit,
+)
 from runtime.storage.sql.queue_tx import admit_next, append_message
 from runtime.storage.sql.rows import (
     Row,
@@ -52,6 +58,8 @@ from runtime.storage.store import (
     EpisodeStart,
     HistoryRead,
     RunChange,
+    RunStart,
+    StartedRun,
     StepCommit,
     StopResult,
 )
@@ -166,14 +174,41 @@ async def begin_episode(conn: Conn, lease: Lease, history_from: int) -> EpisodeS
         messages = [message_from_row(row) for row in fenced.history]
     else:
         epoch, messages = await read_history(conn, lease.thread_id, history_from)
+    started = await _started(conn, lease, thread, before)
+    history = HistoryRead(epoch=epoch, messages=tuple(messages))
+    return EpisodeStart(**dict(started), history=history)
+
+
+async def start_run(
+    conn: Conn, run_id: str, owner: str, ttl: float, history: tuple[str, int] | None
+) -> RunStart | None:
+    """`Store.start_run` in one transaction where the dialect has no `start_run_function`
+    (SQLite): the run lease as `acquire_run_lease` grants it, then the episode begun under it
+    as `begin_episode` begins one; with `history` (the run's thread, from position), the
+    thread's messages from there on are read with it (another thread named: none read)."""
+    lease = await acquire_run_lease(conn, run_id, owner, ttl)
+    if lease is None:
+        return None
+    if history is not None and history[0] == lease.thread_id:
+        begun = await begin_episode(conn, lease, history[1])
+        started = StartedRun(
+            before=begun.before, run=begun.run, version=begun.version, thread=begun.thread
+        )
+        return RunStart(lease=lease, started=started, history=begun.history)
+    fenced = await fence(conn, lease, LeaseKind.RUN)
+    assert fenced.run is not None
+    return RunStart(lease=lease, started=await _started(conn, lease, fenced.thread, fenced.run))
+
+
+async def _started(conn: Conn, lease: Lease, thread: Row, before: Row) -> StartedRun:
+    """Start the episode of the fenced run (`before`, as read under the lock): `StartedRun`."""
     run, version = await _start(conn, lease, thread, before)
-    return EpisodeStart(
+    return StartedRun(
         before=run_from_row(before),
         run=run,
         version=version,
         # Read before start_episode's bump: only its version (and updated_at) moved since.
         thread=thread_from_row(thread).model_copy(update={"version": version}),
-        history=HistoryRead(epoch=epoch, messages=tuple(messages)),
     )
 
 

@@ -162,6 +162,11 @@ class SqlStore(SqlTokenStore):
             lambda conn: threads_tx.get_thread(conn, thread_id, scopes)
         )
 
+    async def thread_version(self, thread_id: str, scopes: Collection[str]) -> int:
+        return await self._read_statements(
+            lambda conn: threads_tx.thread_version(conn, thread_id, scopes)
+        )
+
     async def update_metadata(
         self, thread_id: str, scopes: Collection[str], patch: dict[str, Any]
     ) -> Thread:
@@ -344,12 +349,19 @@ class SqlStore(SqlTokenStore):
         history_from: int = 0,
     ) -> RunStart | None:
         function = self.dialect.start_run_function
-        if function is None:
-            lease = await self.acquire_run_lease(run_id, owner, ttl)
-            return None if lease is None else RunStart(lease=lease)
-        # One statement, keyed inside the database function, as `acquire_run_lease`'s.
-        ttl, owner, key = check_ttl(ttl), check_owner(owner), new_id("tx")
+        ttl, owner = check_ttl(ttl), check_owner(owner)
         history = None if thread_id is None else (thread_id, int(history_from))
+        if function is None:
+            # One transaction, the lease and the start together (keyed where `_run` keys).
+            start = await self._run(
+                lambda conn: runs_tx.start_run(conn, run_id, owner, ttl, history),
+                write=True,
+            )
+            if start is None:
+                leases_tx.lease_event("busy", LeaseKind.RUN)
+            return start
+        # One statement, keyed inside the database function, as `acquire_run_lease`'s.
+        key = new_id("tx")
         start = await self._write_statement(
             lambda conn: leases_tx.start_run_call(conn, key, run_id, owner, ttl, history)
         )

@@ -194,15 +194,20 @@ class SqlitePool:
         return self.transaction(write=True)
 
     async def _begin(self, db: sqlite3.Connection, begin: str) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.busy_timeout_ms / 1000
-        pause = 0.001
+        # The lock is free unless another process writes: the clock is read only then.
+        loop: asyncio.AbstractEventLoop | None = None
+        deadline = pause = 0.0
         while True:
             try:
                 db.execute(begin)
                 return
             except sqlite3.OperationalError as exc:
-                if not _is_transient(exc) or loop.time() + pause > deadline:
+                if not _is_transient(exc):
+                    raise
+                if loop is None:
+                    loop = asyncio.get_running_loop()
+                    deadline, pause = loop.time() + self.busy_timeout_ms / 1000, 0.001
+                if loop.time() + pause > deadline:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.05)

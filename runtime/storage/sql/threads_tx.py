@@ -10,7 +10,6 @@ from typing import Any
 from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Message,
-    MessageView,
     QueuedItem,
     QueuedItemView,
     Run,
@@ -23,6 +22,7 @@ from runtime.domain import (
 )
 from runtime.errors import Conflict, NotFound
 from runtime.storage.sql.core import Conn, bump, lock_thread, placeholders, scope_clause, thread_row
+from runtime.storage.sql.decoded_messages import SNAPSHOT_MESSAGES
 from runtime.storage.sql.rows import (
     Row,
     encode_metadata,
@@ -79,6 +79,16 @@ async def rename_thread(conn: Conn, thread_id: str, scopes: Collection[str], tit
 
 async def get_thread(conn: Conn, thread_id: str, scopes: Collection[str]) -> Thread:
     return thread_from_row(await thread_row(conn, thread_id, scopes))
+
+
+async def thread_version(conn: Conn, thread_id: str, scopes: Collection[str]) -> int:
+    clause, values = scope_clause("scope", scopes, 2)
+    row = await conn.fetchrow(
+        f"SELECT version FROM threads WHERE id = $1 AND {clause}", thread_id, *values
+    )
+    if row is None:
+        raise NotFound(f"thread {thread_id} not found")
+    return int(row["version"])
 
 
 async def update_metadata(
@@ -251,7 +261,8 @@ def page_snapshot(
     """A bounded snapshot from its rows: up to `limit + 1` messages newest first (one more
     than the page says there are older ones), the thread's last message of any visibility,
     its latest run and queued items."""
-    page = [message_from_row(row) for row in reversed(newest_first[:limit])]
+    decoded = SNAPSHOT_MESSAGES.message
+    page = [decoded(row) for row in reversed(newest_first[:limit])]
     built = build_snapshot(
         thread,
         page,
@@ -260,7 +271,7 @@ def page_snapshot(
         include_hidden=True,  # filtered by the query already
     )
     cursor = page[0].position if len(newest_first) > limit and page else None
-    tail_message = message_from_row(tail) if tail is not None else None
+    tail_message = decoded(tail) if tail is not None else None
     actions = tuple(pending_actions_of(tail_message)) if tail_message is not None else ()
     return built.model_copy(
         update={"pending_actions": actions, "page": {"limit": limit, "before": cursor}}
@@ -454,6 +465,7 @@ def build_snapshot(
     """Project committed rows: public metadata only, visible messages (hidden ones too when
     asked, marked by their visibility), tail pending actions."""
     tail = messages[-1] if messages else None
+    view = SNAPSHOT_MESSAGES.view
     return Snapshot(
         thread=ThreadView(
             id=thread.id,
@@ -464,13 +476,7 @@ def build_snapshot(
             owner=thread.owner,
         ),
         messages=tuple(
-            MessageView(
-                id=message.id,
-                role=message.role,
-                visibility=message.visibility,
-                parts=message.parts,
-                run_id=message.run_id,
-            )
+            view(message)
             for message in messages
             if include_hidden or message.visibility is Visibility.VISIBLE
         ),

@@ -15,7 +15,7 @@ import orjson
 from realtime.envelopes import MessageKind, chunk_position, encode_invalidate
 from realtime.outbox import Outbox
 from runtime.authorization import ThreadMatch
-from runtime.domain import Origin, Principal, Thread
+from runtime.domain import Origin, Principal
 from runtime.errors import InvalidInput, NotFound
 from runtime.service.assigned import wire_refusal
 from runtime.service.thread_service import ThreadService
@@ -53,7 +53,7 @@ _Waiting: TypeAlias = "_Build | tuple[bytes, MessageKind, int | None]"
 class ThreadReader(Protocol):
     """The two store reads a session needs (scope check and current version)."""
 
-    async def get_thread(self, thread_id: str, scopes: Collection[str]) -> Thread: ...
+    async def thread_version(self, thread_id: str, scopes: Collection[str]) -> int: ...
     async def thread_versions(self, thread_ids: Sequence[str]) -> dict[str, int]: ...
 
 
@@ -289,7 +289,7 @@ class Session:
             )
             return
         # Scope check first (NotFound for a foreign thread): never listen to foreign channels.
-        await self.store.get_thread(thread_id, self.principal.scopes)
+        await self.store.thread_version(thread_id, self.principal.scopes)
         listener = ThreadListener(thread_id, self.outbox)
         if deltas and self.deltas is not None and self.deltas.enabled:
             builder = self.deltas
