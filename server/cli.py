@@ -187,7 +187,7 @@ def serve(host: str | None, port: int | None, role: str | None) -> None:
         # (server/transports/ws/uvicorn_ws.py).
         ws=WebSocketProtocol,
         # Idle, slow and too many connections (server/transports/uvicorn_http.py).
-        http=http_protocol(settings.http_header_timeout),
+        http=http_protocol(settings.http_header_timeout, settings.http_body_timeout),
         timeout_keep_alive=settings.http_keep_alive_timeout,
         limit_concurrency=connection_limit(settings.max_connections),
         # Streams end with a final event at once; this bounds what is still open after it.

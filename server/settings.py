@@ -76,6 +76,8 @@ class Settings(BaseSettings):
     # beyond max_connections open connections (HTTP and websockets) new requests and upgrades
     # get 503 (lowered to what `ulimit -n` holds).
     http_header_timeout: float = Field(default=10.0, gt=0)
+    # A request's body must be complete this long after its headers (a slow body is closed).
+    http_body_timeout: float = Field(default=60.0, gt=0)
     http_keep_alive_timeout: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=10_000, ge=1)
 

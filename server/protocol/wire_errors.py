@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from realtime.bus_errors import BusError
@@ -110,6 +110,9 @@ def wire_error(exc: BaseException, *, invalid: str = "the request body is invali
     if isinstance(exc, HTTPException):
         code, message = _HTTP_CODES.get(exc.status_code, ("http_error", str(exc.detail)))
         return WireError(code, message, {}, exc.status_code, dict(exc.headers or {}))
+    if isinstance(exc, ClientDisconnect):  # nobody to answer: said for the log and metrics
+        message = "the client went away before its request was complete"
+        return WireError("bad_request", message, {}, STATUS["bad_request"])
     if isinstance(exc, BusError):
         message = f"live delivery is unavailable: {exc}"
         return WireError("unavailable", message, {}, STATUS["unavailable"])

@@ -7,7 +7,8 @@ headers a byte at a time, is held forever: uvicorn arms no timer before the firs
 every byte received cancels the keep-alive timer. This protocol arms one more timer whenever it
 waits for a request's headers (the connection opened, or the previous response completed with
 no pipelined request already parsed) and closes the connection if they are not complete
-`header_timeout` seconds later, however slowly they trickle in. uvicorn's httptools parser
+`header_timeout` seconds later, however slowly they trickle in; likewise a request's body must
+be complete `body_timeout` seconds after its headers. uvicorn's httptools parser
 bounds nothing of a request's head either: here a request line and headers of more than
 `MAX_HEAD_BYTES` get `431` and the connection closes (h11's own bound, which applied until
 2026-12-04, when this protocol parsed with h11: docs/benchmarks.md, tenth pass). And uvicorn
@@ -70,13 +71,15 @@ def connection_limit(wanted: int) -> int:
     return allowed
 
 
-def http_protocol(header_timeout: float) -> type[BoundedHttpProtocol]:
-    """The protocol class for uvicorn's `http=` with this header-read deadline (seconds)."""
+def http_protocol(header_timeout: float, body_timeout: float = 60.0) -> type[BoundedHttpProtocol]:
+    """The protocol class for uvicorn's `http=` with these deadlines (seconds): a request's
+    headers, and its body once the headers are complete."""
 
     class HttpProtocol(BoundedHttpProtocol):
         pass
 
     HttpProtocol.header_timeout = header_timeout
+    HttpProtocol.body_timeout = body_timeout
     return HttpProtocol
 
 
@@ -85,10 +88,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     connection limit on upgrades."""
 
     header_timeout = 10.0
+    body_timeout = 60.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._body_deadline: asyncio.TimerHandle | None = None
         self._head_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -99,6 +104,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._headers_received()
+        self._body_received()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -116,6 +122,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._headers_received()
         super().on_headers_complete()
+        # Disarmed when the message is complete: at once for a request without a body.
+        self._body_deadline = self.loop.call_later(self.body_timeout, self._body_timeout)
+
+    def on_message_complete(self) -> None:
+        self._body_received()
+        super().on_message_complete()
 
     def on_response_complete(self) -> None:
         # A pipelined request already parsed has its headers (uvicorn starts it in there);
@@ -135,6 +147,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def handle_websocket_upgrade(self) -> None:
         self._headers_received()
+        self._body_received()
         limit = self.limit_concurrency
         if limit is not None and len(self.connections) >= limit:
             # The same count as uvicorn's for a plain request (this connection is among them).
@@ -160,6 +173,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._header_deadline is not None:
             self._header_deadline.cancel()
             self._header_deadline = None
+
+    def _body_received(self) -> None:
+        if self._body_deadline is not None:
+            self._body_deadline.cancel()
+            self._body_deadline = None
+
+    def _body_timeout(self) -> None:
+        self._body_deadline = None
+        if not self.transport.is_closing():
+            log.debug("closing a connection whose request body took over %ss", self.body_timeout)
+            # The route reading the body sees the client gone (`bad_request`, never a 5xx).
+            self.transport.close()
 
     def _header_timeout(self) -> None:
         self._header_deadline = None

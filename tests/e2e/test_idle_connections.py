@@ -16,6 +16,7 @@ from tests.e2e import harness
 
 HEADER_TIMEOUT = 1.0  # THREADLINE_HTTP_HEADER_TIMEOUT
 KEEP_ALIVE = 1.0  # THREADLINE_HTTP_KEEP_ALIVE_TIMEOUT
+BODY_TIMEOUT = 3.0  # THREADLINE_HTTP_BODY_TIMEOUT (above the pipelined test's 2 s body)
 MAX_CONNECTIONS = 6  # THREADLINE_MAX_CONNECTIONS
 SLACK = 3.0  # a loaded 2-core machine may run the server's timers late
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -29,6 +30,7 @@ def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Server
         {
             "THREADLINE_HTTP_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
             "THREADLINE_HTTP_KEEP_ALIVE_TIMEOUT": str(KEEP_ALIVE),
+            "THREADLINE_HTTP_BODY_TIMEOUT": str(BODY_TIMEOUT),
             "THREADLINE_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
         }
     )
@@ -200,3 +202,36 @@ async def test_a_request_head_over_the_bound_gets_431_and_a_close(
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
         assert head.startswith(b"HTTP/1.1 200"), head
+
+
+def post_head(token: str, length: int) -> bytes:
+    return (
+        b"POST /v1/threads HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + token.encode() + b"\r\n"
+        b"Content-Length: %d\r\n\r\n" % length
+    )
+
+
+async def test_a_slow_body_is_closed_at_the_body_deadline_and_logs_no_error(
+    bounded: harness.ServerHandle,
+) -> None:
+    token = bounded.token("limits", subject="slow-body")
+    async with connection(bounded.port) as (reader, writer):
+        started = time.monotonic()
+        writer.write(post_head(token, 100) + b'{"title": ')  # and nothing more
+        await writer.drain()
+        assert await until_closed(reader, BODY_TIMEOUT + SLACK) == b""
+        assert time.monotonic() - started >= BODY_TIMEOUT * 0.9
+    # A client that hangs up in the middle of its body: the same, at once.
+    async with connection(bounded.port) as (reader, writer):
+        writer.write(post_head(token, 100) + b'{"title": ')
+        await writer.drain()
+    await asyncio.sleep(0.5)
+    # Neither is an unexpected error (a 500 with a stack trace), and the server still serves.
+    async with connection(bounded.port) as (reader, writer):
+        writer.write(REQUEST)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+        assert head.startswith(b"HTTP/1.1 200"), head
+    log = bounded.log_path.read_text(errors="replace")
+    assert "unexpected error" not in log, log[-2000:]
