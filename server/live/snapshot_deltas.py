@@ -90,7 +90,8 @@ class SnapshotDeltas:
         subscription that usually follows needs no read to prime."""
         if not self.enabled:
             return
-        _keep(self._seeds, (snapshot.thread.id, _viewer_key(principal)), snapshot, self._capacity)
+        key = (snapshot.thread.id, _viewer_key(principal))
+        _keep(self._seeds, key, snapshot.thread.version, snapshot.to_wire(), self._capacity)
 
     def prime(self, thread_id: str, principal: Principal) -> None:
         """A delta subscriber of `thread_id` arrived: read its base now, unless one is kept
@@ -98,8 +99,7 @@ class SnapshotDeltas:
         key = (thread_id, _viewer_key(principal))
         seeded = self._seeds.pop(key, None)
         if seeded is not None and key not in self._bases:
-            self._bases[key] = seeded
-            _bound(self._bases, self._capacity)
+            _keep(self._bases, key, *seeded, self._capacity)
         if key not in self._bases and key not in self._builds:
             self.request(thread_id, 0, principal)
 
@@ -146,10 +146,7 @@ class SnapshotDeltas:
         now = snapshot.thread.version
         wire = snapshot.to_wire()
         base = self._bases.get(key)
-        if base is None or base[0] < now:
-            self._bases[key] = (now, wire)
-            self._bases.move_to_end(key)
-            _bound(self._bases, self._capacity)
+        _keep(self._bases, key, now, wire, self._capacity)
         if base is None or base[0] >= now or now < version:
             self.plain += 1
             return plain
@@ -185,16 +182,14 @@ class SnapshotDeltas:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _keep(bases: Bases, key: tuple[str, str], snapshot: Snapshot, capacity: int) -> None:
-    """Keep `snapshot` under `key` unless a newer one is kept, the oldest out past `capacity`."""
+def _keep(
+    bases: Bases, key: tuple[str, str], version: int, wire: dict[str, Any], capacity: int
+) -> None:
+    """Keep `wire` (the snapshot at `version`) under `key` unless a newer one is kept, the
+    least recently kept out past `capacity`."""
     kept = bases.get(key)
-    version = snapshot.thread.version
     if kept is None or kept[0] < version:
-        bases[key] = (version, snapshot.to_wire())
+        bases[key] = (version, wire)
         bases.move_to_end(key)
-        _bound(bases, capacity)
-
-
-def _bound(bases: Bases, capacity: int) -> None:
-    while len(bases) > capacity:
-        bases.popitem(last=False)
+        while len(bases) > capacity:
+            bases.popitem(last=False)

@@ -46,6 +46,14 @@ def builder(source: Source, capacity: int = 8) -> SnapshotDeltas:
     return SnapshotDeltas(SnapshotCache(source.freshness, 0), source, capacity=capacity)
 
 
+def seeded_thread(source: Source, deltas: SnapshotDeltas) -> Snapshot:
+    """`thr_1` created (version 1) and its answer seeded for alice, as `POST /v1/threads` does."""
+    created = snapshot("thr_1", 1)
+    source.threads["thr_1"] = created
+    deltas.seed(ALICE, created)
+    return created
+
+
 def frame(built: tuple[bytes, int]) -> dict[str, Any]:
     decoded = orjson.loads(built[0])
     assert isinstance(decoded, dict)
@@ -55,9 +63,7 @@ def frame(built: tuple[bytes, int]) -> dict[str, Any]:
 async def test_a_seeded_subscription_needs_no_prime_read_and_gets_a_delta() -> None:
     source = Source()
     deltas = builder(source)
-    created = snapshot("thr_1", 1)
-    source.threads["thr_1"] = created
-    deltas.seed(ALICE, created)
+    seeded_thread(source, deltas)
     deltas.prime("thr_1", ALICE)
     assert source.reads == []  # the seed is the base
     source.threads["thr_1"] = snapshot("thr_1", 2, title="renamed")
@@ -70,9 +76,7 @@ async def test_a_seeded_subscription_needs_no_prime_read_and_gets_a_delta() -> N
 async def test_a_seed_is_the_creators_viewer_class_only() -> None:
     source = Source()
     deltas = builder(source)
-    created = snapshot("thr_1", 1)
-    source.threads["thr_1"] = created
-    deltas.seed(ALICE, created)
+    seeded_thread(source, deltas)
     deltas.prime("thr_1", BOB)
     await deltas.request("thr_1", 0, BOB)  # the prime's build, shared
     assert source.reads == [("bob", "thr_1")]  # bob's class reads its own base

@@ -160,22 +160,8 @@ async def start_episode(conn: Conn, lease: Lease) -> tuple[Run, int]:
 
 
 async def begin_episode(conn: Conn, lease: Lease, history_from: int) -> EpisodeStart:
-    # A read from the worker's cached tail (`history_from` > 0) is a few rows: read with the
-    # fence, in its statement. A read of the whole thread is left to a statement of its own,
-    # or every one of its rows would repeat the fence's columns.
-    merged = history_from > 0
-    fenced = await fence(conn, lease, LeaseKind.RUN, history_from=history_from if merged else None)
-    thread, before = fenced.thread, fenced.run
-    assert before is not None
-    # Read first: the start's writes change no message nor the history epoch, and so they
-    # are left to go with COMMIT (`bump`).
-    if merged:
-        epoch = int(thread["history_epoch"])
-        messages = [message_from_row(row) for row in fenced.history]
-    else:
-        epoch, messages = await read_history(conn, lease.thread_id, history_from)
-    started = await _started(conn, lease, thread, before)
-    history = HistoryRead(epoch=epoch, messages=tuple(messages))
+    started, history = await _begin(conn, lease, history_from)
+    assert history is not None
     return EpisodeStart(**dict(started), history=history)
 
 
@@ -189,27 +175,43 @@ async def start_run(
     lease = await acquire_run_lease(conn, run_id, owner, ttl)
     if lease is None:
         return None
+    read_from = None
     if history is not None and history[0] == lease.thread_id:
-        begun = await begin_episode(conn, lease, history[1])
-        started = StartedRun(
-            before=begun.before, run=begun.run, version=begun.version, thread=begun.thread
-        )
-        return RunStart(lease=lease, started=started, history=begun.history)
-    fenced = await fence(conn, lease, LeaseKind.RUN)
-    assert fenced.run is not None
-    return RunStart(lease=lease, started=await _started(conn, lease, fenced.thread, fenced.run))
+        read_from = history[1]
+    started, read = await _begin(conn, lease, read_from)
+    return RunStart(lease=lease, started=started, history=read)
 
 
-async def _started(conn: Conn, lease: Lease, thread: Row, before: Row) -> StartedRun:
-    """Start the episode of the fenced run (`before`, as read under the lock): `StartedRun`."""
+async def _begin(
+    conn: Conn, lease: Lease, history_from: int | None
+) -> tuple[StartedRun, HistoryRead | None]:
+    """Start the fenced run's episode; with `history_from`, read the thread's messages from
+    there on first (None: no history read)."""
+    # A read from the worker's cached tail (`history_from` > 0) is a few rows: read with the
+    # fence, in its statement. A read of the whole thread is left to a statement of its own,
+    # or every one of its rows would repeat the fence's columns.
+    merged = history_from is not None and history_from > 0
+    fenced = await fence(conn, lease, LeaseKind.RUN, history_from=history_from if merged else None)
+    thread, before = fenced.thread, fenced.run
+    assert before is not None
+    # Read first: the start's writes change no message nor the history epoch, and so they
+    # are left to go with COMMIT (`bump`).
+    history = None
+    if merged:
+        messages = tuple(message_from_row(row) for row in fenced.history)
+        history = HistoryRead(epoch=int(thread["history_epoch"]), messages=messages)
+    elif history_from is not None:
+        epoch, read = await read_history(conn, lease.thread_id, history_from)
+        history = HistoryRead(epoch=epoch, messages=tuple(read))
     run, version = await _start(conn, lease, thread, before)
-    return StartedRun(
+    started = StartedRun(
         before=run_from_row(before),
         run=run,
         version=version,
         # Read before start_episode's bump: only its version (and updated_at) moved since.
         thread=thread_from_row(thread).model_copy(update={"version": version}),
     )
+    return started, history
 
 
 async def _start(conn: Conn, lease: Lease, thread: Row, run: Row) -> tuple[Run, int]:
