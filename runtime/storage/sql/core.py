@@ -84,6 +84,12 @@ class Conn(abc.ABC):
         the same round trip. `sql` must read none of the rows those writes change."""
         return await self.fetch(sql, *args)
 
+    async def lock(self, sql: str, *args: Any) -> None:
+        """Run `sql`, a statement that takes a lock and reads and writes no table (an advisory
+        lock), carrying the writes `execute_later` holds in its round trip where the backend
+        holds any: they are made by the time it returns, as after `execute`."""
+        await self.execute(sql, *args)
+
     async def first_statement(self, sql: str) -> str | None:
         """Run `sql` (no parameters) as the transaction's first statement, in one round trip
         with its BEGIN, and return its command status (`INSERT 0 1`), where the backend sends

@@ -242,17 +242,28 @@ class _PgConn(Conn):
         if not self._pending or table is None or table in self._pending_tables():
             return await self.fetch(sql, *args)
         await self._ensure_begun()
-        # One statement: each held write as a data-modifying WITH clause (all run to
-        # completion; none reads what another writes, nor does `sql`), its parameters
-        # renumbered after `sql`'s.
+        statement, values = self._carrying(sql, args)
+        return [dict(record) for record in await self._connection.fetch(statement, *values)]
+
+    async def lock(self, sql: str, *args: Any) -> None:
+        if not self._pending:
+            await self.execute(sql, *args)
+            return
+        await self._ensure_begun()
+        statement, values = self._carrying(sql, args)
+        await self._connection.execute(statement, *values)
+
+    def _carrying(self, sql: str, args: tuple[Any, ...]) -> tuple[str, list[Any]]:
+        """`sql` with the held writes in one statement: each a data-modifying WITH clause (all
+        run to completion; none reads what another writes, nor does `sql`), its parameters
+        renumbered after `sql`'s. They are no longer held."""
         clauses, values = [], list(args)
         for index, (held, held_args) in enumerate(self._pending):
             renumbered = _renumber(held, len(values))
             clauses.append(f"held_{index} AS ({renumbered})")
             values += held_args
         self._pending.clear()
-        statement = f"WITH {', '.join(clauses)} {sql}"
-        return [dict(record) for record in await self._connection.fetch(statement, *values)]
+        return f"WITH {', '.join(clauses)} {sql}", values
 
     async def first_statement(self, sql: str) -> str | None:
         if self._begin is None or self._pending:

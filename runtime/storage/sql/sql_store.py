@@ -137,6 +137,13 @@ class SqlStore(SqlLeaseStore):
         public_json = encode_metadata(metadata, "metadata")
         private_json = encode_metadata(private_metadata, "private_metadata")
         thread_id = thread_id or new_id("th")
+        if self.dialect.writing_ctes:
+            key, new = new_id("tx"), thread_id
+            return await self._write_statement(
+                lambda conn: threads_tx.create_thread_call(
+                    conn, key, new, scope, title, public_json, private_json, owner
+                )
+            )
         return await self._write(
             lambda conn: threads_tx.create_thread(
                 conn, thread_id, scope, title, public_json, private_json, owner

@@ -59,6 +59,58 @@ async def create_thread(
     return thread_from_row(row)
 
 
+async def create_thread_call(
+    conn: Conn,
+    key: str,
+    thread_id: str,
+    scope: str,
+    title: str,
+    public_json: str,
+    private_json: str,
+    owner: str | None = None,
+) -> Thread:
+    """`create_thread` as one keyed statement, where writes can be WITH clauses (Postgres): no
+    BEGIN, no clock read, no COMMIT. `key` is claimed in the statement and the thread inserted
+    only with the claim, so the key's row exists if and only if this creation committed. A
+    thread that exists already fails the whole statement (its primary key), claim and all:
+    `Conflict`. A replay after an unknown outcome finds the key claimed, inserts nothing, and
+    answers the thread as that creation left it (it is not this call's to change since)."""
+    try:
+        row = await conn.fetchrow(
+            "WITH claim AS (INSERT INTO commit_keys (key, created_at)"
+            f" VALUES ($1, {conn.dialect.now_sql}) ON CONFLICT (key) DO NOTHING"
+            " RETURNING created_at)"
+            " INSERT INTO threads (id, scope, title, version, metadata, private_metadata,"
+            " created_at, updated_at, owner) SELECT $2, $3, $4, 1, $5, $6, claim.created_at,"
+            " claim.created_at, $7 FROM claim RETURNING *",
+            key,
+            thread_id,
+            scope,
+            title,
+            public_json,
+            private_json,
+            owner,
+        )
+    except Exception as exc:
+        if getattr(exc, "constraint_name", None) == "threads_pkey":
+            raise Conflict(f"thread {thread_id} exists already") from None
+        raise
+    if row is None:  # the key was claimed: an earlier attempt of this call committed
+        created = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
+        if created is None:
+            raise NotFound(f"thread {thread_id} not found")
+        row = {
+            **created,
+            "title": title,
+            "version": 1,
+            "metadata": public_json,
+            "private_metadata": private_json,
+            "updated_at": created["created_at"],
+            "owner": owner,
+        }
+    return thread_from_row(row)
+
+
 async def rename_thread(conn: Conn, thread_id: str, scopes: Collection[str], title: str) -> Thread:
     row = await lock_thread(conn, thread_id, scopes)
     await conn.execute("UPDATE threads SET title = $2 WHERE id = $1", thread_id, title)
