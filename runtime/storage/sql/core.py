@@ -84,6 +84,13 @@ class Conn(abc.ABC):
         the same round trip. `sql` must read none of the rows those writes change."""
         return await self.fetch(sql, *args)
 
+    def defer_unique(self, constraint: str, error: Exception) -> bool:
+        """Where the backend can let the database check a unique `constraint` when the held
+        writes reach it (raising `error` instead of the violation, the transaction rolled
+        back), register that and return True: the caller reads nothing to check first. False:
+        the caller checks now."""
+        return False
+
     async def lock(self, sql: str, *args: Any) -> None:
         """Run `sql`, a statement that takes a lock and reads and writes no table (an advisory
         lock), carrying the writes `execute_later` holds in its round trip where the backend

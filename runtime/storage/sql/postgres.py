@@ -165,6 +165,8 @@ class _PgConn(Conn):
         # Writes held by `execute_later`, in order: sent before the next statement, or inside
         # `fetch_with_pending`'s as data-modifying WITH clauses.
         self._pending: list[tuple[str, tuple[Any, ...]]] = []
+        # What a unique violation of these constraints raises instead (`defer_unique`).
+        self.unique_errors: dict[str, Exception] = {}
 
     @property
     def begun(self) -> bool:
@@ -244,6 +246,10 @@ class _PgConn(Conn):
         await self._ensure_begun()
         statement, values = self._carrying(sql, args)
         return [dict(record) for record in await self._connection.fetch(statement, *values)]
+
+    def defer_unique(self, constraint: str, error: Exception) -> bool:
+        self.unique_errors[constraint] = error
+        return True
 
     async def lock(self, sql: str, *args: Any) -> None:
         if not self._pending:
@@ -334,11 +340,15 @@ class PostgresPool:
                 yield conn
                 # COMMIT, with the writes still held (`_PgConn.commit`).
                 await conn.commit()
-            except BaseException:
+            except BaseException as exc:
                 if conn.begun:
                     # Also after a failed COMMIT (then there is no transaction left to end,
                     # which the server only warns about).
                     await connection.execute("ROLLBACK;")
+                if isinstance(exc, asyncpg.UniqueViolationError):
+                    error = conn.unique_errors.get(getattr(exc, "constraint_name", None) or "")
+                    if error is not None:
+                        raise error from None
                 raise
 
     @asynccontextmanager
