@@ -95,4 +95,3 @@ async def test_several_buckets_are_taken_together_or_not_at_all(counters: Counte
     assert await counters.take_all([("rate:scope:s2", 0.001, 2)]) == (-1, 0.0)
     assert await counters.take_all([("rate:scope:s2", 0.001, 2)]) == (-1, 0.0)
     assert (await counters.take_all([("rate:scope:s2", 0.001, 2)]))[0] == 0
-
