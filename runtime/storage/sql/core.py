@@ -120,6 +120,18 @@ class Conn(abc.ABC):
                 self._now = float(await self.fetchval(f"SELECT {self.dialect.now_sql} AS now"))
         return self._now
 
+    def now_expression(self, index: int) -> tuple[str, list[Any]]:
+        """The transaction's clock as SQL for a statement whose next parameter is `$index`: the
+        clock `now()` reads where the dialect reads it in-process (a parameter, so it agrees
+        with what such writes stored), else the dialect's clock in the statement itself (no
+        round trip to read it first)."""
+        if self._now is not None:
+            return f"${index}", [self._now]
+        clock = self.dialect.local_clock
+        if clock is not None:
+            return f"${index}", [clock()]
+        return self.dialect.now_sql, []
+
     def now_column(self) -> str:
         """`, <now_sql> AS now_` for a SELECT list: the statement also reads the clock (one
         round trip fewer) while the transaction has not read it yet and the dialect needs a
