@@ -8,6 +8,7 @@ from typing import Any
 from opentelemetry import metrics
 
 from realtime.summed_counter import summed_counter
+from realtime.summed_histogram import summed_histogram
 
 meter = metrics.get_meter("threadline.realtime")
 
@@ -32,7 +33,8 @@ RECONNECTS = summed_counter(
 SLOW_CONSUMERS = summed_counter(
     meter, "threadline.realtime.slow_consumers", description="connection outboxes that overflowed"
 )
-PUBLISH_DURATION = meter.create_histogram(
+PUBLISH_DURATION = summed_histogram(
+    meter,
     "threadline.realtime.publish.duration",
     unit="s",
     description="one bus operation of the publisher (a batch is one), by first envelope kind",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -26,6 +27,12 @@ class Counters(Protocol):
         """Take `cost` from the token bucket `key`: 0 if allowed, else seconds until it would be."""
         ...
 
+    async def take_all(self, buckets: Sequence[Bucket], cost: float = 1.0) -> tuple[int, float]:
+        """Take `cost` from every bucket (key, rate, burst) if each has it, else from none:
+        (-1, 0.0) when taken, else the index of the first bucket short of it and the seconds
+        until it would not be."""
+        ...
+
     async def join(self, keys: Sequence[str], caps: Sequence[int], member: str, ttl: float) -> int:
         """Add `member` to every set of `keys` if none is at its cap; -1 on success, else the
         index of the first full set (nothing is added then). Members expire after `ttl`."""
@@ -39,6 +46,10 @@ class Counters(Protocol):
 
     async def leave(self, keys: Sequence[str], member: str) -> None: ...
     async def close(self) -> None: ...
+
+
+# A token bucket as `take_all` names it: its key, its rate (per second) and its burst.
+Bucket = tuple[str, float, float]
 
 
 @dataclass
@@ -60,17 +71,24 @@ class MemoryCounters:
         return False
 
     async def take(self, key: str, rate: float, burst: float, cost: float = 1.0) -> float:
+        return (await self.take_all(((key, rate, burst),), cost))[1]
+
+    async def take_all(self, buckets: Sequence[Bucket], cost: float = 1.0) -> tuple[int, float]:
         now = self.clock()
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = _Bucket(burst, now)
-            self._prune(now)
-        bucket.tokens = min(burst, bucket.tokens + max(0.0, now - bucket.at) * rate)
-        bucket.at = now
-        if bucket.tokens >= cost:
+        refilled: list[_Bucket] = []
+        for index, (key, rate, burst) in enumerate(buckets):
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = _Bucket(burst, now)
+                self._prune(now)
+            bucket.tokens = min(burst, bucket.tokens + max(0.0, now - bucket.at) * rate)
+            bucket.at = now
+            if bucket.tokens < cost:
+                return index, (cost - bucket.tokens) / rate
+            refilled.append(bucket)
+        for bucket in refilled:
             bucket.tokens -= cost
-            return 0.0
-        return (cost - bucket.tokens) / rate
+        return -1, 0.0
 
     def _prune(self, now: float) -> None:
         # Buckets are created per token and scope: drop old full ones so the map stays small.
@@ -122,20 +140,30 @@ class MemoryCounters:
         return None
 
 
-# Redis' own clock (TIME) so every gateway agrees on refills and expiries.
-_TAKE = """
-local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+# Redis' own clock (TIME) so every gateway agrees on refills and expiries. ARGV: the cost, then
+# each key's rate and burst. Every bucket refilled and checked first, then all taken or none
+# (a bucket untouched is as if refilled: its state is its tokens at a time). A negative cost
+# gives back (a cluster's refund, `RedisCounters.take_all`), never past the burst.
+_TAKE_ALL = """
+local cost = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local v = redis.call('HMGET', KEYS[1], 'tokens', 'at')
-local tokens = tonumber(v[1]) or burst
-local at = tonumber(v[2]) or now
-tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
-local wait = 0
-if tokens >= cost then tokens = tokens - cost else wait = (cost - tokens) / rate end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
-return tostring(wait)
+local left = {}
+for i, key in ipairs(KEYS) do
+  local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local v = redis.call('HMGET', key, 'tokens', 'at')
+  local tokens = tonumber(v[1]) or burst
+  local at = tonumber(v[2]) or now
+  tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+  if tokens < cost then return {i - 1, tostring((cost - tokens) / rate)} end
+  left[i] = math.min(burst, tokens - cost)
+end
+for i, key in ipairs(KEYS) do
+  local rate, burst = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  redis.call('HSET', key, 'tokens', tostring(left[i]), 'at', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil(burst / rate * 1000) + 1000)
+end
+return {-1, '0'}
 """
 
 _JOIN = """
@@ -237,7 +265,7 @@ class RedisCounters:
         self.batcher = Batcher(
             self._client, timeout=timeout, senders=senders, cluster=self._cluster
         )
-        self._take = self.batcher.operation(_TAKE)
+        self._take_all = self.batcher.operation(_TAKE_ALL)
         self._join = self.batcher.operation(_JOIN)
         self._refresh = self.batcher.operation(_REFRESH)
         self._refresh_many = self.batcher.operation(_REFRESH_MANY)
@@ -274,14 +302,44 @@ class RedisCounters:
         self._degraded = False
 
     async def take(self, key: str, rate: float, burst: float, cost: float = 1.0) -> float:
+        return (await self.take_all(((key, rate, burst),), cost))[1]
+
+    async def take_all(self, buckets: Sequence[Bucket], cost: float = 1.0) -> tuple[int, float]:
+        keys = [self.prefix + key for key, _, _ in buckets]
         try:
-            reply = await self.batcher.call(self._take, self._keys([key]), [rate, burst, cost])
-            wait = float(reply)
+            if not self._cluster or len(keys) == 1 or _one_slot(keys):
+                args: list[float] = [cost]
+                for _, rate, burst in buckets:
+                    args += (rate, burst)
+                index, wait = await self.batcher.call(self._take_all, keys, args)
+                answer = int(index), float(wait)
+            else:
+                answer = await self._take_each(keys, buckets, cost)
         except Exception as exc:  # any Redis failure: count locally instead
             self._failed(exc)
-            return await self.fallback.take(key, rate, burst, cost)
+            return await self.fallback.take_all(buckets, cost)
         self._ok()
-        return wait
+        return answer
+
+    async def _take_each(
+        self, keys: list[str], buckets: Sequence[Bucket], cost: float
+    ) -> tuple[int, float]:
+        """`take_all` over keys of several cluster slots: every bucket at once (one script per
+        slot, concurrently), then what was taken given back when one was short."""
+
+        def args(index: int, amount: float) -> list[float]:
+            return [amount, buckets[index][1], buckets[index][2]]
+
+        calls = [self.batcher.call(self._take_all, [k], args(i, cost)) for i, k in enumerate(keys)]
+        replies = [(int(index), float(wait)) for index, wait in await asyncio.gather(*calls)]
+        short = [(i, wait) for i, (index, wait) in enumerate(replies) if index >= 0]
+        if not short:
+            return -1, 0.0
+        taken = [i for i, (index, _) in enumerate(replies) if index < 0]
+        await asyncio.gather(
+            *(self.batcher.call(self._take_all, [keys[i]], args(i, -cost)) for i in taken)
+        )
+        return short[0]
 
     async def join(self, keys: Sequence[str], caps: Sequence[int], member: str, ttl: float) -> int:
         # Joined locally too, so a Redis outage later still counts this connection.
@@ -361,6 +419,12 @@ class RedisCounters:
         await self._client.aclose()
 
 
+def _one_slot(keys: Sequence[str]) -> bool:
+    from redis.crc import key_slot
+
+    return len({key_slot(key.encode()) for key in keys}) == 1
+
+
 def open_counters(redis_url: str | None, prefix: str) -> Counters:
     """Redis counters when Redis is configured, else this process's."""
     if not redis_url:
@@ -368,4 +432,4 @@ def open_counters(redis_url: str | None, prefix: str) -> Counters:
     return RedisCounters(redis_url, prefix)
 
 
-__all__ = ["Counters", "MemoryCounters", "RedisCounters", "open_counters"]
+__all__ = ["Bucket", "Counters", "MemoryCounters", "RedisCounters", "open_counters"]

@@ -13,17 +13,19 @@ from opentelemetry import metrics, propagate, trace
 from realtime.bus_metrics import safe_add as safe_add
 from realtime.bus_metrics import safe_record as safe_record
 from realtime.summed_counter import summed_counter as summed_counter
+from realtime.summed_histogram import MergedHistograms as MergedHistograms
+from realtime.summed_histogram import summed_histogram as summed_histogram
 
 tracer = trace.get_tracer("threadline.runtime")
 meter = metrics.get_meter("threadline.runtime")
 
 RUNS = summed_counter(meter, "threadline.runs", description="run events by outcome")
-MODEL_CALL_DURATION = meter.create_histogram(
-    "threadline.model_call.duration", unit="s", description="model call wall time"
+MODEL_CALL_DURATION = summed_histogram(
+    meter, "threadline.model_call.duration", unit="s", description="model call wall time"
 )
 TOKENS = summed_counter(meter, "threadline.tokens", description="model token usage by kind")
-TOOL_CALL_DURATION = meter.create_histogram(
-    "threadline.tool_call.duration", unit="s", description="tool execution wall time"
+TOOL_CALL_DURATION = summed_histogram(
+    meter, "threadline.tool_call.duration", unit="s", description="tool execution wall time"
 )
 TOOL_ERRORS = summed_counter(meter, "threadline.tool_call.errors")
 QUEUE_EVENTS = summed_counter(meter, "threadline.queue.events", description="admissions etc.")
@@ -35,19 +37,25 @@ HISTORY_REWRITTEN_FAILURES = summed_counter(
     description="history_rewritten observer failures after a committed rewrite",
 )
 # OpenTelemetry GenAI semantic conventions (client metrics).
-GEN_AI_TOKEN_USAGE = meter.create_histogram(
-    "gen_ai.client.token.usage", unit="{token}", description="tokens used per model call"
+GEN_AI_TOKEN_USAGE = summed_histogram(
+    meter, "gen_ai.client.token.usage", unit="{token}", description="tokens used per model call"
 )
-GEN_AI_OPERATION_DURATION = meter.create_histogram(
-    "gen_ai.client.operation.duration", unit="s", description="time spent waiting on the model"
+GEN_AI_OPERATION_DURATION = summed_histogram(
+    meter,
+    "gen_ai.client.operation.duration",
+    unit="s",
+    description="time spent waiting on the model",
 )
 PROVIDER_FAILURES = summed_counter(meter, "threadline.provider.failures")
 # Latencies an operator alerts on (docs/operations.md, "Metrics"): labels are outcomes only.
-RUN_DURATION = meter.create_histogram(
-    "threadline.run.duration", unit="s", description="from a run's creation to its end, by outcome"
+RUN_DURATION = summed_histogram(
+    meter,
+    "threadline.run.duration",
+    unit="s",
+    description="from a run's creation to its end, by outcome",
 )
-STEP_DURATION = meter.create_histogram(
-    "threadline.step.duration", unit="s", description="one step: model call, tools, commit"
+STEP_DURATION = summed_histogram(
+    meter, "threadline.step.duration", unit="s", description="one step: model call, tools, commit"
 )
 # Webhook delivery attempts (runtime/hooks/delivery.py), labelled by `outcome` only: delivered,
 # retried (failed, tried again later), dead (failed, dead-lettered), taken_over (the claim was
@@ -55,7 +63,8 @@ STEP_DURATION = meter.create_histogram(
 WEBHOOK_ATTEMPTS = summed_counter(
     meter, "threadline.webhook.attempts", description="webhook delivery attempts by outcome"
 )
-WEBHOOK_ATTEMPT_DURATION = meter.create_histogram(
+WEBHOOK_ATTEMPT_DURATION = summed_histogram(
+    meter,
     "threadline.webhook.attempt.duration",
     unit="s",
     description="one webhook POST, from resolving the address to the answer read, by outcome",

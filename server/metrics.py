@@ -69,8 +69,13 @@ def prometheus_reader() -> Any:
     """The OpenTelemetry reader that feeds prometheus_client's default registry."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
+    from runtime.instruments import MergedHistograms
+
+    class PrometheusReader(MergedHistograms, PrometheusMetricReader):
+        """The SDK's metrics and the summed histograms (realtime/summed_histogram)."""
+
     # No otel_scope_* labels: every instrument name is unique across the meters already.
-    return PrometheusMetricReader(scope_info_enabled=False)
+    return PrometheusReader(scope_info_enabled=False)
 
 
 async def sample(state: Any) -> None:

@@ -17,7 +17,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware, asgi_getter
 from starlette.routing import BaseRoute, Match
 
-from runtime.instruments import summed_counter
+from runtime.instruments import MergedHistograms, summed_counter, summed_histogram
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +104,12 @@ def _configure(service_name: str, prometheus: bool) -> Telemetry:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
+        class ExportingReader(MergedHistograms, PeriodicExportingMetricReader):
+            """Exports the SDK's metrics and the summed histograms (realtime/summed_histogram)."""
+
         readers: list[Any] = []
         for name, exporter in metric_exporters:
-            readers.append(PeriodicExportingMetricReader(exporter))
+            readers.append(ExportingReader(exporter))
             telemetry.exporters.append(f"metrics:{name}")
         if prometheus:
             from server.metrics import prometheus_reader
@@ -156,7 +159,7 @@ def _metric_exporter(name: str) -> tuple[str, Any] | None:
 tracer = trace.get_tracer("threadline.server")
 meter = metrics.get_meter("threadline.server")
 HTTP_REQUESTS = summed_counter(meter, "threadline.http.requests", description="by route, status")
-HTTP_DURATION = meter.create_histogram("threadline.http.duration", unit="s")
+HTTP_DURATION = summed_histogram(meter, "threadline.http.duration", unit="s")
 WS_CONNECTIONS = meter.create_up_down_counter("threadline.ws.connections")
 WS_FRAMES_IN = summed_counter(meter, "threadline.ws.frames_in", description="by frame type")
 WS_CLOSES = summed_counter(meter, "threadline.ws.closes", description="by close code")

@@ -12,6 +12,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from realtime.summed_histogram import MergedHistograms
+
+
+class MergedReader(MergedHistograms, InMemoryMetricReader):
+    """The in-memory reader with the summed histograms, as the server's readers have them."""
+
 
 def _point_value(point: object, otherwise: str) -> float:
     """A counter point's `value`, else a histogram point's `otherwise` (`sum` or `count`)."""
@@ -100,7 +106,7 @@ def install() -> Telemetry:
         tracer_provider = TracerProvider()
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
         trace.set_tracer_provider(tracer_provider)
-        reader = InMemoryMetricReader()
+        reader = MergedReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         _installed = Telemetry(exporter, reader, tracer_provider)
     return _installed

@@ -12,9 +12,9 @@ import orjson
 
 from realtime.bus_metrics import safe_add
 from realtime.channels import hash_tag
-from realtime.counters import Counters
+from realtime.counters import Bucket, Counters
 from runtime.domain import Principal
-from runtime.errors import QuotaExceeded, ScopeRateLimited, TokenRateLimited, TooManyConnections
+from runtime.errors import ScopeRateLimited, TokenRateLimited, TooManyConnections
 from runtime.storage.store import AdmissionLimits
 from server.settings import Settings
 from server.tracing import QUOTA_REFUSALS
@@ -81,31 +81,27 @@ class Limiter:
         self.counters = counters
 
     async def command(self, principal: Principal, token_id: str) -> None:
-        """Charge one command to the caller's token and scopes; TooManyConnections when over."""
+        """Charge one command to the caller's token and scopes, all of them or, refused,
+        none; `TokenRateLimited` or `ScopeRateLimited` (the first empty bucket) when over."""
         s = self.settings
-        await self._take(
-            f"rate:token:{token_id}",
-            s.token_rate,
-            s.token_burst,
-            TokenRateLimited,
-            "too many commands with this token",
-        )
-        for scope in sorted(principal.scopes):
-            await self._take(
-                f"rate:scope:{scope}",
-                s.scope_rate,
-                s.scope_burst,
-                ScopeRateLimited,
-                f"too many commands in scope {scope!r}",
+        scopes = sorted(principal.scopes)
+        buckets: list[Bucket] = [(f"rate:token:{token_id}", s.token_rate, s.token_burst)]
+        buckets += [(f"rate:scope:{scope}", s.scope_rate, s.scope_burst) for scope in scopes]
+        index, wait = await self.counters.take_all(buckets)
+        if index < 0:
+            return
+        if index == 0:
+            rate, burst = s.token_rate, s.token_burst
+            raise TokenRateLimited(
+                f"too many commands with this token (at most {rate:g}/s, bursts of {burst})",
+                retry_after=wait,
             )
-
-    async def _take(
-        self, key: str, rate: float, burst: int, refusal: type[QuotaExceeded], what: str
-    ) -> None:
-        """Take one from the bucket at `key`; `refusal` with the wait when it is empty."""
-        wait = await self.counters.take(key, rate, burst)
-        if wait > 0:
-            raise refusal(f"{what} (at most {rate:g}/s, bursts of {burst})", retry_after=wait)
+        rate, burst = s.scope_rate, s.scope_burst
+        raise ScopeRateLimited(
+            f"too many commands in scope {scopes[index - 1]!r} (at most {rate:g}/s, bursts of"
+            f" {burst})",
+            retry_after=wait,
+        )
 
     async def connect(self, principal: Principal, token_id: str) -> ConnectionSlot:
         """Take a connection slot for the token and the subject; TooManyConnections when either is

@@ -31,6 +31,19 @@ R = TypeVar("R")
 PATH_PARAM = re.compile(r"{(\w+)}")
 
 
+WS_ONLY = "acts on the websocket connection itself"
+# Reads stay on HTTP: live frames only say *when* to refetch; the snapshot is the truth.
+READ = "a read: clients fetch state over HTTP, the websocket tells them when to refetch"
+
+
+def query_limit(query: Mapping[str, str]) -> dict[str, Any]:
+    """A list's `?limit=`: 1 to 500, 100 when absent."""
+    raw = query.get("limit", "100")
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 500:
+        raise InvalidInput("query parameter 'limit' must be an integer from 1 to 500")
+    return {"limit": int(raw)}
+
+
 class Connection(Protocol):
     """The websocket session, for the commands that act on the connection itself."""
 

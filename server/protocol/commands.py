@@ -15,7 +15,6 @@ from runtime.service.thread_service import require_trusted
 from runtime.storage.thread_query import ThreadQuery
 from server.live.snapshot_cache import snapshot_etag
 from server.protocol.answers import (
-    actions_answer,
     admission_answer,
     metadata_answer,
     principal_answer,
@@ -28,32 +27,30 @@ from server.protocol.answers import (
 from server.protocol.approval_commands import APPROVAL_COMMANDS
 from server.protocol.audit_commands import AUDIT_COMMANDS
 from server.protocol.command_model import (
+    READ,
+    WS_ONLY,
     Caller,
     Command,
     Http,
+    query_limit,
     require_admin,
 )
 from server.protocol.hooks_commands import HOOKS_COMMANDS
+from server.protocol.inbox_commands import INBOX_COMMANDS, PRESENCE_COMMANDS
 from server.protocol.inputs import (
     CancelQueued,
     CreateThread,
     GetQueued,
     GetSnapshot,
-    InboxSubscribe,
     Input,
-    ListActions,
     ListThreads,
     NoInput,
     OpenThread,
-    PresenceUpdate,
-    RefreshToken,
     Regenerate,
     RenameThread,
     ResumeAction,
     RetryRun,
     RevokeToken,
-    RevokeTokenById,
-    ScopeRef,
     SendMessage,
     SetVisibility,
     StopRun,
@@ -63,10 +60,9 @@ from server.protocol.inputs import (
     UpdateMetadata,
 )
 from server.protocol.snapshot_reads import read_snapshot, snapshot_query
+from server.protocol.token_commands import AUTH_COMMANDS, TOKEN_COMMANDS
 from threadline_wire import AdmissionAnswer, fields_doc
 from threadline_wire.frames import (
-    ActionsSubscribed,
-    ActionsUnsubscribed,
     Pong,
     Subscribed,
     Unsubscribed,
@@ -79,20 +75,13 @@ def _narrowed(query: ThreadQuery, narrow: tuple[ThreadMatch, ...] | None) -> Thr
     return query if narrow is None else replace(query, allowed=narrow)
 
 
-def _limit(query: Mapping[str, str]) -> dict[str, Any]:
-    raw = query.get("limit", "100")
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 500:
-        raise InvalidInput("query parameter 'limit' must be an integer from 1 to 500")
-    return {"limit": int(raw)}
-
-
 # Query parameters of `GET /v1/threads` besides `metadata.<key>`; others are refused, so a
 # misspelt filter is an error rather than a silently unfiltered list.
 _THREAD_FILTERS = ("limit", "status", "updated_after", "updated_before", "cursor")
 
 
 def _threads_query(query: Mapping[str, str]) -> dict[str, Any]:
-    fields: dict[str, Any] = _limit(query)
+    fields: dict[str, Any] = query_limit(query)
     metadata: dict[str, str] = {}
     for name, value in query.items():
         if name.startswith("metadata."):
@@ -103,18 +92,6 @@ def _threads_query(query: Mapping[str, str]) -> dict[str, Any]:
             fields[name] = value
     if metadata:
         fields["metadata"] = metadata
-    return fields
-
-
-def _actions_query(query: Mapping[str, str]) -> dict[str, Any]:
-    status = query.get("status", "pending")
-    if status != "pending":
-        raise InvalidInput("query parameter 'status' must be 'pending'")
-    fields: dict[str, Any] = {"status": status, **_limit(query)}
-    if query.get("cursor"):
-        fields["cursor"] = query["cursor"]
-    if "assigned" in query:
-        fields["assigned"] = query["assigned"]  # the input refuses anything but "me"
     return fields
 
 
@@ -175,9 +152,6 @@ async def _create_thread(c: Caller, i: CreateThread) -> Snapshot:
 
 SNAPSHOT = "snapshot"
 THREAD_VERSION = '`{"thread_id", "version"}`'
-WS_ONLY = "acts on the websocket connection itself"
-# Reads stay on HTTP: live frames only say *when* to refetch; the snapshot is the truth.
-READ = "a read: clients fetch state over HTTP, the websocket tells them when to refetch"
 
 COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
@@ -417,57 +391,6 @@ COMMANDS: tuple[Command[Any, Any], ...] = (
         limited=False,
     ),
 )
-# The scope-wide action inbox (docs/protocol.md, "Action inbox"): a read over HTTP, live
-# announcements over the websocket. Added as their own tuple so the table above stays as is.
-INBOX_COMMANDS: tuple[Command[Any, Any], ...] = (
-    Command(
-        name="actions.list",
-        input=ListActions,
-        call=lambda c, i: c.service.pending_actions(
-            c.principal, i.limit, i.cursor, assigned=i.assigned == "me", allowed=c.narrow
-        ),
-        answer=lambda i, page: actions_answer(page),
-        answer_doc='`{"actions": [{"id", "kind", "thread_id", "scope", "thread_version", '
-        '"tool_name", "input", "schema", "allowed_roles", "created_at", ...}], "next_cursor"}`; '
-        "`?assigned=me`: only what the caller may decide now",
-        reply=None,
-        http=Http("GET", "/v1/actions", "list_actions", body=False, query=_actions_query),
-        note=READ,
-    ),
-    Command(
-        name="actions.subscribe",
-        input=InboxSubscribe,
-        call=lambda c, i: c.session().subscribe_actions(
-            i.scope, assigned=i.assigned == "me", allowed=c.narrow
-        ),
-        answer=lambda i, scopes: {"scopes": scopes},
-        answer_doc='`{"type": "actions.subscribed", "scopes"}`, then `action.pending`, '
-        "`action.resolved` and `actions.resync` frames (`assigned`: `me`, only what the caller "
-        "may decide)",
-        reply=ActionsSubscribed,
-        note=WS_ONLY,
-    ),
-    Command(
-        name="actions.unsubscribe",
-        input=ScopeRef,
-        call=lambda c, i: c.session().unsubscribe_actions(i.scope),
-        answer=lambda i, scopes: {"scopes": scopes},
-        answer_doc='`{"type": "actions.unsubscribed", "scopes"}`',
-        reply=ActionsUnsubscribed,
-        note=WS_ONLY,
-    ),
-)
-# Presence (docs/protocol.md, "Presence"): live state of a connection, never stored.
-PRESENCE_COMMANDS: tuple[Command[Any, Any], ...] = (
-    Command(
-        name="presence.update",
-        input=PresenceUpdate,
-        call=lambda c, i: c.session().update_presence(i.thread_id, i.changes()),
-        answer=lambda i, r: {"thread_id": i.thread_id},
-        answer_doc='`ack` `{"thread_id"}`; the thread\'s subscribers then get `presence.update`',
-        note="presence belongs to a websocket connection subscribed to the thread",
-    ),
-)
 # Threads named by the client, as the event-stream protocols do (docs/protocol.md, "Thread ids").
 SSE_COMMANDS: tuple[Command[Any, Any], ...] = (
     Command(
@@ -482,51 +405,8 @@ SSE_COMMANDS: tuple[Command[Any, Any], ...] = (
         "opens one (and is charged for it)",
     ),
 )
-# Token administration (docs/protocol.md, "Tokens"): admins of the tokens' scopes only.
-TOKEN_COMMANDS: tuple[Command[Any, Any], ...] = (
-    Command(
-        name="token.list",
-        input=NoInput,
-        call=lambda c, i: c.tokens().list(c.principal),
-        answer=lambda i, tokens: {"tokens": [token.model_dump(mode="json") for token in tokens]},
-        answer_doc='`{"tokens": [{"id", "subject", "role", "scopes", "name", "groups", '
-        '"created_at", "expires_at", "last_used_at"}]}`: active tokens within the admin\'s '
-        "scopes, never secrets",
-        reply=None,
-        http=Http("GET", "/v1/tokens", "list_tokens", body=False),
-        authorize=require_admin,
-        note="administration over HTTP only (also `threadline token list`)",
-        limited=False,
-    ),
-    Command(
-        name="token.revoke_id",
-        input=RevokeTokenById,
-        call=lambda c, i: c.tokens().revoke_id(c.principal, i.token_id),
-        answer=lambda i, result: result,
-        answer_doc='`{"revoked": true, "subject", "published"}`: the token of that id (from '
-        "`GET /v1/tokens`); its websockets close with 4403",
-        reply=None,
-        http=Http("POST", "/v1/tokens/{token_id}/revoke", "revoke_token_id", body=False),
-        authorize=require_admin,
-        note="administration over HTTP only (also `threadline token revoke --id`)",
-    ),
-)
-# A live socket follows its token (docs/protocol.md, "Token refresh").
-AUTH_COMMANDS: tuple[Command[Any, Any], ...] = (
-    Command(
-        name="auth.refresh",
-        input=RefreshToken,
-        call=lambda c, i: c.session().refresh_token(i.token),
-        answer=lambda i, fresh: fresh.answer(),
-        answer_doc='`{"subject", "expires_in", "expires_at"}` (seconds left, epoch '
-        "seconds; both absent: it never expires); the connection closes at the new token's "
-        "expiry. A refused token gets its 401 code (`token_expired`, `invalid_signature`, …) or "
-        "`token_mismatch`, and changes nothing",
-        note="a websocket's own token; HTTP sends a token with every request",
-    ),
-)
-# Schedules and webhooks (docs/protocol.md, "Schedules", "Webhooks") and the audit log ("Audit
-# log") are rows of their own modules, appended here.
+# The inbox and presence, tokens, schedules and webhooks (docs/protocol.md, "Schedules",
+# "Webhooks"), the audit log ("Audit log") and approvals are rows of their own modules.
 COMMANDS = (
     COMMANDS
     + INBOX_COMMANDS

@@ -71,7 +71,7 @@ def connection_limit(wanted: int) -> int:
     return allowed
 
 
-def http_protocol(header_timeout: float, body_timeout: float = 60.0) -> type[BoundedHttpProtocol]:
+def http_protocol(header_timeout: float, body_timeout: float) -> type[BoundedHttpProtocol]:
     """The protocol class for uvicorn's `http=` with these deadlines (seconds): a request's
     headers, and its body once the headers are complete."""
 
@@ -87,8 +87,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     """HttpToolsProtocol plus a header-read deadline, a bound on the request's head and the
     connection limit on upgrades."""
 
-    header_timeout = 10.0
-    body_timeout = 60.0
+    # Set by `http_protocol` from the settings (THREADLINE_HTTP_HEADER_TIMEOUT, _BODY_TIMEOUT).
+    header_timeout: float
+    body_timeout: float
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -75,3 +75,23 @@ async def test_redis_counters_fall_back_to_this_process_when_redis_is_down() -> 
         assert await down.join(("k",), (1,), "m2", ttl=30) == 0
     finally:
         await down.close()
+
+
+async def test_several_buckets_are_taken_together_or_not_at_all(counters: Counters) -> None:
+    # A token's bucket and its scopes' (as the limiter charges a command): on a cluster the
+    # keys are of different hash slots.
+    token, scope = ("rate:token:t1", 0.001, 3), ("rate:scope:s1", 0.001, 2)
+    other = ("rate:token:t2", 0.001, 3)
+    assert await counters.take_all([token, scope]) == (-1, 0.0)
+    assert await counters.take_all([other, scope]) == (-1, 0.0)
+    # The scope is empty: refused by it (index 1, a wait), and the token keeps its two.
+    index, wait = await counters.take_all([token, scope])
+    assert index == 1 and wait > 0
+    assert await counters.take_all([token]) == (-1, 0.0)
+    assert await counters.take_all([token]) == (-1, 0.0)
+    # Now the token is the first bucket short of one: index 0, and the scope untouched.
+    index, wait = await counters.take_all([token, ("rate:scope:s2", 0.001, 2)])
+    assert index == 0 and wait > 0
+    assert await counters.take_all([("rate:scope:s2", 0.001, 2)]) == (-1, 0.0)
+    assert await counters.take_all([("rate:scope:s2", 0.001, 2)]) == (-1, 0.0)
+    assert (await counters.take_all([("rate:scope:s2", 0.001, 2)]))[0] == 0

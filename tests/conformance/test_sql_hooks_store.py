@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -18,6 +19,7 @@ from runtime.storage.hooks_store import (
     ScheduleStatus,
     WebhookEvent,
 )
+from runtime.storage.sql.core import Conn
 from runtime.storage.sql.hooks_sql import SqlHooks
 from tests.conformance.store_helpers import (
     FOREIGN,
@@ -76,6 +78,45 @@ async def test_a_due_timer_fires_once_across_racing_workers(
     done = await hooks.get_schedule(SCOPES, schedule.id)
     assert done.status is ScheduleStatus.DONE and done.next_fire_at is None
     assert await hooks.claim_timers("w9", 5.0, 10) == []
+
+
+def count_write_transactions(hooks: SqlHooks, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many write transactions `hooks` opens from now on."""
+    real, opened = hooks._transaction, [0]
+
+    @asynccontextmanager
+    async def counting(*, write: bool) -> AsyncIterator[Conn]:
+        opened[0] += write
+        async with real(write=write) as conn:
+            yield conn
+
+    monkeypatch.setattr(hooks, "_transaction", counting)
+    return opened
+
+
+async def test_idle_polls_open_no_write_transaction(
+    store: SqlStore, hooks: SqlHooks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timer and delivery loops poll several times a second: with nothing due (nothing at
+    all, a timer not due yet, one leased by another worker) a poll only reads."""
+    thread = await new_thread(store)
+    await hooks.create_subscription(
+        SCOPE, "http://127.0.0.1:9/a", [WebhookEvent.RUN_STARTED], "whsec_dGVzdA==", "ops"
+    )
+    now = await store.db_time()
+    await hooks.create_schedule(
+        ScheduleSpec(scope=SCOPE, thread_id=thread.id, run_at=now + 60, text="later"), "alice"
+    )
+    opened = count_write_transactions(hooks, monkeypatch)
+    for _ in range(3):
+        assert await hooks.claim_timers("w1", 5.0, 10) == []
+        assert await hooks.claim_deliveries("d1", 5.0, 10) == []
+    assert opened == [0]
+    await start_run(store, thread.id)  # a delivery is due now
+    [claimed] = await hooks.claim_deliveries("d1", 5.0, 10)
+    assert opened == [1]
+    assert await hooks.claim_deliveries("d2", 5.0, 10) == []  # leased: read, nothing claimed
+    assert opened == [1] and claimed.delivery.attempts == 0
 
 
 async def test_an_expired_claim_is_taken_over_and_the_first_holder_is_fenced(

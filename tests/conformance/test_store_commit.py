@@ -73,9 +73,19 @@ async def test_commit_keeps_given_message_id_and_rejects_reuse(store: Store) -> 
     await store.commit(lease, StepCommit(append=(message,)))
     assert (await store.list_messages(thread.id))[-1].id == "msg_fixed"
     before = await version_of(store, thread.id)
+    messages = await store.list_messages(thread.id)
     with pytest.raises(Conflict):
         await store.commit(lease, StepCommit(append=(message,)))
     assert await version_of(store, thread.id) == before
+    # Nothing of the refused commit stays (not its next_seq either), and the run goes on.
+    assert await store.list_messages(thread.id) == messages
+    with pytest.raises(Conflict):  # the id is taken in another thread too
+        other = await new_thread(store)
+        _, other_lease = await start_run(store, other.id)
+        await store.commit(other_lease, StepCommit(append=(message,), next_seq=9))
+    assert (await store.get_run(other_lease.resource_id)).next_seq != 9
+    after = await store.commit(lease, StepCommit(append=(assistant(text("y")),)))
+    assert after.version == before + 1
 
 
 async def test_empty_commit_changes_nothing(store: Store) -> None:

@@ -22,5 +22,6 @@ def test_an_unlimited_descriptor_limit_keeps_the_setting(monkeypatch: pytest.Mon
 
 
 def test_each_protocol_class_carries_its_own_deadline() -> None:
-    short, long = http_protocol(1.5), http_protocol(30.0)
+    short, long = http_protocol(1.5, 4.0), http_protocol(30.0, 90.0)
     assert (short.header_timeout, long.header_timeout) == (1.5, 30.0)
+    assert (short.body_timeout, long.body_timeout) == (4.0, 90.0)

@@ -49,7 +49,7 @@ async def append(
     if what it records does."""
     if conn.dialect.scope_lock is not None:
         # Entries of one scope come from many threads: their chain is appended one at a time.
-        await conn.execute(conn.dialect.scope_lock, scope)
+        await conn.lock(conn.dialect.scope_lock, scope)
     last = await conn.fetchrow(
         "SELECT seq, hash FROM audit_log WHERE scope = $1 ORDER BY seq DESC LIMIT 1", scope
     )

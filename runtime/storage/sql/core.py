@@ -84,6 +84,19 @@ class Conn(abc.ABC):
         the same round trip. `sql` must read none of the rows those writes change."""
         return await self.fetch(sql, *args)
 
+    def defer_unique(self, constraint: str, error: Exception) -> bool:
+        """Where the backend can let the database check a unique `constraint` when the held
+        writes reach it (raising `error` instead of the violation, the transaction rolled
+        back), register that and return True: the caller reads nothing to check first. False:
+        the caller checks now."""
+        return False
+
+    async def lock(self, sql: str, *args: Any) -> None:
+        """Run `sql`, a statement that takes a lock and reads and writes no table (an advisory
+        lock), carrying the writes `execute_later` holds in its round trip where the backend
+        holds any: they are made by the time it returns, as after `execute`."""
+        await self.execute(sql, *args)
+
     async def first_statement(self, sql: str) -> str | None:
         """Run `sql` (no parameters) as the transaction's first statement, in one round trip
         with its BEGIN, and return its command status (`INSERT 0 1`), where the backend sends
@@ -106,6 +119,18 @@ class Conn(abc.ABC):
             else:
                 self._now = float(await self.fetchval(f"SELECT {self.dialect.now_sql} AS now"))
         return self._now
+
+    def now_expression(self, index: int) -> tuple[str, list[Any]]:
+        """The transaction's clock as SQL for a statement whose next parameter is `$index`: the
+        clock `now()` reads where the dialect reads it in-process (a parameter, so it agrees
+        with what such writes stored), else the dialect's clock in the statement itself (no
+        round trip to read it first)."""
+        if self._now is not None:
+            return f"${index}", [self._now]
+        clock = self.dialect.local_clock
+        if clock is not None:
+            return f"${index}", [clock()]
+        return self.dialect.now_sql, []
 
     def now_column(self) -> str:
         """`, <now_sql> AS now_` for a SELECT list: the statement also reads the clock (one

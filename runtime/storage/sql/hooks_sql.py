@@ -59,6 +59,9 @@ class SqlHooks(SqlTransactions):
 
     async def claim_timers(self, owner: str, ttl: float, limit: int) -> list[DueTimer]:
         owner, ttl = check_owner(owner), check_ttl(ttl)
+        # A loop polls this several times a second: idle, one read statement, no transaction.
+        if not await self._read_statements(timers_tx.any_due):
+            return []
         return await self._write(lambda conn: timers_tx.claim(conn, owner, ttl, _limit(limit)))
 
     async def fire_timer(
@@ -202,6 +205,8 @@ class SqlHooks(SqlTransactions):
 
     async def claim_deliveries(self, owner: str, ttl: float, limit: int) -> list[ClaimedDelivery]:
         owner, ttl = check_owner(owner), check_ttl(ttl)
+        if not await self._read_statements(webhooks_tx.any_due):  # as `claim_timers`
+            return []
         return await self._write(lambda conn: webhooks_tx.claim(conn, owner, ttl, _limit(limit)))
 
     async def record_attempt(

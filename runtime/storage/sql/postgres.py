@@ -165,6 +165,8 @@ class _PgConn(Conn):
         # Writes held by `execute_later`, in order: sent before the next statement, or inside
         # `fetch_with_pending`'s as data-modifying WITH clauses.
         self._pending: list[tuple[str, tuple[Any, ...]]] = []
+        # What a unique violation of these constraints raises instead (`defer_unique`).
+        self.unique_errors: dict[str, Exception] = {}
 
     @property
     def begun(self) -> bool:
@@ -242,17 +244,32 @@ class _PgConn(Conn):
         if not self._pending or table is None or table in self._pending_tables():
             return await self.fetch(sql, *args)
         await self._ensure_begun()
-        # One statement: each held write as a data-modifying WITH clause (all run to
-        # completion; none reads what another writes, nor does `sql`), its parameters
-        # renumbered after `sql`'s.
+        statement, values = self._carrying(sql, args)
+        return [dict(record) for record in await self._connection.fetch(statement, *values)]
+
+    def defer_unique(self, constraint: str, error: Exception) -> bool:
+        self.unique_errors[constraint] = error
+        return True
+
+    async def lock(self, sql: str, *args: Any) -> None:
+        if not self._pending:
+            await self.execute(sql, *args)
+            return
+        await self._ensure_begun()
+        statement, values = self._carrying(sql, args)
+        await self._connection.execute(statement, *values)
+
+    def _carrying(self, sql: str, args: tuple[Any, ...]) -> tuple[str, list[Any]]:
+        """`sql` with the held writes in one statement: each a data-modifying WITH clause (all
+        run to completion; none reads what another writes, nor does `sql`), its parameters
+        renumbered after `sql`'s. They are no longer held."""
         clauses, values = [], list(args)
         for index, (held, held_args) in enumerate(self._pending):
             renumbered = _renumber(held, len(values))
             clauses.append(f"held_{index} AS ({renumbered})")
             values += held_args
         self._pending.clear()
-        statement = f"WITH {', '.join(clauses)} {sql}"
-        return [dict(record) for record in await self._connection.fetch(statement, *values)]
+        return f"WITH {', '.join(clauses)} {sql}", values
 
     async def first_statement(self, sql: str) -> str | None:
         if self._begin is None or self._pending:
@@ -323,11 +340,15 @@ class PostgresPool:
                 yield conn
                 # COMMIT, with the writes still held (`_PgConn.commit`).
                 await conn.commit()
-            except BaseException:
+            except BaseException as exc:
                 if conn.begun:
                     # Also after a failed COMMIT (then there is no transaction left to end,
                     # which the server only warns about).
                     await connection.execute("ROLLBACK;")
+                if isinstance(exc, asyncpg.UniqueViolationError):
+                    error = conn.unique_errors.get(getattr(exc, "constraint_name", None) or "")
+                    if error is not None:
+                        raise error from None
                 raise
 
     @asynccontextmanager

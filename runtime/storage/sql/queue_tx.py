@@ -89,7 +89,7 @@ async def submit_input(
         )
         version = await bump(conn, thread_id)
         if limits is not None:
-            # Last, so the scope's lock is held from here to COMMIT only (two round trips).
+            # Last, so the scope's lock is held from here to COMMIT only (the count and COMMIT).
             await _check_scope_runs(conn, str(thread["scope"]), limits, run_id)
         _queue_event(conn, "admitted")
         return Admission(thread_id=thread_id, version=version, run_id=run_id, message_id=message_id)
@@ -176,7 +176,8 @@ async def _check_scope_runs(conn: Conn, scope: str, limits: AdmissionLimits, run
     if cap is None:
         return
     if conn.dialect.scope_lock is not None:
-        await conn.execute(conn.dialect.scope_lock, scope)
+        # The admission's held writes go with it: one round trip for both.
+        await conn.lock(conn.dialect.scope_lock, scope)
     # Counted from the active runs (the partial indexes' condition, spelled as they are, so
     # SQLite may use them; CROSS JOIN keeps runs first there), not from the scope's threads:
     # a scope's threads only grow, its active runs are capped. Planned from the scope's

@@ -327,10 +327,13 @@ async def _append_run_message(
 ) -> Row:
     """Append a run's message after the tail; returns its row (the new tail)."""
     check_run_message(run_id, message.run_id)
-    if message.id is not None and await conn.fetchval(
-        "SELECT 1 FROM messages WHERE id = $1", message.id
-    ):
-        raise Conflict(f"message {message.id} already exists")
+    if message.id is not None:
+        taken = Conflict(f"message {message.id} already exists")
+        # Postgres checks the primary key when the held INSERT reaches it (with COMMIT).
+        if not conn.defer_unique("messages_pkey", taken) and await conn.fetchval(
+            "SELECT 1 FROM messages WHERE id = $1", message.id
+        ):
+            raise taken
     if message.client_request_id is not None and await conn.fetchval(
         "SELECT 1 FROM messages WHERE thread_id = $1 AND client_request_id = $2",
         thread_id,

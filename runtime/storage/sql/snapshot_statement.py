@@ -1,13 +1,13 @@
 """A bounded snapshot in one statement, where rows can be selected as values (Postgres).
 
-`threads_tx.snapshot` reads a bounded snapshot in five statements (the thread, the page of
+`snapshots_tx.snapshot` reads a bounded snapshot in five statements (the thread, the page of
 messages, the last message, the latest run, the queued items), so it needs one REPEATABLE READ
 transaction for them to agree: on Postgres that is seven round trips (BEGIN, five, COMMIT).
 Here the same five reads are subqueries of one statement, each table's rows selected whole as
 composite values (`SELECT m FROM messages m`), which the driver decodes with the same column
 names and types as `SELECT *`. One statement reads one snapshot of the database, so it needs no
 transaction: one round trip, and the rows go through the very same assembly
-(`threads_tx.page_snapshot`).
+(`snapshots_tx.page_snapshot`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from runtime.domain import Snapshot
 from runtime.errors import NotFound
 from runtime.storage.sql.core import Conn, scope_clause
 from runtime.storage.sql.rows import Row, item_from_row, run_from_row, thread_from_row
-from runtime.storage.sql.threads_tx import page_snapshot
+from runtime.storage.sql.snapshots_tx import page_snapshot
 
 
 def _row(value: Any) -> Row:
@@ -61,7 +61,7 @@ async def bounded_snapshot(
     limit: int,
     before: int | None,
 ) -> Snapshot:
-    """What `threads_tx.snapshot` answers with a `message_limit`, in one statement."""
+    """What `snapshots_tx.snapshot` answers with a `message_limit`, in one statement."""
     sql, args = statement(scopes, include_hidden, before)
     found = await conn.fetchrow(sql, thread_id, limit + 1, *args)
     if found is None:

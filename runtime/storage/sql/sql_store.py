@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from runtime.approvals import Reassignment
@@ -13,7 +12,6 @@ from runtime.domain import (
     InboxEntry,
     InputPolicy,
     Lease,
-    LeaseKind,
     Message,
     Origin,
     QueuedItem,
@@ -23,30 +21,26 @@ from runtime.domain import (
     Thread,
 )
 from runtime.errors import InvalidInput
-from runtime.storage.decisions import check_lease_kind
 from runtime.storage.input_checks import (
-    check_owner,
     check_patch,
     check_submit,
     check_text,
     check_thread_fields,
     check_thread_id,
     check_title,
-    check_ttl,
 )
 from runtime.storage.sql import (
     act_tx,
     actions_tx,
     inbox_tx,
-    leases_tx,
     queue_tx,
     rewrites_tx,
     runs_tx,
     snapshot_statement,
+    snapshots_tx,
     threads_tx,
 )
 from runtime.storage.sql.core import (
-    Conn,
     ThreadLock,
     applied_migrations,
     apply_migrations,
@@ -60,7 +54,7 @@ from runtime.storage.sql.rows import (
     new_id,
     validate_parts,
 )
-from runtime.storage.sql.sql_tokens import SqlTokenStore
+from runtime.storage.sql.sql_leases import SqlLeaseStore
 from runtime.storage.store import (
     ActOp,
     ActResult,
@@ -73,8 +67,6 @@ from runtime.storage.store import (
     RetryRun,
     RewriteOp,
     RewriteResult,
-    RunLeaseRenewal,
-    RunStart,
     SetVisibility,
     StepCommit,
     StopResult,
@@ -83,7 +75,7 @@ from runtime.storage.store import (
 from runtime.storage.thread_query import ThreadQuery, read_cursor
 
 
-class SqlStore(SqlTokenStore):
+class SqlStore(SqlLeaseStore):
     """Every `Store` method, written once: check the input, then run one transaction function
     through `_run` (`SqlTransactions`). What differs per backend is in `dialect` and `pool`,
     never in a subclass."""
@@ -145,6 +137,13 @@ class SqlStore(SqlTokenStore):
         public_json = encode_metadata(metadata, "metadata")
         private_json = encode_metadata(private_metadata, "private_metadata")
         thread_id = thread_id or new_id("th")
+        if self.dialect.writing_ctes:
+            key, new = new_id("tx"), thread_id
+            return await self._write_statement(
+                lambda conn: threads_tx.create_thread_call(
+                    conn, key, new, scope, title, public_json, private_json, owner
+                )
+            )
         return await self._write(
             lambda conn: threads_tx.create_thread(
                 conn, thread_id, scope, title, public_json, private_json, owner
@@ -203,7 +202,7 @@ class SqlStore(SqlTokenStore):
                 )
             )
         return await self._read(
-            lambda conn: threads_tx.snapshot(
+            lambda conn: snapshots_tx.snapshot(
                 conn, thread_id, scopes, include_hidden, message_limit, before
             )
         )
@@ -321,93 +320,6 @@ class SqlStore(SqlTokenStore):
             key=f"commit:{lease.resource_id}:{lease.token}",
             lock=ThreadLock(lease.thread_id),
         )
-
-    # --- leases -------------------------------------------------------------------------
-
-    async def acquire_run_lease(self, run_id: str, owner: str, ttl: float) -> Lease | None:
-        if self.dialect.run_lease_function is None:
-            return await self._acquire(
-                leases_tx.acquire_run_lease, LeaseKind.RUN, run_id, owner, ttl
-            )
-        # One statement, keyed inside the database function (the key is claimed there first,
-        # as `_run` claims it): a retry after an unknown outcome grants nothing twice.
-        ttl, owner, key = check_ttl(ttl), check_owner(owner), new_id("tx")
-        lease = await self._write_statement(
-            lambda conn: leases_tx.acquire_run_lease_call(conn, key, run_id, owner, ttl)
-        )
-        if lease is None:
-            leases_tx.lease_event("busy", LeaseKind.RUN)
-        return lease
-
-    async def start_run(
-        self,
-        run_id: str,
-        owner: str,
-        ttl: float,
-        *,
-        thread_id: str | None = None,
-        history_from: int = 0,
-    ) -> RunStart | None:
-        function = self.dialect.start_run_function
-        ttl, owner = check_ttl(ttl), check_owner(owner)
-        history = None if thread_id is None else (thread_id, int(history_from))
-        if function is None:
-            # One transaction, the lease and the start together (keyed where `_run` keys).
-            start = await self._run(
-                lambda conn: runs_tx.start_run(conn, run_id, owner, ttl, history),
-                write=True,
-            )
-            if start is None:
-                leases_tx.lease_event("busy", LeaseKind.RUN)
-            return start
-        # One statement, keyed inside the database function, as `acquire_run_lease`'s.
-        key = new_id("tx")
-        start = await self._write_statement(
-            lambda conn: leases_tx.start_run_call(conn, key, run_id, owner, ttl, history)
-        )
-        if start is None:
-            leases_tx.lease_event("busy", LeaseKind.RUN)
-        return start
-
-    async def acquire_admin_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
-        return await self._acquire(
-            leases_tx.acquire_admin_lease, LeaseKind.ADMIN, thread_id, owner, ttl
-        )
-
-    async def _acquire(
-        self,
-        acquire: Callable[[Conn, str, str, float], Awaitable[Lease | None]],
-        kind: LeaseKind,
-        resource_id: str,
-        owner: str,
-        ttl: float,
-    ) -> Lease | None:
-        ttl, owner = check_ttl(ttl), check_owner(owner)
-        lease = await self._write(lambda conn: acquire(conn, resource_id, owner, ttl))
-        if lease is None:
-            leases_tx.lease_event("busy", kind)
-        return lease
-
-    async def renew_lease(self, lease: Lease, ttl: float) -> Lease:
-        ttl = check_ttl(ttl)
-        return await self._write(lambda conn: leases_tx.renew_lease(conn, lease, ttl))
-
-    async def renew_run_leases(self, leases: Sequence[Lease], ttl: float) -> list[RunLeaseRenewal]:
-        ttl = check_ttl(ttl)
-        for lease in leases:
-            check_lease_kind(lease, LeaseKind.RUN)
-        renewed: dict[tuple[str, int], tuple[Lease, bool]] = {}
-        step = leases_tx.RENEWALS_PER_STATEMENT
-        for start in range(0, len(leases), step):
-            renew = functools.partial(
-                leases_tx.renew_run_leases, leases=leases[start : start + step], ttl=ttl
-            )
-            renewed.update(await self._write_statement(renew))
-        return leases_tx.renewal_answers(leases, renewed)
-
-    async def release_lease(self, lease: Lease) -> None:
-        # One DELETE of this token's row: a retry after it went through deletes nothing.
-        await self._write_statement(lambda conn: leases_tx.release_lease(conn, lease))
 
     # --- pending actions and history rewrites -------------------------------------------
 

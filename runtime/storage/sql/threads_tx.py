@@ -1,4 +1,4 @@
-"""Transaction functions for threads: creation, and the reads that project committed state."""
+"""Transaction functions for threads: creation, renames, listing, and the rows others read."""
 
 from __future__ import annotations
 
@@ -11,18 +11,11 @@ from runtime.authorization import ThreadMatch
 from runtime.domain import (
     Message,
     QueuedItem,
-    QueuedItemView,
     Run,
-    RunView,
-    Snapshot,
     Thread,
-    ThreadView,
-    Visibility,
-    pending_actions_of,
 )
 from runtime.errors import Conflict, NotFound
 from runtime.storage.sql.core import Conn, bump, lock_thread, placeholders, scope_clause, thread_row
-from runtime.storage.sql.decoded_messages import SNAPSHOT_MESSAGES
 from runtime.storage.sql.rows import (
     Row,
     encode_metadata,
@@ -63,6 +56,58 @@ async def create_thread(
     )
     if row is None:
         raise Conflict(f"thread {thread_id} exists already")
+    return thread_from_row(row)
+
+
+async def create_thread_call(
+    conn: Conn,
+    key: str,
+    thread_id: str,
+    scope: str,
+    title: str,
+    public_json: str,
+    private_json: str,
+    owner: str | None = None,
+) -> Thread:
+    """`create_thread` as one keyed statement, where writes can be WITH clauses (Postgres): no
+    BEGIN, no clock read, no COMMIT. `key` is claimed in the statement and the thread inserted
+    only with the claim, so the key's row exists if and only if this creation committed. A
+    thread that exists already fails the whole statement (its primary key), claim and all:
+    `Conflict`. A replay after an unknown outcome finds the key claimed, inserts nothing, and
+    answers the thread as that creation left it (it is not this call's to change since)."""
+    try:
+        row = await conn.fetchrow(
+            "WITH claim AS (INSERT INTO commit_keys (key, created_at)"
+            f" VALUES ($1, {conn.dialect.now_sql}) ON CONFLICT (key) DO NOTHING"
+            " RETURNING created_at)"
+            " INSERT INTO threads (id, scope, title, version, metadata, private_metadata,"
+            " created_at, updated_at, owner) SELECT $2, $3, $4, 1, $5, $6, claim.created_at,"
+            " claim.created_at, $7 FROM claim RETURNING *",
+            key,
+            thread_id,
+            scope,
+            title,
+            public_json,
+            private_json,
+            owner,
+        )
+    except Exception as exc:
+        if getattr(exc, "constraint_name", None) == "threads_pkey":
+            raise Conflict(f"thread {thread_id} exists already") from None
+        raise
+    if row is None:  # the key was claimed: an earlier attempt of this call committed
+        created = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
+        if created is None:
+            raise NotFound(f"thread {thread_id} not found")
+        row = {
+            **created,
+            "title": title,
+            "version": 1,
+            "metadata": public_json,
+            "private_metadata": private_json,
+            "updated_at": created["created_at"],
+            "owner": owner,
+        }
     return thread_from_row(row)
 
 
@@ -204,78 +249,6 @@ async def message_authors(conn: Conn, thread_id: str, ids: Sequence[str]) -> dic
         )
         authors.update({row["id"]: row["author"] for row in rows if row["author"] is not None})
     return authors
-
-
-async def snapshot(
-    conn: Conn,
-    thread_id: str,
-    scopes: Collection[str],
-    include_hidden: bool,
-    message_limit: int | None = None,
-    before: int | None = None,
-) -> Snapshot:
-    # Called in one read transaction: every part of the snapshot is at the same version.
-    thread = thread_from_row(await thread_row(conn, thread_id, scopes))
-    if message_limit is not None:
-        return await _bounded_snapshot(conn, thread, include_hidden, message_limit, before)
-    return build_snapshot(
-        thread,
-        await messages(conn, thread_id),
-        await latest_run(conn, thread_id),
-        await queued_items(conn, thread_id),
-        include_hidden=include_hidden,
-    )
-
-
-async def _bounded_snapshot(
-    conn: Conn, thread: Thread, include_hidden: bool, limit: int, before: int | None
-) -> Snapshot:
-    """The last `limit` messages (before position `before`), read by index: cost does not
-    grow with the thread's length. Pending actions still come from the real tail."""
-    visible = "" if include_hidden else " AND visibility = 'visible'"
-    older = "" if before is None else " AND position < $3"
-    args: list[Any] = [thread.id, limit + 1] + ([] if before is None else [before])
-    rows = await conn.fetch(
-        f"SELECT * FROM messages WHERE thread_id = $1{visible}{older}"
-        " ORDER BY position DESC LIMIT $2",
-        *args,
-    )
-    return page_snapshot(
-        thread,
-        rows,
-        await tail_row(conn, thread.id),
-        await latest_run(conn, thread.id),
-        await queued_items(conn, thread.id),
-        limit,
-    )
-
-
-def page_snapshot(
-    thread: Thread,
-    newest_first: Sequence[Row],
-    tail: Row | None,
-    run: Run | None,
-    queue: list[QueuedItem],
-    limit: int,
-) -> Snapshot:
-    """A bounded snapshot from its rows: up to `limit + 1` messages newest first (one more
-    than the page says there are older ones), the thread's last message of any visibility,
-    its latest run and queued items."""
-    decoded = SNAPSHOT_MESSAGES.message
-    page = [decoded(row) for row in reversed(newest_first[:limit])]
-    built = build_snapshot(
-        thread,
-        page,
-        run,
-        queue,
-        include_hidden=True,  # filtered by the query already
-    )
-    cursor = page[0].position if len(newest_first) > limit and page else None
-    tail_message = decoded(tail) if tail is not None else None
-    actions = tuple(pending_actions_of(tail_message)) if tail_message is not None else ()
-    return built.model_copy(
-        update={"pending_actions": actions, "page": {"limit": limit, "before": cursor}}
-    )
 
 
 async def list_messages(conn: Conn, thread_id: str, up_to_position: int | None) -> list[Message]:
@@ -454,49 +427,4 @@ async def queued_items(conn: Conn, thread_id: str) -> list[QueuedItem]:
     return [item_from_row(row) for row in rows]
 
 
-def build_snapshot(
-    thread: Thread,
-    messages: list[Message],
-    run: Run | None,
-    queue: list[QueuedItem],
-    *,
-    include_hidden: bool = False,
-) -> Snapshot:
-    """Project committed rows: public metadata only, visible messages (hidden ones too when
-    asked, marked by their visibility), tail pending actions."""
-    tail = messages[-1] if messages else None
-    view = SNAPSHOT_MESSAGES.view
-    return Snapshot(
-        thread=ThreadView(
-            id=thread.id,
-            scope=thread.scope,
-            title=thread.title,
-            version=thread.version,
-            metadata=thread.metadata,
-            owner=thread.owner,
-        ),
-        messages=tuple(
-            view(message)
-            for message in messages
-            if include_hidden or message.visibility is Visibility.VISIBLE
-        ),
-        pending_actions=tuple(pending_actions_of(tail)) if tail is not None else (),
-        run=None
-        if run is None
-        else RunView(
-            id=run.id,
-            status=run.status,
-            error=run.error,
-            started_by=run.started_by,
-            next_seq=run.next_seq,
-        ),
-        queue=tuple(
-            QueuedItemView(
-                id=item.id, text=item.text, submitted_by=item.submitted_by, interrupt=item.interrupt
-            )
-            for item in queue
-        ),
-    )
-
-
-__all__ = ["ACTIVE_STATUSES", "build_snapshot"]
+__all__ = ["ACTIVE_STATUSES"]

@@ -223,6 +223,19 @@ async def redeliver(conn: Conn, scopes: Collection[str], delivery_id: str) -> De
     return delivery_from_row(updated)
 
 
+async def any_due(conn: Conn) -> bool:
+    """Whether some delivery `claim` would lease is due: one statement, as `timers_tx.any_due`."""
+    now, args = conn.now_expression(1)
+    row = await conn.fetchrow(
+        "SELECT 1 AS due FROM webhook_deliveries d"
+        " JOIN webhook_subscriptions s ON s.id = d.subscription_id"
+        f" WHERE d.state = 'pending' AND d.next_attempt_at <= {now} AND s.enabled = TRUE"
+        f" AND (d.lease_until IS NULL OR d.lease_until <= {now}) LIMIT 1",
+        *args,
+    )
+    return row is not None
+
+
 async def claim(conn: Conn, owner: str, ttl: float, limit: int) -> list[ClaimedDelivery]:
     """Lease up to `limit` due deliveries of enabled subscriptions, oldest event first."""
     now = await conn.now()
