@@ -278,13 +278,10 @@ class RedisCounters:
 
     def _keys(self, keys: Sequence[str]) -> list[str]:
         full = [self.prefix + key for key in keys]
-        if self._cluster and len(full) > 1:
-            from redis.crc import key_slot
-
-            # Raised, not counted as an outage: a cross-slot call would fail on every attempt
-            # and silently leave the limits per gateway.
-            if len({key_slot(key.encode()) for key in full}) > 1:
-                raise ValueError(f"keys {keys!r} must share a hash tag on a Redis Cluster")
+        # Raised, not counted as an outage: a cross-slot call would fail on every attempt and
+        # silently leave the limits per gateway.
+        if self._cluster and len(full) > 1 and not _one_slot(full):
+            raise ValueError(f"keys {keys!r} must share a hash tag on a Redis Cluster")
         return full
 
     def _failed(self, exc: Exception) -> None:

@@ -14,7 +14,7 @@ from realtime.bus_metrics import safe_add
 from realtime.channels import hash_tag
 from realtime.counters import Bucket, Counters
 from runtime.domain import Principal
-from runtime.errors import ScopeRateLimited, TokenRateLimited, TooManyConnections
+from runtime.errors import QuotaExceeded, ScopeRateLimited, TokenRateLimited, TooManyConnections
 from runtime.storage.store import AdmissionLimits
 from server.settings import Settings
 from server.tracing import QUOTA_REFUSALS
@@ -90,18 +90,12 @@ class Limiter:
         index, wait = await self.counters.take_all(buckets)
         if index < 0:
             return
-        if index == 0:
-            rate, burst = s.token_rate, s.token_burst
-            raise TokenRateLimited(
-                f"too many commands with this token (at most {rate:g}/s, bursts of {burst})",
-                retry_after=wait,
-            )
-        rate, burst = s.scope_rate, s.scope_burst
-        raise ScopeRateLimited(
-            f"too many commands in scope {scopes[index - 1]!r} (at most {rate:g}/s, bursts of"
-            f" {burst})",
-            retry_after=wait,
-        )
+        refusal: type[QuotaExceeded] = TokenRateLimited
+        what, rate, burst = "too many commands with this token", s.token_rate, s.token_burst
+        if index > 0:
+            refusal, what = ScopeRateLimited, f"too many commands in scope {scopes[index - 1]!r}"
+            rate, burst = s.scope_rate, s.scope_burst
+        raise refusal(f"{what} (at most {rate:g}/s, bursts of {burst})", retry_after=wait)
 
     async def connect(self, principal: Principal, token_id: str) -> ConnectionSlot:
         """Take a connection slot for the token and the subject; TooManyConnections when either is
