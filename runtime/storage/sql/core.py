@@ -85,10 +85,10 @@ class Conn(abc.ABC):
         return await self.fetch(sql, *args)
 
     def defer_unique(self, constraint: str, error: Exception) -> bool:
-        """Where the backend can let the database check a unique `constraint` when the held
-        writes reach it (raising `error` instead of the violation, the transaction rolled
-        back), register that and return True: the caller reads nothing to check first. False:
-        the caller checks now."""
+        """Where the backend can let the database check a unique `constraint` when the writes
+        reach it, held or not (raising `error` instead of the violation, what the transaction
+        or statement wrote rolled back), register that and return True: the caller reads
+        nothing to check first. False: the caller checks now."""
         return False
 
     async def lock(self, sql: str, *args: Any) -> None:

@@ -12,6 +12,15 @@ KEY_RETENTION_SECONDS = 600.0
 PRUNE_EVERY = 256
 
 
+def claim_sql(conn: Conn, key: str) -> str:
+    """The INSERT that claims the key `key` (SQL: a literal or a parameter) on the database
+    clock, doing nothing where it is claimed already."""
+    return (
+        f"INSERT INTO commit_keys (key, created_at) VALUES ({key}, {conn.dialect.now_sql})"
+        " ON CONFLICT (key) DO NOTHING"
+    )
+
+
 async def claim(conn: Conn, key: str, lock: ThreadLock | None = None) -> bool:
     """Record `key` in the current transaction; False when a committed transaction holds it.
 
@@ -24,26 +33,18 @@ async def claim(conn: Conn, key: str, lock: ThreadLock | None = None) -> bool:
     with goes first, in the same round trip (`Conn.locked` then names the thread): an earlier
     attempt still committing holds that lock too, so the INSERT still runs only once it ended.
     """
-    now = conn.dialect.now_sql
     if LITERAL.fullmatch(key):
         # With the transaction's BEGIN, in one round trip, where the backend can (the key is
         # ours, checked above to need no escaping as a literal).
         locking = None if lock is None else lock.sql(conn.dialect)
-        insert = (
-            f"INSERT INTO commit_keys (key, created_at) VALUES ('{key}', {now})"
-            " ON CONFLICT (key) DO NOTHING"
-        )
+        insert = claim_sql(conn, f"'{key}'")
         status = await conn.first_statement(insert if locking is None else f"{locking}; {insert}")
         if status is not None:
             if locking is not None:
                 assert lock is not None
                 conn.locked = lock.thread_id
             return status == "INSERT 0 1"
-    row = await conn.fetchrow(
-        f"INSERT INTO commit_keys (key, created_at) VALUES ($1, {now})"
-        " ON CONFLICT (key) DO NOTHING RETURNING key",
-        key,
-    )
+    row = await conn.fetchrow(f"{claim_sql(conn, '$1')} RETURNING key", key)
     return row is not None
 
 

@@ -251,6 +251,13 @@ class _PgConn(Conn):
         self.unique_errors[constraint] = error
         return True
 
+    def raise_deferred(self, exc: BaseException) -> None:
+        """Raise what `defer_unique` registered for the constraint `exc` violated, if any."""
+        if isinstance(exc, asyncpg.UniqueViolationError):
+            error = self.unique_errors.get(getattr(exc, "constraint_name", None) or "")
+            if error is not None:
+                raise error from None
+
     async def lock(self, sql: str, *args: Any) -> None:
         if not self._pending:
             await self.execute(sql, *args)
@@ -345,10 +352,7 @@ class PostgresPool:
                     # Also after a failed COMMIT (then there is no transaction left to end,
                     # which the server only warns about).
                     await connection.execute("ROLLBACK;")
-                if isinstance(exc, asyncpg.UniqueViolationError):
-                    error = conn.unique_errors.get(getattr(exc, "constraint_name", None) or "")
-                    if error is not None:
-                        raise error from None
+                conn.raise_deferred(exc)
                 raise
 
     @asynccontextmanager
@@ -358,8 +362,12 @@ class PostgresPool:
             raise RuntimeError("PostgresStore is not open")
         async with pool.connection() as connection:
             conn = _PgConn(connection)
-            yield conn
-            await conn.flush()
+            try:
+                yield conn
+                await conn.flush()
+            except asyncpg.UniqueViolationError as exc:
+                conn.raise_deferred(exc)
+                raise
 
     def autocommit(self) -> AbstractAsyncContextManager[Conn]:
         # One statement outside BEGIN … COMMIT commits on its own: one round trip, not three.

@@ -15,6 +15,7 @@ from runtime.domain import (
     Thread,
 )
 from runtime.errors import Conflict, NotFound
+from runtime.storage.sql import keys_tx
 from runtime.storage.sql.core import Conn, bump, lock_thread, placeholders, scope_clause, thread_row
 from runtime.storage.sql.rows import (
     Row,
@@ -75,26 +76,20 @@ async def create_thread_call(
     thread that exists already fails the whole statement (its primary key), claim and all:
     `Conflict`. A replay after an unknown outcome finds the key claimed, inserts nothing, and
     answers the thread as that creation left it (it is not this call's to change since)."""
-    try:
-        row = await conn.fetchrow(
-            "WITH claim AS (INSERT INTO commit_keys (key, created_at)"
-            f" VALUES ($1, {conn.dialect.now_sql}) ON CONFLICT (key) DO NOTHING"
-            " RETURNING created_at)"
-            " INSERT INTO threads (id, scope, title, version, metadata, private_metadata,"
-            " created_at, updated_at, owner) SELECT $2, $3, $4, 1, $5, $6, claim.created_at,"
-            " claim.created_at, $7 FROM claim RETURNING *",
-            key,
-            thread_id,
-            scope,
-            title,
-            public_json,
-            private_json,
-            owner,
-        )
-    except Exception as exc:
-        if getattr(exc, "constraint_name", None) == "threads_pkey":
-            raise Conflict(f"thread {thread_id} exists already") from None
-        raise
+    conn.defer_unique("threads_pkey", Conflict(f"thread {thread_id} exists already"))
+    row = await conn.fetchrow(
+        f"WITH claim AS ({keys_tx.claim_sql(conn, '$1')} RETURNING created_at)"
+        " INSERT INTO threads (id, scope, title, version, metadata, private_metadata,"
+        " created_at, updated_at, owner) SELECT $2, $3, $4, 1, $5, $6, claim.created_at,"
+        " claim.created_at, $7 FROM claim RETURNING *",
+        key,
+        thread_id,
+        scope,
+        title,
+        public_json,
+        private_json,
+        owner,
+    )
     if row is None:  # the key was claimed: an earlier attempt of this call committed
         created = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
         if created is None:
