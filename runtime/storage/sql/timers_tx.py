@@ -82,26 +82,25 @@ async def delete_timer(conn: Conn, kind: str, ref: str) -> None:
     await conn.execute("DELETE FROM timers WHERE id = $1", timer_id(kind, ref))
 
 
+def _due(now: str) -> str:
+    """The timers due at `now` (SQL) with their lease free or expired: what `any_due` asks for
+    and `claim` leases."""
+    return f"FROM timers WHERE due_at <= {now} AND (lease_until IS NULL OR lease_until <= {now})"
+
+
 async def any_due(conn: Conn) -> bool:
     """Whether some timer is due with its lease free: one statement, on the database clock, for
     the loop to ask before the write transaction that claims (idle, the common case, writes
     nothing)."""
     now, args = conn.now_expression(1)
-    row = await conn.fetchrow(
-        f"SELECT 1 AS due FROM timers WHERE due_at <= {now}"
-        f" AND (lease_until IS NULL OR lease_until <= {now}) LIMIT 1",
-        *args,
-    )
-    return row is not None
+    return await conn.fetchrow(f"SELECT 1 AS due {_due(now)} LIMIT 1", *args) is not None
 
 
 async def claim(conn: Conn, owner: str, ttl: float, limit: int) -> list[DueTimer]:
     """Lease up to `limit` due timers whose lease is free or expired, oldest due first."""
     now = await conn.now()
     rows = await conn.fetch(
-        "SELECT id, kind, ref, due_at FROM timers WHERE due_at <= $1"
-        " AND (lease_until IS NULL OR lease_until <= $1) ORDER BY due_at LIMIT $2"
-        + _skip_locked(conn),
+        f"SELECT id, kind, ref, due_at {_due('$1')} ORDER BY due_at LIMIT $2" + _skip_locked(conn),
         now,
         limit,
     )

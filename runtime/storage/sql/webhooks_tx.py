@@ -223,17 +223,20 @@ async def redeliver(conn: Conn, scopes: Collection[str], delivery_id: str) -> De
     return delivery_from_row(updated)
 
 
+def _due(now: str) -> str:
+    """The pending deliveries (`d`) of enabled subscriptions (`s`) due at `now` (SQL) with
+    their lease free or expired: what `any_due` asks for and `claim` leases."""
+    return (
+        "FROM webhook_deliveries d JOIN webhook_subscriptions s ON s.id = d.subscription_id"
+        f" WHERE d.state = 'pending' AND d.next_attempt_at <= {now} AND s.enabled = TRUE"
+        f" AND (d.lease_until IS NULL OR d.lease_until <= {now})"
+    )
+
+
 async def any_due(conn: Conn) -> bool:
     """Whether some delivery `claim` would lease is due: one statement, as `timers_tx.any_due`."""
     now, args = conn.now_expression(1)
-    row = await conn.fetchrow(
-        "SELECT 1 AS due FROM webhook_deliveries d"
-        " JOIN webhook_subscriptions s ON s.id = d.subscription_id"
-        f" WHERE d.state = 'pending' AND d.next_attempt_at <= {now} AND s.enabled = TRUE"
-        f" AND (d.lease_until IS NULL OR d.lease_until <= {now}) LIMIT 1",
-        *args,
-    )
-    return row is not None
+    return await conn.fetchrow(f"SELECT 1 AS due {_due(now)} LIMIT 1", *args) is not None
 
 
 async def claim(conn: Conn, owner: str, ttl: float, limit: int) -> list[ClaimedDelivery]:
@@ -241,10 +244,7 @@ async def claim(conn: Conn, owner: str, ttl: float, limit: int) -> list[ClaimedD
     now = await conn.now()
     skip = " FOR UPDATE OF d SKIP LOCKED" if conn.dialect.thread_lock else ""
     rows = await conn.fetch(
-        "SELECT d.*, s.url AS url_, s.secret AS secret_ FROM webhook_deliveries d"
-        " JOIN webhook_subscriptions s ON s.id = d.subscription_id"
-        " WHERE d.state = 'pending' AND d.next_attempt_at <= $1 AND s.enabled = TRUE"
-        " AND (d.lease_until IS NULL OR d.lease_until <= $1)"
+        f"SELECT d.*, s.url AS url_, s.secret AS secret_ {_due('$1')}"
         f" ORDER BY d.occurred_at, d.id LIMIT $2{skip}",
         now,
         limit,
