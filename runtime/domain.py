@@ -330,6 +330,18 @@ class ThreadView(_Frozen):
     metadata: dict[str, Any]
     owner: str | None = None
 
+    @classmethod
+    def of(cls, thread: Thread) -> ThreadView:
+        """What a snapshot shows of `thread`: its public fields (never its private metadata)."""
+        return cls(
+            id=thread.id,
+            scope=thread.scope,
+            title=thread.title,
+            version=thread.version,
+            metadata=thread.metadata,
+            owner=thread.owner,
+        )
+
 
 class MessageView(_Frozen):
     id: str
@@ -368,16 +380,15 @@ class Snapshot(_Frozen):
     def of_new_thread(cls, thread: Thread, message_limit: int | None) -> Snapshot:
         """The snapshot of a thread just created, as storage would read it (bounded by
         `message_limit`, None: whole): nothing but the thread itself."""
-        view = ThreadView(
-            id=thread.id,
-            scope=thread.scope,
-            title=thread.title,
-            version=thread.version,
-            metadata=thread.metadata,
-            owner=thread.owner,
-        )
         page = None if message_limit is None else {"limit": message_limit, "before": None}
-        return cls(thread=view, messages=(), pending_actions=(), run=None, queue=(), page=page)
+        return cls(
+            thread=ThreadView.of(thread),
+            messages=(),
+            pending_actions=(),
+            run=None,
+            queue=(),
+            page=page,
+        )
 
 
 def pending_actions_of(message: Message) -> list[PendingAction]:

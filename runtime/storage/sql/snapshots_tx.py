@@ -110,14 +110,7 @@ def build_snapshot(
     tail = messages[-1] if messages else None
     view = SNAPSHOT_MESSAGES.view
     return Snapshot(
-        thread=ThreadView(
-            id=thread.id,
-            scope=thread.scope,
-            title=thread.title,
-            version=thread.version,
-            metadata=thread.metadata,
-            owner=thread.owner,
-        ),
+        thread=ThreadView.of(thread),
         messages=tuple(
             view(message)
             for message in messages
