@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 Key = tuple[tuple[str, Any], ...]
 
 
+def hashable(key: Key) -> Key:
+    """An attribute set's items with their list values as tuples (OpenTelemetry allows lists)."""
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in key)
+
+
 class SummedCounter:
     """`add` as on an SDK counter; the totals reach the SDK through `observe`."""
 
@@ -43,7 +48,7 @@ class SummedCounter:
             with self._lock:
                 self._totals[key] = self._totals.get(key, 0) + amount
         except TypeError:  # an unhashable value: a list, which OpenTelemetry allows
-            key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in key)
+            key = hashable(key)
             with self._lock:
                 self._totals[key] = self._totals.get(key, 0) + amount
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from opentelemetry.metrics import Meter
 
+from realtime.summed_counter import Key, hashable
+
 # The SDK's default explicit bucket boundaries (`ExplicitBucketHistogramAggregation`).
 BOUNDARIES: tuple[float, ...] = (
     0.0,
@@ -42,8 +44,6 @@ BOUNDARIES: tuple[float, ...] = (
     7500.0,
     10000.0,
 )
-
-Key = tuple[tuple[str, Any], ...]
 
 
 class _Point:
@@ -83,11 +83,13 @@ class SummedHistogram:
         if not (amount >= 0 and math.isfinite(amount)):
             return
         key: Key = tuple(attributes.items()) if attributes else ()
-        try:
-            hash(key)
-        except TypeError:  # an unhashable value: a list, which OpenTelemetry allows
-            key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in key)
         index = bisect_left(self.boundaries, amount)
+        try:
+            self._add(key, index, amount)
+        except TypeError:  # an unhashable value (as `SummedCounter.add` handles it)
+            self._add(hashable(key), index, amount)
+
+    def _add(self, key: Key, index: int, amount: float) -> None:
         with self._lock:
             point = self._points.get(key)
             if point is None:
@@ -140,9 +142,9 @@ def summed_histogram(
 class MergedHistograms:
     """A mixin for an SDK `MetricReader` (first in the bases): what the reader collected, plus
     the points of `histograms` (the registry's by default), before it is exported or kept.
-    The SDK calls `_receive_metrics` only when it collected something of its own, which a
-    Threadline process does from its first counter add on (a histogram is never recorded
-    before some counter is added)."""
+    The SDK calls `_receive_metrics` only when it collected something of its own: a
+    collection made before any counter of the process was added to (a served process adds to
+    them from its first request or run on) carries none of these points either."""
 
     def __init__(
         self, *args: Any, histograms: Iterable[SummedHistogram] | None = None, **kwargs: Any
@@ -199,22 +201,12 @@ def merge(metrics_data: Any, histograms: Iterable[SummedHistogram]) -> Any:
     if not added or not metrics_data.resource_metrics:
         return metrics_data
     resource_metrics = metrics_data.resource_metrics[0]
-    by_scope = {
-        (s.scope.name, s.scope.version, s.scope.schema_url): s
-        for s in resource_metrics.scope_metrics
-    }
-    scopes = list(resource_metrics.scope_metrics)
-    for (name, version, schema_url), metrics in added.items():
-        scope = by_scope.get((name, version, schema_url))
-        if scope is None:
-            scopes.append(
-                ScopeMetrics(
-                    InstrumentationScope(name, version, schema_url), metrics, schema_url or ""
-                )
-            )
-        else:
-            scopes[scopes.index(scope)] = ScopeMetrics(
-                scope.scope, [*scope.metrics, *metrics], scope.schema_url
-            )
+    scopes = []
+    for scope in resource_metrics.scope_metrics:
+        ours = added.pop((scope.scope.name, scope.scope.version, scope.scope.schema_url), [])
+        scopes.append(ScopeMetrics(scope.scope, [*scope.metrics, *ours], scope.schema_url))
+    for (name, version, schema_url), metrics in added.items():  # scopes the SDK had nothing of
+        scope_id = InstrumentationScope(name, version, schema_url)
+        scopes.append(ScopeMetrics(scope_id, metrics, schema_url or ""))
     first = ResourceMetrics(resource_metrics.resource, scopes, resource_metrics.schema_url)
     return MetricsData([first, *metrics_data.resource_metrics[1:]])
